@@ -1,0 +1,49 @@
+# Parallax — the two commands a new user runs are `make demo` and `make test`;
+# both run `make setup` first (Debian packages, .venv, npm, kernel-header fallback).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
+export PARALLAX_REQUIRE_EBPF ?= 0
+
+.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla clean lock
+
+setup:
+	@./scripts/setup.sh
+
+demo: setup
+	@$(PY) -m demo
+
+test: setup lint test-js test-py
+
+test-py:
+	$(PY) -m pytest
+
+test-js:
+	cd js_probe && npm test --silent
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check agent collector parallax_contracts demo tests bench
+	$(VENV)/bin/mypy
+	cd js_probe && npm run --silent typecheck
+
+bench: bench-agent bench-collector bench-sla
+
+bench-agent: setup
+	$(PY) -m bench.agent
+
+bench-collector: setup
+	$(PY) -m bench.collector
+
+bench-sla: setup
+	$(PY) -m bench.sla
+
+# Re-pin requirements.lock from pyproject.toml (maintainers; needs the package registry).
+lock:
+	rm -rf .cache/lock-venv && python3 -m venv .cache/lock-venv
+	.cache/lock-venv/bin/pip install -q -e '.[dev]'
+	.cache/lock-venv/bin/pip freeze --exclude-editable | grep -v '^-e' > requirements.lock
+
+clean:
+	rm -rf .parallax js_probe/dist js_probe/build

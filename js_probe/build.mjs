@@ -1,0 +1,30 @@
+// Builds dist/parallax.min.js (IIFE, global `Parallax`) and dist/parallax.esm.js, checks the
+// gzip size budget, and with --tests bundles test/*.test.ts for `node --test`.
+import { build } from "esbuild";
+import { readFileSync, readdirSync, mkdirSync } from "node:fs";
+import { gzipSync } from "node:zlib";
+import { execFileSync } from "node:child_process";
+
+const BUDGET_GZIP_BYTES = 5 * 1024; // issue: ≤ 5 KB gzip, aim for 4 KB
+const common = { bundle: true, minify: true, target: ["es2020"], legalComments: "none" };
+
+if (process.argv.includes("--tests")) {
+  const tests = readdirSync("test").filter((f) => f.endsWith(".test.ts"));
+  mkdirSync("build/test", { recursive: true });
+  await build({
+    entryPoints: tests.map((f) => `test/${f}`), outdir: "build/test", bundle: true,
+    platform: "node", format: "esm", outExtension: { ".js": ".mjs" }, packages: "external",
+  });
+} else {
+  await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/parallax.min.js",
+    format: "iife", globalName: "Parallax" });
+  await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/parallax.esm.js",
+    format: "esm" });
+  execFileSync("node_modules/.bin/tsc", ["-p", "."], { stdio: "inherit" });
+  const gz = gzipSync(readFileSync("dist/parallax.min.js"), { level: 9 }).length;
+  if (gz > BUDGET_GZIP_BYTES) {
+    console.error(`js_probe: dist/parallax.min.js is ${gz} B gzip, over the ${BUDGET_GZIP_BYTES} B budget`);
+    process.exit(1);
+  }
+  console.log(`js_probe: dist/parallax.min.js ${gz} B gzip (budget ${BUDGET_GZIP_BYTES} B)`);
+}

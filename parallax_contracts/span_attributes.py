@@ -1,0 +1,183 @@
+"""The span attributes the agent emits and the collector reads: the data model in one place.
+
+Standard fields use OpenTelemetry semantic-convention names; everything Parallax adds is
+``parallax.*``. Durations are integers in microseconds (names end ``_us``), instants are
+Unix nanoseconds (``_unix_ns``). Any OTLP source may send spans: only the standard names
+are needed for a span to pair (its duration then stands for server TTFB).
+
+``python -m parallax_contracts.span_attributes`` prints the Markdown table kept in
+docs/contracts/span-attributes.md (a test checks the two agree).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+AttrType = Literal["string", "int", "bool", "int[]"]
+
+
+@dataclass(frozen=True, slots=True)
+class Attr:
+    name: str
+    type: AttrType
+    unit: str  # "" where the value has no unit
+    doc: str
+    standard: bool = False  # an OpenTelemetry semantic-convention name
+
+
+# --- OpenTelemetry semantic conventions (span attributes) --------------------------
+HTTP_REQUEST_METHOD = Attr("http.request.method", "string", "", "Request method.", True)
+URL_PATH = Attr(
+    "url.path",
+    "string",
+    "",
+    "Request path. The query string is dropped (a `traceparent` parameter is read, not kept).",
+    True,
+)
+HTTP_ROUTE = Attr(
+    "http.route",
+    "string",
+    "",
+    "Low-cardinality route when the source knows it; else the collector derives one.",
+    True,
+)
+HTTP_RESPONSE_STATUS_CODE = Attr(
+    "http.response.status_code",
+    "int",
+    "",
+    "Response status (101 for a WebSocket upgrade).",
+    True,
+)
+SERVER_ADDRESS = Attr("server.address", "string", "", "Local address of the server socket.", True)
+SERVER_PORT = Attr("server.port", "int", "", "Local port of the server socket.", True)
+CLIENT_ADDRESS = Attr("client.address", "string", "", "Peer address of the connection.", True)
+CLIENT_PORT = Attr("client.port", "int", "", "Peer port of the connection.", True)
+NETWORK_PROTOCOL_VERSION = Attr(
+    "network.protocol.version", "string", "", "HTTP version, e.g. `1.1`.", True
+)
+
+# --- Parallax: kernel timings (agent) ----------------------------------------------
+TTFB_US = Attr(
+    "parallax.ttfb_us",
+    "int",
+    "us",
+    "Server TTFB t2 − t1: the app's read of the request → its first response write.",
+)
+RECV_QUEUE_US = Attr(
+    "parallax.recv_queue_us",
+    "int",
+    "us",
+    "Receive-queue wait t1 − max(t_arr, t_acc): request bytes waiting for the app to read.",
+)
+ACCEPT_QUEUE_US = Attr(
+    "parallax.accept_queue_us",
+    "int",
+    "us",
+    "Accept-queue wait t_acc − t_est. First request of a connection only; absent after.",
+)
+ARRIVAL_UNIX_NS = Attr(
+    "parallax.arrival_unix_ns",
+    "int",
+    "ns",
+    "t_arr: the request's bytes arrived at the server socket (Unix time).",
+)
+TTFT_US = Attr(
+    "parallax.ttft_us",
+    "int",
+    "us",
+    "Server TTFT t_tok − t1: first write carrying body bytes (may be the header write).",
+)
+CHUNK_OFFSETS_US = Attr(
+    "parallax.chunk_offsets_us",
+    "int[]",
+    "us",
+    "Each body-carrying write − t1, for the first 256 writes of the response.",
+)
+CHUNKS = Attr("parallax.chunks", "int", "", "Body-carrying writes in the response (all of them).")
+CHUNK_GAP_MAX_US = Attr(
+    "parallax.chunk_gap_max_us", "int", "us", "Largest gap between consecutive body writes."
+)
+DURATION_US = Attr("parallax.duration_us", "int", "us", "t_end − t1: read → last write.")
+BYTES_IN = Attr("parallax.bytes_in", "int", "By", "Request bytes read by the app.")
+BYTES_OUT = Attr("parallax.bytes_out", "int", "By", "Response bytes written by the app.")
+SRTT_US = Attr("parallax.srtt_us", "int", "us", "TCP smoothed RTT of the connection (tcp_probe).")
+RETRANSMITS = Attr("parallax.retransmits", "int", "", "TCP retransmits during the request.")
+WS_SEQ = Attr(
+    "parallax.ws_seq",
+    "int",
+    "",
+    "WebSocket exchange number after the upgrade (1 = first client message), as the probe counts.",
+)
+PARTIAL = Attr(
+    "parallax.partial",
+    "bool",
+    "",
+    "A stream over the length limit: this record covers it up to the limit; a final one follows.",
+)
+CLIENT_ABORTED = Attr(
+    "parallax.client_aborted",
+    "bool",
+    "",
+    "The peer closed the connection before the response ended.",
+)
+TRACEPARENT_MISSED = Attr(
+    "parallax.traceparent_missed",
+    "bool",
+    "",
+    "The request head exceeded the capture window, so a `traceparent` may have been missed.",
+)
+SOURCE = Attr("parallax.source", "string", "", "Who measured the span: `ebpf` for the agent.")
+
+# Resource attributes the agent sets per process (standard names).
+RESOURCE_SERVICE_NAME = "service.name"
+RESOURCE_PROCESS_PID = "process.pid"
+RESOURCE_PROCESS_EXECUTABLE_NAME = "process.executable.name"
+RESOURCE_HOST_NAME = "host.name"
+
+SOURCE_EBPF = "ebpf"
+
+ALL: tuple[Attr, ...] = (
+    HTTP_REQUEST_METHOD,
+    URL_PATH,
+    HTTP_ROUTE,
+    HTTP_RESPONSE_STATUS_CODE,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    CLIENT_ADDRESS,
+    CLIENT_PORT,
+    NETWORK_PROTOCOL_VERSION,
+    TTFB_US,
+    RECV_QUEUE_US,
+    ACCEPT_QUEUE_US,
+    ARRIVAL_UNIX_NS,
+    TTFT_US,
+    CHUNK_OFFSETS_US,
+    CHUNKS,
+    CHUNK_GAP_MAX_US,
+    DURATION_US,
+    BYTES_IN,
+    BYTES_OUT,
+    SRTT_US,
+    RETRANSMITS,
+    WS_SEQ,
+    PARTIAL,
+    CLIENT_ABORTED,
+    TRACEPARENT_MISSED,
+    SOURCE,
+)
+BY_NAME: dict[str, Attr] = {a.name: a for a in ALL}
+CHUNK_OFFSETS_CAP = 256
+
+
+def markdown_table() -> str:
+    rows = ["| Attribute | Type | Unit | Meaning |", "|---|---|---|---|"]
+    for a in ALL:
+        name = f"`{a.name}`" + (" (semconv)" if a.standard else "")
+        rows.append(f"| {name} | {a.type} | {a.unit or '—'} | {a.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())

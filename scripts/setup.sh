@@ -1,0 +1,68 @@
+#!/bin/sh
+# One-command set-up on a fresh Debian 12 machine, run as root by `make setup`.
+# Idempotent: every step checks first, so a machine that is already set up takes seconds.
+# Nothing here downloads a prebuilt binary or browser: Debian packages, the Python
+# packages pinned in requirements.lock, and the npm packages in js_probe/package-lock.json.
+set -eu
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+say() { printf 'setup: %s\n' "$*"; }
+
+# --- Debian packages ---------------------------------------------------------------
+ARCH=$(dpkg --print-architecture)
+PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates"
+# Kernel headers: bcc compiles against the running kernel's headers when it has them;
+# otherwise Debian's generic linux-headers package feeds the fallback tree built below.
+if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
+    PKGS="$PKGS linux-headers-$ARCH"
+fi
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+MISSING=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || MISSING="$MISSING $p"
+done
+if [ -n "$MISSING" ]; then
+    if [ "$(id -u)" != 0 ]; then
+        say "missing Debian packages:$MISSING — run 'make setup' as root"; exit 1
+    fi
+    say "installing Debian packages:$MISSING"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $MISSING >/dev/null
+fi
+
+# --- Python virtualenv (.venv) from the lock file -----------------------------------
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+STAMP=.venv/.parallax-setup
+WANT=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+    say "building .venv with $PYTHON from requirements.lock"
+    [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements.lock
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+    echo "$WANT" > "$STAMP"
+fi
+# bcc comes from Debian (python3-bpfcc). Expose that one package to the venv, not all of
+# Debian's dist-packages, so nothing else leaks in.
+SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+BCC_SRC=/usr/lib/python3/dist-packages/bcc
+if [ -d "$BCC_SRC" ] && [ ! -e "$SITE/bcc" ]; then
+    ln -s "$BCC_SRC" "$SITE/bcc"
+fi
+
+# --- Kernel-header fallback ----------------------------------------------------------
+if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
+    .venv/bin/python -m agent.kernel_headers build --quiet
+fi
+
+# --- Browser probe (npm, from the lock file) ----------------------------------------
+if [ -f js_probe/package-lock.json ]; then
+    if [ ! -f js_probe/node_modules/.package-lock.json ] \
+        || [ js_probe/package-lock.json -nt js_probe/node_modules/.package-lock.json ]; then
+        say "installing js_probe npm packages from package-lock.json"
+        (cd js_probe && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    fi
+    (cd js_probe && npm run --silent build)
+fi
+say "ok ($ROOT)"

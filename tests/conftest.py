@@ -1,0 +1,43 @@
+"""Shared test plumbing: capability gates for eBPF, browser and nginx tests.
+
+A test marked ``ebpf`` skips with the missing capability named, except under
+PARALLAX_REQUIRE_EBPF=1 (.ci/run sets it), where the same condition fails the test: on a
+machine that can run eBPF, those tests must run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cache
+
+import pytest
+
+from agent import doctor
+
+
+@cache
+def ebpf_missing() -> str | None:
+    """Why eBPF tests cannot run here, or None when they can."""
+    checks = doctor.run_checks()
+    missing = [f"{c.name}: {c.detail}" for c in checks if c.fatal]
+    return "; ".join(missing) if missing else None
+
+
+def require_ebpf_strict() -> bool:
+    return os.environ.get("PARALLAX_REQUIRE_EBPF") == "1"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("ebpf"):
+        why = ebpf_missing()
+        if why:
+            if require_ebpf_strict():
+                pytest.fail(f"PARALLAX_REQUIRE_EBPF=1 but eBPF is unavailable: {why}")
+            pytest.skip(f"eBPF unavailable: {why}")
+    if item.get_closest_marker("browser") and not shutil.which("chromium"):
+        pytest.skip("no /usr/bin/chromium (Debian package chromium; make setup installs it)")
+    if item.get_closest_marker("nginx") and not (
+        shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
+    ):
+        pytest.skip("no nginx binary (Debian package nginx; make setup installs it)")

@@ -1,0 +1,72 @@
+"""The contract documents agree with the code that implements them."""
+
+from __future__ import annotations
+
+import json
+
+from parallax_contracts import CONTRACTS_DIR, beacon, span_attributes
+
+
+def test_span_attribute_table_is_current() -> None:
+    doc = (CONTRACTS_DIR / "span-attributes.md").read_text()
+    assert span_attributes.markdown_table() in doc, (
+        "docs/contracts/span-attributes.md is stale: regenerate the table with "
+        "python -m parallax_contracts.span_attributes"
+    )
+
+
+def test_span_attribute_units_match_names() -> None:
+    for a in span_attributes.ALL:
+        if a.name.endswith("_us"):
+            assert a.unit == "us" and a.type in ("int", "int[]"), a
+        if a.name.endswith("_ns"):
+            assert a.unit == "ns" and a.type == "int", a
+        assert a.standard or a.name.startswith("parallax."), a
+
+
+def _beacon(**entry: object) -> dict[str, object]:
+    e = {
+        "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "span_id": "00f067aa0ba902b7",
+        "kind": "fetch",
+        "start_ms": 10.5,
+    }
+    e.update(entry)
+    return {
+        "v": 1,
+        "site": "demo",
+        "session": "abcdefgh1234",
+        "time_origin": 1.7e12,
+        "entries": [e],
+    }
+
+
+def test_beacon_schema_accepts_a_full_entry() -> None:
+    doc = _beacon(
+        method="POST",
+        url="https://x.test/v1/chat",
+        status=200,
+        request_start_ms=11,
+        response_start_ms=50.25,
+        first_chunk_ms=51,
+        chunk_ms=[51, 70, 90],
+        chunks=3,
+        rendered_ms=60,
+        coarse=False,
+        server_timing=[{"name": "app", "dur_ms": 3}],
+    )
+    assert beacon.errors(doc) == []
+
+
+def test_beacon_schema_rejects_bad_input_with_a_reason() -> None:
+    assert any("trace_id" in e for e in beacon.errors(_beacon(trace_id="XYZ")))
+    assert any("start_ms" in e for e in beacon.errors(_beacon(start_ms=-1)))
+    assert beacon.errors({**_beacon(), "v": 2})
+    assert beacon.errors({**_beacon(), "cookie": "secret"})  # unknown fields: new version
+    assert beacon.errors(_beacon(kind="grpc"))
+
+
+def test_beacon_schema_is_valid_json_schema() -> None:
+    from jsonschema import Draft202012Validator
+
+    Draft202012Validator.check_schema(json.loads(beacon.SCHEMA_FILE.read_text()))
