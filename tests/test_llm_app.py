@@ -1,0 +1,102 @@
+"""The shared LLM-style app paces tokens as configured and logs its own clock truthfully."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import websockets
+
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    log = tmp_path_factory.mktemp("llm") / "timing.jsonl"
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "demo.llm_app",
+            "--port",
+            "0",
+            "--timing-log",
+            str(log),
+            "--first-token-ms",
+            "80",
+            "--token-gap-ms",
+            "25",
+            "--tokens",
+            "6",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.startswith("llm_app: listening on "), line
+    yield line.split()[-1], log
+    p.terminate()
+    p.wait(timeout=10)
+
+
+def _records(log: Path, n: int) -> list[dict[str, object]]:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= n:
+            return [json.loads(x) for x in lines]
+        time.sleep(0.05)
+    raise AssertionError(f"timing log has fewer than {n} records")
+
+
+def test_chunked_stream_pacing_and_timing_log(app: tuple[str, Path]) -> None:
+    base, log = app
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+    req = urllib.request.Request(f"{base}/v1/chat", data=b"{}", headers={"traceparent": TP})
+    t0 = time.monotonic_ns()
+    arrivals = []
+    with urllib.request.urlopen(req, timeout=10) as r:
+        while chunk := r.read1():
+            arrivals.append(time.monotonic_ns())
+            assert chunk
+    rec = _records(log, n0 + 1)[n0]
+    assert rec["traceparent"] == TP and rec["path"] == "/v1/chat"
+    writes = rec["t_writes_ns"]
+    assert isinstance(writes, list) and len(writes) == 6
+    first_ms = (writes[0] - rec["t_start_ns"]) / 1e6
+    assert 78 <= first_ms <= 80 + 30, first_ms
+    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(writes)]
+    assert all(20 <= g <= 25 + 20 for g in gaps), gaps
+    assert (arrivals[0] - t0) / 1e6 >= 78
+
+
+def test_websocket_exchanges_are_numbered(app: tuple[str, Path]) -> None:
+    base, log = app
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+
+    async def talk() -> list[list[str]]:
+        out = []
+        url = base.replace("http", "ws") + f"/v1/ws?tokens=3&token_gap_ms=5&traceparent={TP}"
+        async with websockets.connect(url) as ws:
+            for _ in range(2):
+                await ws.send("hello")
+                got = []
+                while (m := await ws.recv()) != "[DONE]":
+                    got.append(str(m))
+                out.append(got)
+        return out
+
+    answers = asyncio.run(asyncio.wait_for(talk(), 10))
+    assert [len(a) for a in answers] == [3, 3]
+    recs = _records(log, n0 + 2)[n0:]
+    assert [r["ws_seq"] for r in recs] == [1, 2]
+    assert all(r["traceparent"] == TP for r in recs)
