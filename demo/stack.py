@@ -1,0 +1,201 @@
+"""Start and stop the pieces of a Parallax topology on loopback, for the demo and the
+end-to-end scenarios: the LLM app, the delaying relay, nginx, the collector and the agent.
+
+Each piece runs as its own process with its output in a log file; readiness is a line it
+prints or an HTTP probe answering 200, with a deadline, so a piece that cannot start fails
+the caller with its last log lines instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+VENV_BIN = Path(sys.executable).parent
+
+
+class StartError(RuntimeError):
+    """A piece did not become ready; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback)
+            return 200 <= r.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+
+@dataclass
+class Stack:
+    """A set of processes stopped together (in reverse start order) on exit."""
+
+    workdir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+
+    # -- generic ----------------------------------------------------------------------------
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        log = self.workdir / "logs" / f"{name}.log"
+        f = log.open("ab")
+        popen = subprocess.Popen(
+            argv,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # Ctrl-C in the demo's terminal reaches only the demo
+        )
+        f.close()
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def wait_line(self, proc: Proc, needle: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in proc.log.read_text(errors="replace").splitlines():
+                if needle in line:
+                    return line
+            if not proc.alive():
+                break
+            time.sleep(0.05)
+        raise StartError(f"{proc.name} did not print {needle!r}:\n{proc.tail()}")
+
+    def wait_http(self, proc: Proc, url: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if http_ok(url):
+                return
+            if not proc.alive():
+                break
+            time.sleep(0.1)
+        raise StartError(f"{proc.name} did not answer {url}:\n{proc.tail()}")
+
+    # -- the pieces ---------------------------------------------------------------------------
+    def llm_app(self, *extra: str, name: str = "llm_app", node: bool = False) -> str:
+        """Start the LLM-style app (Python, or the Node.js twin); return its base URL."""
+        timing = self.workdir / f"{name}.timing.jsonl"
+        if node:
+            argv = ["node", str(Path(__file__).parent / "llm_app.mjs")]
+        else:
+            argv = [sys.executable, "-m", "demo.llm_app"]
+        p = self.spawn(name, [*argv, "--port", "0", "--timing-log", str(timing), *extra])
+        return self.wait_line(p, "listening on").split()[-1]
+
+    def relay(self, upstream_port: int, delay_ms: float, jitter_ms: float = 0.0) -> int:
+        p = self.spawn(
+            "relay",
+            [
+                sys.executable,
+                "-m",
+                "demo.relay",
+                "--upstream",
+                f"127.0.0.1:{upstream_port}",
+                "--delay-ms",
+                str(delay_ms),
+                "--jitter-ms",
+                str(jitter_ms),
+            ],
+        )
+        line = self.wait_line(p, "relay: listening on")
+        return int(line.split()[3].rsplit(":", 1)[1])
+
+    def collector(self, data_dir: Path, *extra: str) -> tuple[str, str]:
+        """Start the collector on the embedded store; return (ingest URL, query URL)."""
+        ingest, admin = free_port(), free_port()
+        p = self.spawn(
+            "collector",
+            [
+                str(VENV_BIN / "parallax-collector"),
+                "serve",
+                "--listen",
+                f"127.0.0.1:{ingest}",
+                "--admin-listen",
+                f"127.0.0.1:{admin}",
+                "--data-dir",
+                str(data_dir),
+                *extra,
+            ],
+        )
+        self.wait_http(p, f"http://127.0.0.1:{ingest}/healthz")
+        self.wait_http(p, f"http://127.0.0.1:{admin}/readyz")
+        return f"http://127.0.0.1:{ingest}", f"http://127.0.0.1:{admin}"
+
+    def agent(self, ports: list[int], otlp: str | None = None, *extra: str) -> str:
+        """Start the agent on the given server ports; return its metrics URL once attached."""
+        metrics = free_port()
+        argv = [
+            str(VENV_BIN / "parallax-agent"),
+            "run",
+            "--metrics-addr",
+            f"127.0.0.1:{metrics}",
+            "--jsonl",
+            str(self.workdir / "agent.jsonl"),
+        ]
+        for port in ports:
+            argv += ["--port", str(port)]
+        if otlp:
+            argv += ["--otlp", otlp]
+        p = self.spawn("agent", [*argv, *extra])
+        self.wait_http(p, f"http://127.0.0.1:{metrics}/readyz", timeout=120)
+        return f"http://127.0.0.1:{metrics}"
