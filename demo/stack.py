@@ -37,7 +37,8 @@ def free_port() -> int:
 def http_ok(url: str, timeout: float = 1.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback)
-            return 200 <= r.status < 300
+            status: int = r.status
+            return 200 <= status < 300
     except (urllib.error.URLError, OSError):
         return False
 
