@@ -1,0 +1,314 @@
+"""The store's schema: every table's DDL and its versioned migrations, in this one module.
+
+Tables (database ``parallax`` unless the DSN names one):
+
+- ``server_spans``    one row per server span (agent or any OTLP source); kernel timings as
+                      the wire gives them: integer µs (``*_us``), instants DateTime64(9) UTC.
+- ``browser_entries`` one row per beacon entry; times as the beacon gives them: float ms
+                      relative to ``time_origin_ms`` (Unix ms), plus the absolute ``time``.
+- ``pairs``           one row per browser entry matched with its server hop(s), filled by the
+                      collector as the second side arrives. **All durations Float64 ms**
+                      (``*_ms``), NULL where not measured; arrays empty where not measured.
+                      ReplacingMergeTree(version): read it with ``FINAL`` (or the ``pairs_final``
+                      view) — a pair is rewritten when a late hop or span changes it.
+- ``schema_migrations`` the applied migration versions.
+
+``migrate()`` runs at start: it applies the missing versions in order. Every statement is
+idempotent (``IF NOT EXISTS``), so a crash between a statement and its version row, or two
+collectors starting at once, is harmless. docs/store.md explains the choices and documents
+every column of ``pairs``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+DEFAULT_DATABASE = "parallax"
+DEFAULT_RETENTION_DAYS = 7
+# Oldest ClickHouse server the DDL and the insert settings are written for (by feature
+# history: insert_deduplication_token 22.2, Bool 21.12, Map 21.8 GA); first LTS after them.
+OLDEST_SERVER_VERSION = "22.3"
+# Blocks remembered per table for insert-token deduplication (spool replay after a crash
+# re-inserts at most the few segments that were in flight).
+DEDUP_WINDOW = 1000
+
+SPANS = "server_spans"
+ENTRIES = "browser_entries"
+PAIRS = "pairs"
+MIGRATIONS = "schema_migrations"
+
+
+class _Result(Protocol):
+    @property
+    def result_rows(self) -> list[Any]: ...
+
+
+class Executor(Protocol):
+    """What migrate() needs from a store client (clickhouse-connect's Client has it)."""
+
+    def command(self, cmd: str) -> object: ...
+
+    def query(self, query: str) -> _Result: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str
+    codec: str = "ZSTD(1)"
+
+    def ddl(self) -> str:
+        return (
+            f"`{self.name}` {self.type} CODEC({self.codec})"
+            if self.codec
+            else (f"`{self.name}` {self.type}")
+        )
+
+
+def _c(name: str, type_: str, codec: str = "ZSTD(1)") -> Column:
+    return Column(name, type_, codec)
+
+
+# Time columns: Delta before ZSTD (monotone-ish within a part); small ints: T64.
+_TIME9 = "Delta, ZSTD(1)"
+_INT = "T64, ZSTD(1)"
+_FLOAT = "Gorilla, ZSTD(1)"
+
+SPAN_COLUMNS: tuple[Column, ...] = (
+    _c("time", "DateTime64(9, 'UTC')", _TIME9),  # span start (= t1 for the agent)
+    _c("end_time", "DateTime64(9, 'UTC')", _TIME9),
+    _c("received", "DateTime64(3, 'UTC')", _TIME9),  # when the collector accepted it
+    _c("trace_id", "String"),  # 32 lowercase hex
+    _c("span_id", "String"),  # 16 lowercase hex
+    _c("parent_span_id", "String"),  # '' for a root span
+    _c("span_name", "LowCardinality(String)"),
+    _c("source", "LowCardinality(String)"),  # 'ebpf' (agent) or 'sdk'
+    _c("service", "LowCardinality(String)"),
+    _c("host", "LowCardinality(String)"),  # node (host.name)
+    _c("pid", "UInt32", _INT),
+    _c("method", "LowCardinality(String)"),
+    _c("route", "LowCardinality(String)"),
+    _c("path", "String"),
+    _c("status", "UInt16", _INT),  # 0 = unknown
+    _c("server_address", "LowCardinality(String)"),
+    _c("server_port", "UInt16", _INT),  # 0 = unknown
+    _c("client_address", "String"),
+    _c("client_port", "UInt16", _INT),
+    _c("arrival", "Nullable(DateTime64(9, 'UTC'))"),  # t_arr
+    _c("ttfb_us", "Nullable(Int64)"),  # t2 − t1
+    _c("recv_queue_us", "Nullable(Int64)"),  # t1 − max(t_arr, t_acc)
+    _c("accept_queue_us", "Nullable(Int64)"),  # t_acc − t_est (first request only)
+    _c("ttft_us", "Nullable(Int64)"),  # t_tok − t1
+    _c("duration_us", "Int64", _INT),  # parallax.duration_us, else end − start
+    _c("chunk_offsets_us", "Array(Int64)"),  # body writes − t1 (first 256)
+    _c("chunks", "Nullable(UInt32)"),
+    _c("chunk_gap_max_us", "Nullable(Int64)"),
+    _c("bytes_in", "Nullable(UInt64)"),
+    _c("bytes_out", "Nullable(UInt64)"),
+    _c("srtt_us", "Nullable(Int64)"),
+    _c("retransmits", "Nullable(UInt32)"),
+    _c("ws_seq", "UInt32", _INT),  # 0 = not a WebSocket exchange
+    _c("partial", "Bool"),
+    _c("client_aborted", "Bool"),
+    _c("traceparent_missed", "Bool"),
+    _c("attributes", "Map(LowCardinality(String), String)"),  # every other attribute
+)
+
+ENTRY_COLUMNS: tuple[Column, ...] = (
+    _c("time", "DateTime64(6, 'UTC')", _TIME9),  # time_origin + start_ms
+    _c("received", "DateTime64(3, 'UTC')", _TIME9),
+    _c("site", "LowCardinality(String)"),
+    _c("session", "String"),
+    _c("page", "String"),
+    _c("trace_id", "String"),
+    _c("span_id", "String"),  # the browser's span = the server span's parent
+    _c("kind", "LowCardinality(String)"),  # fetch/xhr/eventsource/websocket/navigation
+    _c("seq", "UInt32", _INT),  # WebSocket exchange number, 0 otherwise
+    _c("method", "LowCardinality(String)"),
+    _c("url", "String"),
+    _c("route", "LowCardinality(String)"),  # route_template(url path)
+    _c("status", "Nullable(UInt16)"),
+    _c("time_origin_ms", "Float64", _FLOAT),  # performance.timeOrigin, Unix ms
+    _c("start_ms", "Float64", _FLOAT),  # the rest: ms relative to time_origin_ms
+    _c("request_start_ms", "Nullable(Float64)"),  # t0
+    _c("response_start_ms", "Nullable(Float64)"),  # t3
+    _c("response_end_ms", "Nullable(Float64)"),
+    _c("dns_ms", "Nullable(Float64)"),
+    _c("connect_ms", "Nullable(Float64)"),
+    _c("tls_ms", "Nullable(Float64)"),
+    _c("first_chunk_ms", "Nullable(Float64)"),
+    _c("chunk_ms", "Array(Float64)"),
+    _c("chunks", "Nullable(UInt32)"),
+    _c("rendered_ms", "Nullable(Float64)"),
+    _c("coarse", "Bool"),
+    _c("chunks_coarse", "Bool"),
+    _c("hidden", "Bool"),
+    _c("transfer_size", "Nullable(UInt64)"),
+    _c("protocol", "LowCardinality(String)"),
+    _c("server_timing", "String"),  # JSON array as sent ('' when absent)
+    _c("error", "LowCardinality(String)"),
+    _c("clock_drift_ms", "Nullable(Float64)"),
+    _c("sdk", "LowCardinality(String)"),
+)
+
+# The pairs table is the SLA checker's input: see docs/store.md for each column's meaning.
+PAIR_COLUMNS: tuple[Column, ...] = (
+    _c("time", "DateTime64(6, 'UTC')", _TIME9),  # browser entry start (UTC)
+    _c("version", "UInt64", _INT),  # ReplacingMergeTree version: pairing time, ns
+    _c("paired_at", "DateTime64(3, 'UTC')", _TIME9),
+    _c("site", "LowCardinality(String)"),
+    _c("session", "String"),
+    _c("service", "LowCardinality(String)"),  # origin hop
+    _c("route", "LowCardinality(String)"),  # origin hop's route, else the browser's
+    _c("method", "LowCardinality(String)"),
+    _c("status", "UInt16", _INT),
+    _c("kind", "LowCardinality(String)"),
+    _c("trace_id", "String"),
+    _c("span_id", "String"),  # browser span id
+    _c("seq", "UInt32", _INT),
+    _c("coarse", "Bool"),
+    _c("chunks_coarse", "Bool"),
+    # user side (browser clock)
+    _c("user_ttfb_ms", "Nullable(Float64)"),
+    _c("user_ttft_ms", "Nullable(Float64)"),
+    _c("user_visible_ttft_ms", "Nullable(Float64)"),
+    _c("user_duration_ms", "Nullable(Float64)"),
+    _c("user_itl_ms", "Array(Float64)"),
+    _c("render_delay_ms", "Nullable(Float64)"),
+    # server side (origin hop, server clock)
+    _c("server_ttfb_ms", "Nullable(Float64)"),
+    _c("server_ttft_ms", "Nullable(Float64)"),
+    _c("server_duration_ms", "Nullable(Float64)"),
+    _c("server_itl_ms", "Array(Float64)"),
+    _c("server_timed", "Bool"),  # origin had the agent's kernel timings
+    # hops
+    _c("hops", "UInt8", _INT),
+    _c("hop_span_ids", "Array(String)"),  # arrival order: [edge, …, origin]
+    _c("hop_services", "Array(LowCardinality(String))"),
+    _c("hop_added_ms", "Array(Float64)"),
+    _c("edge_itl_ms", "Array(Float64)"),
+    _c("linked_span_ids", "Array(String)"),  # SDK spans folded into an agent hop
+    _c("reconnects", "UInt16", _INT),
+    # the parts of the divergence
+    _c("network_ms", "Nullable(Float64)"),  # δ against the edge hop
+    _c("queue_ms", "Nullable(Float64)"),  # origin t1 − t_arr
+    _c("accept_queue_ms", "Nullable(Float64)"),  # max(0, t_acc − t_arr)
+    _c("recv_queue_ms", "Nullable(Float64)"),  # t1 − max(t_arr, t_acc)
+    _c("retransmits", "Nullable(UInt32)"),  # edge hop
+    _c("srtt_ms", "Nullable(Float64)"),  # edge hop
+    # clock offset sample (NTP): server clock − browser clock
+    _c("theta_ms", "Nullable(Float64)"),
+    _c("theta_delay_ms", "Nullable(Float64)"),
+)
+
+
+def _table(name: str, cols: tuple[Column, ...], engine: str, tail: str) -> str:
+    body = ",\n    ".join(c.ddl() for c in cols)
+    return f"CREATE TABLE IF NOT EXISTS {{db}}.{name}\n(\n    {body}{tail}\n) ENGINE = {engine}"
+
+
+def _ttl(days: int, col: str = "time") -> str:
+    return f"TTL toDateTime({col}) + toIntervalDay({days})"
+
+
+_SETTINGS = (
+    "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, "
+    f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+)
+_TRACE_INDEX = ",\n    INDEX idx_trace_id trace_id TYPE bloom_filter(0.001) GRANULARITY 1"
+
+
+def migrations(db: str, retention_days: int) -> list[tuple[int, str, list[str]]]:
+    """(version, name, statements) in order. Never edit a shipped version: add a new one."""
+    r = retention_days
+    v1 = [
+        f"CREATE DATABASE IF NOT EXISTS {db}",
+        f"""CREATE TABLE IF NOT EXISTS {db}.{MIGRATIONS}
+(
+    version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree ORDER BY version""",
+        _table(SPANS, SPAN_COLUMNS, "ReplacingMergeTree", _TRACE_INDEX).format(db=db)
+        + "\nPARTITION BY toDate(time)"
+        + "\nORDER BY (service, route, toDateTime(time), trace_id, span_id)"
+        + f"\n{_ttl(r)}\n{_SETTINGS}",
+        _table(ENTRIES, ENTRY_COLUMNS, "ReplacingMergeTree", _TRACE_INDEX).format(db=db)
+        + "\nPARTITION BY toDate(time)"
+        + "\nORDER BY (site, route, toDateTime(time), trace_id, span_id, seq)"
+        + f"\n{_ttl(r)}\n{_SETTINGS}",
+        _table(
+            PAIRS,
+            PAIR_COLUMNS,
+            "ReplacingMergeTree(version)",
+            _TRACE_INDEX + ",\n    INDEX idx_route route TYPE set(1000) GRANULARITY 4",
+        ).format(db=db)
+        + "\nPARTITION BY toDate(time)"
+        + "\nORDER BY (site, time, trace_id, span_id, seq)"
+        + f"\n{_ttl(r)}\n{_SETTINGS}",
+        f"CREATE VIEW IF NOT EXISTS {db}.pairs_final AS SELECT * FROM {db}.{PAIRS} FINAL",  # noqa: S608
+    ]
+    return [(1, "spans, browser entries, pairs", v1)]
+
+
+_DB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def check_database_name(db: str) -> str:
+    if not _DB_NAME.fullmatch(db):
+        raise ValueError(f"invalid database name {db!r}")
+    return db
+
+
+def _scalar_rows(client: Executor, sql: str) -> list[Any]:
+    return list(client.query(sql).result_rows)
+
+
+def applied_versions(client: Executor, db: str) -> set[int]:
+    rows = _scalar_rows(client, f"SELECT DISTINCT version FROM {db}.{MIGRATIONS}")  # noqa: S608
+    return {int(str(r[0])) for r in rows}
+
+
+def migrate(client: Executor, db: str, retention_days: int = DEFAULT_RETENTION_DAYS) -> list[int]:
+    """Apply the missing migrations in order and align the TTL; returns the versions applied."""
+    check_database_name(db)
+    if retention_days < 1:
+        raise ValueError("retention must be at least 1 day")
+    steps = migrations(db, retention_days)
+    # The first statements of v1 create the bookkeeping table itself (idempotent).
+    for stmt in steps[0][2][:2]:
+        client.command(stmt)
+    done = applied_versions(client, db)
+    applied = []
+    for version, name, stmts in steps:
+        if version in done:
+            continue
+        for stmt in stmts:
+            client.command(stmt)
+        client.command(
+            # db is a checked identifier; version and name are our own constants.
+            f"INSERT INTO {db}.{MIGRATIONS} (version, name) VALUES ({version}, '{name}')"  # noqa: S608
+        )
+        applied.append(version)
+    _align_ttl(client, db, retention_days)
+    return applied
+
+
+def _align_ttl(client: Executor, db: str, days: int) -> None:
+    """A changed retention setting rewrites the TTL; old parts are not rewritten (cheap)."""
+    want = f"toIntervalDay({days})"
+    for table in (SPANS, ENTRIES, PAIRS):
+        rows = _scalar_rows(
+            client,
+            f"SELECT create_table_query FROM system.tables "  # noqa: S608
+            f"WHERE database = '{db}' AND name = '{table}'",
+        )
+        if rows and want not in str(rows[0][0]):
+            client.command(
+                f"ALTER TABLE {db}.{table} MODIFY TTL toDateTime(time) + {want} "
+                "SETTINGS materialize_ttl_after_modify = 0"
+            )
+
+
+def column_names(cols: tuple[Column, ...]) -> list[str]:
+    return [c.name for c in cols]
