@@ -29,7 +29,7 @@ CHROMIUM_ARGS = [
 
 @contextmanager
 def chromium(
-    extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    extra_args: list[str] | None = None, env: dict[str, str | float | bool] | None = None
 ) -> Iterator[Browser]:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
