@@ -18,28 +18,20 @@ import websockets
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+@pytest.fixture(scope="module", params=["python", "node"])
+def app(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """The Python app and its Node.js twin answer the same way."""
     log = tmp_path_factory.mktemp("llm") / "timing.jsonl"
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "demo.llm_app",
-            "--port",
-            "0",
-            "--timing-log",
-            str(log),
-            "--first-token-ms",
-            "80",
-            "--token-gap-ms",
-            "25",
-            "--tokens",
-            "6",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+    runtime = (
+        [sys.executable, "-m", "demo.llm_app"]
+        if request.param == "python"
+        else ["node", "demo/llm_app.mjs"]
     )
+    pacing = ["--first-token-ms", "80", "--token-gap-ms", "25", "--tokens", "6"]
+    argv = [*runtime, "--port", "0", "--timing-log", str(log), *pacing]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
     line = p.stdout.readline()
     assert line.startswith("llm_app: listening on "), line
