@@ -16,8 +16,9 @@ if (process.argv.includes("--tests")) {
     platform: "node", format: "esm", outExtension: { ".js": ".mjs" }, packages: "external",
   });
 } else {
-  await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/parallax.min.js",
-    format: "iife", globalName: "Parallax" });
+  // IIFE: src/global.ts assigns window.Parallax itself (smaller than esbuild's globalName).
+  await build({ ...common, entryPoints: ["src/global.ts"], outfile: "dist/parallax.min.js",
+    format: "iife" });
   await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/parallax.esm.js",
     format: "esm" });
   execFileSync("node_modules/.bin/tsc", ["-p", "."], { stdio: "inherit" });

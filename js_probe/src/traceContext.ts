@@ -9,22 +9,17 @@ export interface TraceContext {
 
 export const FLAG_SAMPLED = 0x01;
 export const FLAG_RANDOM = 0x02;
-const HEX = /^[0-9a-f]+$/;
-const isHex = (s: string, n: number): boolean => s.length === n && HEX.test(s);
+// version-flags, then "-" and more only for a future version (checked below).
+const RE = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-|$)/;
+const ZERO = /^0+$/;
 
 export function parseTraceparent(value: string | null | undefined): TraceContext | null {
   if (typeof value !== "string") return null;
-  const v = value.replace(/^[ \t]+|[ \t]+$/g, "");
-  if (v.length < 55 || v[2] !== "-" || v[35] !== "-" || v[52] !== "-") return null;
-  const version = v.slice(0, 2);
-  const traceId = v.slice(3, 35);
-  const spanId = v.slice(36, 52);
-  const flags = v.slice(53, 55);
-  if (!isHex(version, 2) || !isHex(traceId, 32) || !isHex(spanId, 16) || !isHex(flags, 2)) return null;
-  if (version === "ff") return null;
-  if (version === "00" ? v.length !== 55 : v.length > 55 && v[55] !== "-") return null;
-  if (/^0+$/.test(traceId) || /^0+$/.test(spanId)) return null;
-  return { traceId, spanId, flags: parseInt(flags, 16) };
+  const m = RE.exec(value.replace(/^[ \t]+|[ \t]+$/g, ""));
+  // ff is invalid; version 00 is exactly 55 characters; all-zero ids are invalid.
+  if (!m || m[1] === "ff" || (m[1] === "00" && m[5]) || ZERO.test(m[2] as string) || ZERO.test(m[3] as string))
+    return null;
+  return { traceId: m[2] as string, spanId: m[3] as string, flags: parseInt(m[4] as string, 16) };
 }
 
 export function formatTraceparent(tc: TraceContext): string {

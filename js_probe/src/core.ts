@@ -1,0 +1,220 @@
+// One record per traced request: its beacon entry (docs/contracts/beacon.v1.schema.json)
+// and what the probe waits for before sending it — the stream's end, the Resource Timing
+// entry (which only exists once a stream has ended, and never for WebSocket), and the paint.
+import { now, r1 } from "./clock";
+import type { TraceContext } from "./traceContext";
+
+export type Kind = "fetch" | "xhr" | "eventsource" | "websocket" | "navigation";
+export interface ServerTiming {
+  name: string;
+  dur_ms?: number;
+  desc?: string;
+}
+export interface Entry {
+  trace_id: string;
+  span_id: string;
+  sampled?: boolean;
+  kind: Kind;
+  seq?: number;
+  method?: string;
+  url?: string;
+  status?: number;
+  start_ms: number;
+  request_start_ms?: number;
+  response_start_ms?: number;
+  response_end_ms?: number;
+  dns_ms?: number;
+  connect_ms?: number;
+  tls_ms?: number;
+  first_chunk_ms?: number;
+  chunk_ms?: number[];
+  chunks?: number;
+  rendered_ms?: number;
+  coarse?: boolean;
+  chunks_coarse?: boolean;
+  transfer_size?: number;
+  protocol?: string;
+  server_timing?: ServerTiming[];
+  error?: string;
+  hidden?: boolean;
+}
+
+export interface Rec {
+  e: Entry;
+  n?: string | undefined; // the URL Resource Timing will name; absent: no entry will come (WebSocket)
+  t?: PerformanceResourceTiming; // the matched Resource Timing entry
+  h?: number; // when the probe saw the response headers
+  x?: number; // when the probe saw the end (or failure)
+  b?: boolean; // the app reads the body through the probe's pass-through stream
+  w?: boolean; // waiting for the paint after the first chunk
+  d?: boolean; // sent
+}
+
+type Num<T> = { [K in keyof T]-?: T[K] extends number | undefined ? K : never }[keyof T];
+const PHASES: [Num<Entry>, Num<PerformanceResourceTiming>, Num<PerformanceResourceTiming>][] = [
+  ["dns_ms", "domainLookupStart", "domainLookupEnd"],
+  ["connect_ms", "connectStart", "connectEnd"],
+  ["tls_ms", "secureConnectionStart", "connectEnd"],
+];
+
+export const MAX_CHUNKS = 256;
+/** How long a finished request waits for its Resource Timing entry and its paint. */
+export const WAIT_MS = 1500;
+const MAX_LIVE = 200;
+
+export const live = new Set<Rec>();
+const awaiting: Rec[] = [];
+export const cfg = { render: false, sink: (_e: Entry): void => {} };
+
+export const isHidden = (): boolean =>
+  typeof document !== "undefined" && document.visibilityState === "hidden";
+/** URL without query string or fragment (privacy: queries carry prompts and tokens). */
+export const bare = (u: URL): string => u.origin + u.pathname;
+
+export function begin(kind: Kind, url: URL, tc: TraceContext, method?: string, name?: string): Rec {
+  const e: Entry = {
+    trace_id: tc.traceId,
+    span_id: tc.spanId,
+    sampled: (tc.flags & 1) === 1,
+    kind,
+    url: bare(url),
+    start_ms: now(),
+  };
+  if (method) e.method = method.toUpperCase();
+  if (isHidden()) e.hidden = true;
+  const r: Rec = { e, n: name };
+  live.add(r);
+  // A page that opens requests and never reads them must not grow the probe without bound.
+  if (live.size > MAX_LIVE) emit(live.values().next().value as Rec);
+  return r;
+}
+
+/** A body chunk or message arrived. */
+export function chunk(r: Rec, t = now()): void {
+  const e = r.e;
+  if (r.d) return;
+  e.chunks = (e.chunks || 0) + 1;
+  if (!e.chunk_ms) {
+    e.chunk_ms = [];
+    e.first_chunk_ms = t;
+    if (cfg.render && !e.hidden && !isHidden()) {
+      r.w = true;
+      awaiting.push(r);
+    }
+  }
+  if (e.chunk_ms.length < MAX_CHUNKS) e.chunk_ms.push(t);
+}
+
+/** Response headers seen (coarse t3 when Resource Timing cannot say better). */
+export function headers(r: Rec, status?: number): void {
+  if (r.h === undefined) r.h = now();
+  if (status !== undefined) r.e.status = status;
+}
+
+export function end(r: Rec, error?: string, t = now()): void {
+  if (r.x !== undefined || r.d) return;
+  r.x = t;
+  if (error) r.e.error = error;
+  if (!check(r)) setTimeout(() => emit(r), WAIT_MS);
+}
+
+function check(r: Rec): boolean {
+  if (!r.d && r.x !== undefined && (r.t || !r.n) && !r.w) emit(r);
+  return !!r.d;
+}
+
+export function emit(r: Rec): void {
+  if (r.d) return;
+  r.d = true;
+  r.w = false;
+  live.delete(r);
+  const e = r.e;
+  const t = r.t;
+  if (t && t.requestStart > 0) {
+    e.request_start_ms = r1(t.requestStart);
+    e.response_start_ms = r1(t.responseStart);
+    // Zero when the connection was reused: only new connections report these.
+    for (const [k, a, b] of PHASES) if (t[a] > 0 && t[b] > t[a]) e[k] = r1(t[b] - t[a]);
+  } else {
+    // Cross-origin without Timing-Allow-Origin (requestStart is 0), or no entry at all.
+    e.coarse = true;
+    e.request_start_ms = e.start_ms;
+    if (r.h !== undefined) e.response_start_ms = r.h;
+  }
+  if (t) {
+    if (t.responseEnd > 0) e.response_end_ms = r1(t.responseEnd);
+    if (t.transferSize) e.transfer_size = t.transferSize;
+    if (t.nextHopProtocol) e.protocol = t.nextHopProtocol.slice(0, 16);
+    const st = (t.serverTiming || []).slice(0, 16).map((s) => {
+      const o: ServerTiming = { name: s.name.slice(0, 64) };
+      if (s.duration) o.dur_ms = s.duration;
+      if (s.description) o.desc = s.description.slice(0, 256);
+      return o;
+    });
+    if (st.length) e.server_timing = st;
+    const status = (t as { responseStatus?: number }).responseStatus;
+    if (e.status === undefined && status) e.status = status;
+  }
+  if (e.response_end_ms === undefined && r.x !== undefined && !e.error) e.response_end_ms = r.x;
+  try {
+    cfg.sink(e);
+  } catch {
+    // never into the page
+  }
+}
+
+/** PerformanceObserver callback: match each Resource Timing entry to its record — by URL,
+ *  then, with several requests to one URL in flight, the latest one started before it. */
+export function onResource(list: PerformanceObserverEntryList): void {
+  for (const t of list.getEntries() as PerformanceResourceTiming[]) {
+    const n = t.name.split("#")[0];
+    let best: Rec | undefined;
+    for (const r of live)
+      if (r.n === n && !r.t && r.e.start_ms <= t.startTime + 2 && (!best || r.e.start_ms > best.e.start_ms))
+        best = r;
+    if (!best) continue;
+    best.t = t;
+    // The network has the whole response; if the app is not streaming it, it is done.
+    if (!best.b) end(best);
+    else check(best);
+  }
+}
+
+/** Visible TTFT: the frame after the one that painted — two animation frames later. */
+export function paint(rs: Rec[]): void {
+  if (!rs.length) return;
+  requestAnimationFrame(() =>
+    requestAnimationFrame(() => {
+      const t = now();
+      for (const r of rs) {
+        // rAF stops in hidden pages; a frame that comes after a hide is not the paint.
+        if (!isHidden() && !r.e.hidden && !r.d && r.e.rendered_ms === undefined) r.e.rendered_ms = t;
+        r.w = false;
+        check(r);
+      }
+    }),
+  );
+}
+
+/** A DOM mutation inside renderTarget: whatever first chunk came before it is being shown. */
+export function mutated(): void {
+  paint(awaiting.splice(0));
+}
+
+export function markRendered(traceId: string): void {
+  cfg.render = true; // from now on, wait for the paint before sending
+  const rs: Rec[] = [];
+  for (const r of live) if (r.e.trace_id === traceId && r.e.rendered_ms === undefined) rs.push(r);
+  paint(rs);
+}
+
+/** The page is being hidden: no render samples; send what is finished. On pagehide
+ *  (`all`), also what is still open — a stream the user abandons is still a measurement. */
+export function hide(all: boolean): void {
+  awaiting.length = 0;
+  for (const r of [...live]) {
+    if (r.x === undefined || r.w) r.e.hidden = true;
+    r.w = false;
+    if (all || r.x !== undefined) emit(r);
+  }
+}
