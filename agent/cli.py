@@ -36,7 +36,84 @@ def _parser() -> argparse.ArgumentParser:
         " them timings degrade as printed.",
     )
     d.add_argument("--json", action="store_true", help="machine-readable output")
+    r = sub.add_parser(
+        "run",
+        help="trace HTTP/1.x servers on this node and export one record per request",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=RUN_DESCRIPTION,
+    )
+    r.add_argument(
+        "--port",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="trace connections accepted on this local port (repeatable)",
+    )
+    r.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="trace this process (repeatable); with neither --port nor --pid,"
+        " every process on the node is traced",
+    )
+    r.add_argument(
+        "--jsonl",
+        metavar="PATH|-",
+        help="append one JSON object per completed request to PATH (- = stdout)",
+    )
+    r.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="export OTLP/HTTP spans to this collector base URL (/v1/traces added)",
+    )
+    r.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1:9464",
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz, /readyz here (default %(default)s)",
+    )
+    r.add_argument(
+        "--head-window",
+        type=int,
+        default=4096,
+        metavar="BYTES",
+        help="request bytes captured per read for parsing (default %(default)s,"
+        " rounded up to a power of two, max 16384); a traceparent beyond it is"
+        " counted as missed",
+    )
+    r.add_argument(
+        "--stream-limit-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="a response streaming longer than this emits a partial record at the"
+        " limit, then the final one (default %(default)s; 0 = never)",
+    )
+    r.add_argument(
+        "--service-name",
+        action="append",
+        default=[],
+        metavar="PORT=NAME",
+        help="service name for connections on PORT (default: the process's"
+        " OTEL_SERVICE_NAME, else its executable name)",
+    )
     return ap
+
+
+RUN_DESCRIPTION = """\
+Attach the eBPF probes and follow every TCP connection of the traced servers: cut the bytes
+into HTTP/1.x exchanges (keep-alive, pipelining, chunked, SSE, WebSocket after 101) and
+time each from the kernel: ttfb_us, recv_queue_us, accept_queue_us, ttft_us,
+chunk_offsets_us, duration_us, srtt_us, retransmits. Prints one line on stderr when the
+probes are attached (/readyz turns 200). SIGTERM/SIGINT: detach, flush, exit 0.
+
+examples:
+  parallax-agent run --port 8000 --jsonl -
+  parallax-agent run --port 8000 --otlp http://collector:4318 --service-name 8000=chat
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +122,30 @@ def main(argv: list[str] | None = None) -> int:
         from agent import doctor  # noqa: PLC0415  (keeps --help fast)
 
         return doctor.main(as_json=args.json)
+    if args.command == "run":
+        from agent import run  # noqa: PLC0415
+
+        names: dict[int, str] = {}
+        for item in args.service_name:
+            port, sep, name = item.partition("=")
+            if not sep or not port.isdigit() or not name:
+                print(
+                    f"parallax-agent: --service-name wants PORT=NAME, got {item!r}", file=sys.stderr
+                )
+                return 2
+            names[int(port)] = name
+        return run.main(
+            run.RunConfig(
+                ports=args.port,
+                pids=args.pid,
+                jsonl=args.jsonl,
+                otlp=args.otlp,
+                metrics_addr=args.metrics_addr,
+                head_window=args.head_window,
+                stream_limit_s=args.stream_limit_s,
+                service_names=names,
+            )
+        )
     return 2
 
 

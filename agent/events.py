@@ -1,0 +1,126 @@
+"""Decoding the ring-buffer records of bpf/agent.c (layouts mirror its structs, x86-64/arm64
+natural alignment, little endian). Pure Python: no bcc import, so the cutter and its tests
+run anywhere."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+
+EV_READ = 1
+EV_RESP = 2
+EV_WAGG = 3
+EV_CLOSE = 4
+EV_PEER_FIN = 5
+
+WAGG_END = 1
+WAGG_PARTIAL = 2
+WAGG_CLOSE = 4
+
+CHUNKS = 256
+_HDR = struct.Struct("<IIIIQQQII")  # type tgid pid fd sk ident t srtt_us retrans
+_READ = struct.Struct("<QQQIIHHHH16s16s")  # t_est t_acc t_arr n caplen lport rport family pad
+_RESP = struct.Struct("<II")  # n caplen
+_AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
+_OFFS = struct.Struct(f"<{CHUNKS}I")
+AF_INET = 2
+
+
+@dataclass(slots=True)
+class Header:
+    type: int
+    tgid: int
+    pid: int
+    fd: int
+    sk: int
+    ident: int
+    t: int
+    srtt_us: int
+    retrans: int
+
+    @property
+    def conn(self) -> tuple[int, int]:
+        """Sockets are reused: a connection is (socket address, first-seen time)."""
+        return (self.sk, self.ident)
+
+
+@dataclass(slots=True)
+class ReadEv:
+    h: Header
+    t_est: int
+    t_acc: int
+    t_arr: int
+    n: int
+    data: bytes
+    lport: int
+    rport: int
+    laddr: str
+    raddr: str
+
+
+@dataclass(slots=True)
+class RespEv:
+    h: Header
+    n: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class WaggEv:
+    """Writes after a response head, aggregated in the kernel."""
+
+    h: Header
+    t_first: int
+    t_last: int
+    bytes: int
+    gap_max_ns: int
+    n: int
+    flags: int
+    offs_us: list[int] = field(default_factory=list)  # first min(n, 256) writes − t_first
+
+    def times_ns(self) -> list[int]:
+        return [self.t_first + o * 1000 for o in self.offs_us]
+
+
+@dataclass(slots=True)
+class CloseEv:
+    h: Header
+
+
+Event = ReadEv | RespEv | WaggEv | CloseEv
+
+
+def _addr(family: int, raw: bytes) -> str:
+    if family == AF_INET:
+        return str(ipaddress.IPv4Address(raw[:4]))
+    a = ipaddress.IPv6Address(raw)
+    return str(a.ipv4_mapped or a)
+
+
+def decode(buf: bytes) -> Event | None:
+    """One ring-buffer record → an event (None for an unknown type or a short record)."""
+    if len(buf) < _HDR.size:
+        return None
+    h = Header(*_HDR.unpack_from(buf, 0))
+    off = _HDR.size
+    if h.type == EV_READ:
+        t_est, t_acc, t_arr, n, caplen, lport, rport, family, _, la, ra = _READ.unpack_from(
+            buf, off
+        )
+        start = off + _READ.size
+        data = bytes(buf[start : start + caplen])
+        return ReadEv(
+            h, t_est, t_acc, t_arr, n, data, lport, rport, _addr(family, la), _addr(family, ra)
+        )
+    if h.type == EV_RESP:
+        n, caplen = _RESP.unpack_from(buf, off)
+        start = off + _RESP.size
+        return RespEv(h, n, bytes(buf[start : start + caplen]))
+    if h.type == EV_WAGG:
+        t_first, t_last, nbytes, gap, n, flags = _AGG.unpack_from(buf, off)
+        offs = list(_OFFS.unpack_from(buf, off + _AGG.size)[: min(n, CHUNKS)])
+        return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs)
+    if h.type in (EV_CLOSE, EV_PEER_FIN):
+        return CloseEv(h)
+    return None

@@ -1,0 +1,124 @@
+"""HTTP/1.x head parsing for the agent: only the fields Parallax exports, nothing else kept.
+
+Privacy: header values other than the framing ones and ``traceparent`` are never copied out
+of the bytes; Cookie, Authorization and bodies are neither parsed nor stored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from parallax_contracts import trace_context
+
+_METHOD = re.compile(rb"^[A-Z]{3,10} ")
+_REQ_LINE = re.compile(rb"^([A-Z]{3,10}) (\S+) HTTP/(1\.[01])$")
+_STATUS_LINE = re.compile(rb"^HTTP/(1\.[01]) (\d{3})(?: .*)?$")
+METHODS = frozenset(
+    b"GET HEAD POST PUT DELETE CONNECT OPTIONS TRACE PATCH PROPFIND PROPPATCH MKCOL COPY "
+    b"MOVE LOCK UNLOCK SEARCH REPORT".split()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    method: str
+    path: str  # query string dropped
+    version: str
+    traceparent: trace_context.TraceContext | None
+    traceparent_present: bool  # a traceparent was sent (valid or not)
+    content_length: int  # 0 when absent
+    chunked: bool
+    upgrade_websocket: bool
+    head_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    status: int
+    version: str
+    head_len: int | None  # None: the head did not end inside the captured bytes
+    content_length: int | None
+    chunked: bool
+
+
+def looks_like_request(data: bytes) -> bool:
+    """Whether a byte stream can be the start of an HTTP/1.x request."""
+    if len(data) < 4:
+        return all(65 <= c <= 90 for c in data)
+    m = _METHOD.match(data[:11])
+    if m is not None:
+        return data[: m.end() - 1] in METHODS
+    # a short prefix of a method without its space yet
+    return len(data) < 11 and all(65 <= c <= 90 for c in data)
+
+
+def _headers(block: bytes) -> list[tuple[bytes, bytes]]:
+    out = []
+    for line in block.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if sep:
+            out.append((name.strip().lower(), value.strip(b" \t")))
+    return out
+
+
+def parse_request(head: bytes) -> RequestHead | None:
+    """``head`` ends with the blank line. None when it is not an HTTP/1.x request."""
+    end = head.find(b"\r\n")
+    m = _REQ_LINE.match(head[:end])
+    if m is None or m.group(1) not in METHODS:
+        return None
+    method, target, version = (g.decode("latin-1") for g in m.groups())
+    path, _, query = target.partition("?")
+    if "://" in path:  # absolute form (proxies): keep only the path
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
+    tp_value: str | None = None
+    content_length = 0
+    chunked = upgrade = False
+    for name, value in _headers(head[end + 2 :]):
+        if name == b"traceparent":
+            tp_value = value.decode("latin-1")
+        elif name == b"content-length" and value.isdigit():
+            content_length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"upgrade":
+            upgrade = value.lower() == b"websocket"
+    if tp_value is None and "traceparent" in query:
+        # EventSource and WebSocket cannot send headers: the probe puts it in the query
+        for k, v in parse_qsl(query, keep_blank_values=True):
+            if k == "traceparent":
+                tp_value = v
+                break
+    return RequestHead(
+        method,
+        path,
+        version,
+        trace_context.parse(tp_value) if tp_value is not None else None,
+        tp_value is not None,
+        content_length,
+        chunked,
+        upgrade,
+        len(head),
+    )
+
+
+def parse_response(data: bytes) -> ResponseHead | None:
+    end = data.find(b"\r\n")
+    if end < 0:
+        end = len(data)
+    m = _STATUS_LINE.match(data[:end])
+    if m is None:
+        return None
+    stop = data.find(b"\r\n\r\n")
+    head_len = stop + 4 if stop >= 0 else None
+    block = data[end + 2 : stop] if stop >= 0 else data[end + 2 :]
+    content_length: int | None = None
+    chunked = False
+    for name, value in _headers(block):
+        if name == b"content-length" and value.isdigit():
+            content_length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+    return ResponseHead(int(m.group(2)), m.group(1).decode(), head_len, content_length, chunked)

@@ -1,0 +1,202 @@
+"""Compile bpf/agent.c for the running kernel, attach it, and drain its ring buffer.
+
+Only the tracepoints the kernel has (with the fields the program reads) are compiled in;
+each missing optional one is logged once with what it degrades (agent.tracepoints).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import kernel_headers, tracefs
+from agent.tracepoints import TRACEPOINTS, Tracepoint
+
+log = logging.getLogger("parallax.agent")
+BPF_SOURCE = Path(__file__).resolve().parent.parent / "bpf" / "agent.c"
+COUNTER_NAMES = ("lost_events", "events", "connections", "link_misses")
+
+
+class LoadError(Exception):
+    """An expected failure (privileges, no BPF, no headers): one line for the user."""
+
+
+@dataclass
+class Options:
+    ports: list[int] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    head_window: int = 4096
+    resp_window: int = 1024
+    stream_limit_s: float = 60.0
+    max_conns: int = 16384
+    ringbuf_pages: int = 2048  # 8 MiB
+
+
+@dataclass
+class Loaded:
+    bpf: Any
+    attached: list[str]
+    degraded: list[str]
+
+
+def _macro(tp: Tracepoint) -> str:
+    name = tp.name.replace("sys_exit_", "sys_enter_") if tp.category == "syscalls" else tp.name
+    return f"PX_HAVE_{name.upper()}"
+
+
+def available() -> tuple[list[Tracepoint], list[Tracepoint]]:
+    """(present, missing) tracepoints, fields checked."""
+    tfs, note = tracefs.ensure_mounted()
+    if tfs is None:
+        raise LoadError(f"tracefs {note}")
+    have: list[Tracepoint] = []
+    missing: list[Tracepoint] = []
+    for tp in TRACEPOINTS:
+        f = tracefs.fields(tfs, tp.category, tp.name)
+        (have if f is not None and set(tp.fields) <= f else missing).append(tp)
+    return have, missing
+
+
+def _pow2(n: int) -> int:
+    p = 256
+    while p < n:
+        p *= 2
+    return min(p, 16384)
+
+
+def load(opts: Options) -> Loaded:
+    if os.geteuid() != 0:
+        raise LoadError("needs root (or CAP_BPF+CAP_PERFMON): run with sudo; see `doctor`")
+    have, missing = available()
+    req_missing = [tp.id for tp in missing if tp.required]
+    if req_missing:
+        raise LoadError(f"required tracepoints missing: {', '.join(req_missing)}")
+    src = kernel_headers.configure_bcc()
+    if src is None:
+        raise LoadError("no kernel headers: run `make setup` (builds the fallback tree)")
+    try:
+        from bcc import BPF  # noqa: PLC0415  (Debian's python3-bpfcc)
+    except ImportError as e:
+        raise LoadError(f"cannot import bcc ({e}): install python3-bpfcc") from e
+    have_ids = {tp.id for tp in have}
+    macros: set[str] = set()
+    for tp in have:
+        if tp.category == "syscalls" and tp.name.startswith("sys_"):
+            # both halves of a syscall pair must exist to compile it
+            other = (
+                tp.name.replace("enter", "exit")
+                if "enter" in tp.name
+                else tp.name.replace("exit", "enter")
+            )
+            if f"syscalls:{other}" not in have_ids and other.replace("sys_enter_", "") not in (
+                "accept",
+                "accept4",
+            ):
+                continue
+        macros.add(_macro(tp))
+    if "syscalls:sys_exit_accept" in have_ids:
+        macros.add("PX_HAVE_SYS_EXIT_ACCEPT")
+    degraded: list[str] = []
+    seen: set[str] = set()
+    for tp in missing:
+        if tp.degrade not in seen:
+            seen.add(tp.degrade)
+            degraded.append(f"{tp.id}: {tp.degrade}")
+            log.warning("degraded: %s missing → %s", tp.id, tp.degrade)
+    hw = _pow2(opts.head_window)
+    cflags = [
+        f"-DPX_HEAD_WINDOW={hw}",
+        f"-DPX_RESP_WINDOW={_pow2(opts.resp_window)}",
+        f"-DPX_MAX_CONNS={opts.max_conns}",
+        f"-DPX_RINGBUF_PAGES={opts.ringbuf_pages}",
+        *(f"-D{m}" for m in sorted(macros)),
+    ]
+    try:
+        b = BPF(text=BPF_SOURCE.read_bytes(), cflags=cflags)
+    except Exception as e:  # bcc raises bare Exception; its compiler log went to stderr
+        raise LoadError(f"BPF program failed to compile or load: {e}") from e
+    _configure(b, opts)
+    attached = (
+        sorted(k.decode() if isinstance(k, bytes) else str(k) for k in b.tracepoint_fds)
+        if hasattr(b, "tracepoint_fds")
+        else []
+    )
+    return Loaded(b, attached, degraded)
+
+
+def _configure(b: Any, opts: Options) -> None:
+    cfg = b["px_config"]
+    v = cfg.Leaf()
+    v.filter_pids = 1 if (opts.pids or opts.ports) else 0
+    v.filter_ports = 1 if opts.ports else 0
+    v.stream_limit_ns = int(opts.stream_limit_s * 1e9) if opts.stream_limit_s > 0 else 0
+    cfg[ctypes.c_int(0)] = v
+    ports = b["px_ports"]
+    for p in opts.ports:
+        ports[ports.Key(p)] = ports.Leaf(1)
+    set_pids(b, opts.pids)
+
+
+def set_pids(b: Any, pids: list[int]) -> None:
+    t = b["px_pids"]
+    for p in pids:
+        t[t.Key(p)] = t.Leaf(1)
+
+
+def remove_pids(b: Any, pids: list[int]) -> None:
+    t = b["px_pids"]
+    for p in pids:
+        with contextlib.suppress(KeyError):
+            del t[t.Key(p)]
+
+
+def seed_fd(b: Any, tgid: int, fd: int, lport: int) -> None:
+    """Mark an fd of a connection older than the agent (linked at its next read/write)."""
+    t = b["px_fds"]
+    leaf = t.Leaf()
+    leaf.seeded = 1
+    leaf.lport = lport
+    t[t.Key((tgid << 32) | fd)] = leaf
+
+
+def counters(b: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    t = b["px_counters"]
+    for i, name in enumerate(COUNTER_NAMES):
+        out[name] = int(sum(t[ctypes.c_int(i)]))
+    return out
+
+
+def synack_retransmits(b: Any) -> dict[int, int]:
+    return {int(k.value): int(v.value) for k, v in b["px_synack"].items()}
+
+
+def map_fill(b: Any) -> dict[str, int]:
+    return {name: len(b[name]) for name in ("px_conns", "px_fds", "px_aggs", "px_active")}
+
+
+def open_ring(b: Any, callback: Callable[[bytes], None]) -> None:
+    def _cb(_ctx: Any, data: Any, size: int) -> int:
+        callback(ctypes.string_at(data, size))
+        return 0
+
+    b["px_events"].open_ring_buffer(_cb)
+
+
+def drain(b: Any) -> None:
+    """ring_buffer_poll never delivers BPF_RB_NO_WAKEUP records in bcc 0.26: consume."""
+    b.ring_buffer_consume()
+
+
+def detach(b: Any) -> None:
+    try:
+        b.cleanup()
+    except Exception as e:  # noqa: BLE001  (shutdown must finish)
+        print(f"parallax-agent: detach: {e}", file=sys.stderr)

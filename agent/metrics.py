@@ -1,0 +1,112 @@
+"""Prometheus metrics and the /healthz and /readyz endpoints of the agent."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.events = Counter("parallax_agent_events", "Ring-buffer events received", registry=r)
+        self.requests = Counter(
+            "parallax_agent_requests", "Request records emitted", ["service"], registry=r
+        )
+        self.lost = Gauge(
+            "parallax_agent_lost_events",
+            "Events the kernel could not queue (ring full)",
+            registry=r,
+        )
+        self.shed = Counter(
+            "parallax_agent_shed_records",
+            "Records dropped by the bounded export queue",
+            registry=r,
+        )
+        self.map_fill = Gauge(
+            "parallax_agent_map_entries", "Entries in the kernel maps", ["map"], registry=r
+        )
+        self.unparsed = Counter(
+            "parallax_agent_unparsed_connections",
+            "Connections whose bytes are not HTTP/1.x (TLS, HTTP/2, other)",
+            ["port"],
+            registry=r,
+        )
+        self.head_too_large = Counter(
+            "parallax_agent_head_too_large",
+            "Request heads larger than the capture window",
+            registry=r,
+        )
+        self.traceparent_missed = Counter(
+            "parallax_agent_traceparent_missed",
+            "Requests whose traceparent may lie beyond the capture window",
+            registry=r,
+        )
+        self.listen_overflows = Gauge(
+            "parallax_agent_listen_overflows",
+            "Node-wide TCP ListenOverflows (/proc/net/netstat; no per-port tracepoint)",
+            registry=r,
+        )
+        self.synack_retransmits = Gauge(
+            "parallax_agent_synack_retransmits",
+            "SYN-ACK retransmits per listening port",
+            ["port"],
+            registry=r,
+        )
+        self.connections = Gauge(
+            "parallax_agent_connections", "Connections followed in user space", registry=r
+        )
+        self.ready = False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    metrics: Metrics
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/metrics"):
+            body = generate_latest(self.metrics.registry)
+            self._send(200, body, CONTENT_TYPE_LATEST)
+        elif self.path.startswith("/healthz"):
+            self._send(200, b"ok\n")
+        elif self.path.startswith("/readyz"):
+            ok = self.metrics.ready
+            self._send(200 if ok else 503, b"ready\n" if ok else b"attaching\n")
+        else:
+            self._send(404, b"not found\n")
+
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve(metrics: Metrics, addr: str) -> ThreadingHTTPServer:
+    host, _, port = addr.rpartition(":")
+    handler = type("H", (_Handler,), {"metrics": metrics})
+    srv = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
+    return srv
+
+
+def listen_overflows() -> int:
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return 0
+    for i in range(0, len(lines) - 1, 2):
+        if lines[i].startswith("TcpExt:"):
+            names, values = lines[i].split(), lines[i + 1].split()
+            if "ListenOverflows" in names:
+                return int(values[names.index("ListenOverflows")])
+    return 0

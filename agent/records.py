@@ -1,0 +1,121 @@
+"""Record assembly: an :class:`agent.httpcut.Exchange` plus connection and process identity →
+the exported record (JSON object; OTel span attributes use the names of
+parallax_contracts.span_attributes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agent.clock import MonoClock
+from agent.httpcut import Exchange
+from parallax_contracts import span_attributes as sa
+from parallax_contracts import trace_context
+
+
+@dataclass(frozen=True, slots=True)
+class ConnInfo:
+    pid: int
+    comm: str
+    service: str
+    local_addr: str
+    local_port: int
+    peer_addr: str
+    peer_port: int
+
+
+def _us(a: int, b: int) -> int | None:
+    """(a − b) in microseconds, None when either instant is unknown."""
+    if not a or not b:
+        return None
+    return max(0, (a - b) // 1000)
+
+
+def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
+    tp = ex.traceparent
+    trace_id = tp.trace_id if tp else trace_context.new_trace_id()
+    t_end = ex.t_end or ex.t2 or ex.t1
+    start_arr = max(ex.t_arr, ex.t_acc) if ex.t_arr else 0
+    return {
+        "trace_id": trace_id,
+        "span_id": trace_context.new_span_id(),
+        "parent_span_id": tp.span_id if tp else None,
+        "trace_flags": tp.flags if tp else trace_context.FLAG_SAMPLED,
+        "method": ex.method,
+        "path": ex.path,
+        "version": ex.version,
+        "status": ex.status or None,
+        "pid": conn.pid,
+        "comm": conn.comm,
+        "service": conn.service,
+        "local_addr": conn.local_addr,
+        "local_port": conn.local_port,
+        "peer_addr": conn.peer_addr,
+        "peer_port": conn.peer_port,
+        "start_unix_ns": clock.to_unix_ns(ex.t1),
+        "end_unix_ns": clock.to_unix_ns(t_end),
+        "arrival_unix_ns": clock.to_unix_ns(ex.t_arr) if ex.t_arr else None,
+        "ttfb_us": _us(ex.t2, ex.t1),
+        "recv_queue_us": _us(ex.t1, start_arr) if start_arr else None,
+        "accept_queue_us": _us(ex.t_acc, ex.t_est),
+        "ttft_us": _us(ex.t_tok, ex.t1),
+        "chunk_offsets_us": [max(0, (t - ex.t1) // 1000) for t in ex.chunk_times],
+        "chunks": ex.chunks,
+        "chunk_gap_max_us": ex.gap_max_ns // 1000 if ex.chunks > 1 else None,
+        "duration_us": max(0, (t_end - ex.t1) // 1000),
+        "bytes_in": ex.bytes_in,
+        "bytes_out": ex.bytes_out,
+        "srtt_us": ex.srtt_us or None,
+        "retransmits": ex.retransmits,
+        "ws_seq": ex.ws_seq or None,
+        "partial": ex.partial,
+        "client_aborted": ex.client_aborted,
+        "traceparent_missed": ex.traceparent_missed,
+        "source": sa.SOURCE_EBPF,
+    }
+
+
+_ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
+    ("method", sa.HTTP_REQUEST_METHOD),
+    ("path", sa.URL_PATH),
+    ("status", sa.HTTP_RESPONSE_STATUS_CODE),
+    ("local_addr", sa.SERVER_ADDRESS),
+    ("local_port", sa.SERVER_PORT),
+    ("peer_addr", sa.CLIENT_ADDRESS),
+    ("peer_port", sa.CLIENT_PORT),
+    ("version", sa.NETWORK_PROTOCOL_VERSION),
+    ("ttfb_us", sa.TTFB_US),
+    ("recv_queue_us", sa.RECV_QUEUE_US),
+    ("accept_queue_us", sa.ACCEPT_QUEUE_US),
+    ("arrival_unix_ns", sa.ARRIVAL_UNIX_NS),
+    ("ttft_us", sa.TTFT_US),
+    ("chunk_offsets_us", sa.CHUNK_OFFSETS_US),
+    ("chunks", sa.CHUNKS),
+    ("chunk_gap_max_us", sa.CHUNK_GAP_MAX_US),
+    ("duration_us", sa.DURATION_US),
+    ("bytes_in", sa.BYTES_IN),
+    ("bytes_out", sa.BYTES_OUT),
+    ("srtt_us", sa.SRTT_US),
+    ("retransmits", sa.RETRANSMITS),
+    ("ws_seq", sa.WS_SEQ),
+    ("source", sa.SOURCE),
+)
+_BOOL_ATTRS = (
+    ("partial", sa.PARTIAL),
+    ("client_aborted", sa.CLIENT_ABORTED),
+    ("traceparent_missed", sa.TRACEPARENT_MISSED),
+)
+
+
+def span_attributes(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record's span attributes (contract names; absent values left out)."""
+    out: dict[str, Any] = {}
+    for key, attr in _ATTR_MAP:
+        v = rec.get(key)
+        if v is None or (attr.type == "int[]" and not v):
+            continue
+        out[attr.name] = v
+    for key, attr in _BOOL_ATTRS:
+        if rec.get(key):
+            out[attr.name] = True
+    return out

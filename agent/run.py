@@ -1,0 +1,281 @@
+"""``parallax-agent run``: load the probes, follow connections, export one record per request.
+
+Threads: the main loop drains the ring buffer on a short timer (records are submitted
+without wakeup), cuts events into exchanges and queues records; an exporter thread writes
+them out. The queue is bounded: under overload records are shed and counted, never grown.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent import events, loader, metrics, procinfo
+from agent.clock import MonoClock
+from agent.httpcut import Conn, Exchange, Stats
+from agent.records import ConnInfo, build
+
+log = logging.getLogger("parallax.agent")
+MAX_CONNS = 65536
+
+
+@dataclass
+class RunConfig:
+    ports: list[int] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    jsonl: str | None = None
+    otlp: str | None = None
+    metrics_addr: str = "127.0.0.1:9464"
+    head_window: int = 4096
+    stream_limit_s: float = 60.0
+    service_names: dict[int, str] = field(default_factory=dict)
+    drain_ms: float = 10.0
+    queue_size: int = 20000
+
+
+@dataclass
+class ConnState:
+    cut: Conn
+    pid: int
+    lport: int = 0
+    rport: int = 0
+    laddr: str = ""
+    raddr: str = ""
+    snap_t_first: int = 0  # an aggregate already consumed from a map snapshot
+    unparsed_counted: bool = False
+    info: ConnInfo | None = None
+
+
+class Agent:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.m = metrics.Metrics()
+        self.clock = MonoClock()
+        self.stats = Stats()
+        self.conns: dict[tuple[int, int], ConnState] = {}
+        self.q: queue.Queue[dict[str, Any] | None] = queue.Queue(cfg.queue_size)
+        self.stop = threading.Event()
+        self.exporters: list[Any] = []
+        self._svc: dict[int, tuple[str, str]] = {}
+        self._pids: set[int] = set(cfg.pids)
+        self.bpf: Any = None
+        self._last_stats = Stats()
+
+    # -- events ---------------------------------------------------------------------
+    def on_event(self, raw: bytes) -> None:
+        self.m.events.inc()
+        ev = events.decode(raw)
+        if ev is None:
+            return
+        h = ev.h
+        key = h.conn
+        st = self.conns.get(key)
+        if isinstance(ev, events.CloseEv):
+            if st is None:
+                return
+            if h.type == events.EV_PEER_FIN:
+                st.cut.on_peer_fin(h.t)
+                return
+            self._emit(st, st.cut.on_close(h.t))
+            del self.conns[key]
+            return
+        if st is None:
+            if len(self.conns) >= MAX_CONNS:
+                self._evict()
+            st = self.conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), h.tgid)
+        st.cut.update_tcp(h.srtt_us, h.retrans)
+        if isinstance(ev, events.ReadEv):
+            if not st.lport:
+                st.lport, st.rport, st.laddr, st.raddr = ev.lport, ev.rport, ev.laddr, ev.raddr
+            out = st.cut.on_read(h.t, ev.n, ev.data, ev.t_arr, ev.t_acc, ev.t_est)
+            if st.cut.mode == "dead" and not st.unparsed_counted and st.cut.requests == 0:
+                st.unparsed_counted = True
+                self.m.unparsed.labels(str(st.lport)).inc()
+        elif isinstance(ev, events.RespEv):
+            out = st.cut.on_resp(h.t, ev.n, ev.data)
+        else:
+            if ev.t_first and ev.t_first == st.snap_t_first:
+                return  # already taken from the map snapshot
+            out = st.cut.on_writes(
+                ev.t_last, ev.times_ns(), ev.n, ev.bytes, ev.gap_max_ns, ev.flags
+            )
+        self._emit(st, out)
+
+    def _evict(self) -> None:
+        oldest = min(self.conns.items(), key=lambda kv: kv[1].cut.t_last_event)[0]
+        del self.conns[oldest]
+
+    def _info(self, st: ConnState) -> ConnInfo:
+        if st.info is None:
+            cached = self._svc.get(st.pid)
+            if cached is None:
+                cached = (procinfo.comm(st.pid), procinfo.service_name(st.pid))
+                if len(self._svc) > 10000:
+                    self._svc.clear()
+                self._svc[st.pid] = cached
+            service = self.cfg.service_names.get(st.lport) or cached[1]
+            st.info = ConnInfo(st.pid, cached[0], service, st.laddr, st.lport, st.raddr, st.rport)
+        return st.info
+
+    def _emit(self, st: ConnState, out: list[Exchange]) -> None:
+        for ex in out:
+            if not ex.t2 and not ex.ws_seq:
+                continue
+            rec = build(ex, self._info(st), self.clock)
+            if ex.traceparent_missed:
+                self.m.traceparent_missed.inc()
+            try:
+                self.q.put_nowait(rec)
+            except queue.Full:
+                self.m.shed.inc()
+                continue
+            self.m.requests.labels(rec["service"]).inc()
+
+    # -- the snapshot sweep -----------------------------------------------------------
+    def sweep(self) -> None:
+        """A Content-Length response whose body writes sit in the kernel aggregate (flushed
+        only at the next boundary) is finished from a snapshot of the map."""
+        if self.bpf is None:
+            return
+        aggs = self.bpf["px_aggs"]
+        now = time.monotonic_ns()
+        for (sk, _), st in list(self.conns.items()):
+            a = st.cut.active
+            if a is None or a.content_length is None or now - st.cut.t_last_event < 20_000_000:
+                continue
+            try:
+                v = aggs[aggs.Key(sk)]
+            except KeyError:
+                continue
+            if not v.t_last or v.t_first == st.snap_t_first:
+                continue
+            if a.body_out + v.bytes < a.content_length:
+                continue
+            n = int(v.n)
+            times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
+            st.snap_t_first = v.t_first
+            self._emit(
+                st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags))
+            )
+
+    # -- housekeeping -----------------------------------------------------------------
+    def rescan(self) -> None:
+        if not self.cfg.ports:
+            return
+        found = set(procinfo.listeners(set(self.cfg.ports)))
+        new = found - self._pids
+        if new:
+            loader.set_pids(self.bpf, sorted(new))
+            self._pids |= new
+            self._seed(new)
+
+    def _seed(self, pids: set[int]) -> None:
+        ports = set(self.cfg.ports) or None
+        for pid, fd, lport in procinfo.established(pids, ports):
+            loader.seed_fd(self.bpf, pid, fd, lport)
+
+    def refresh_metrics(self) -> None:
+        c = loader.counters(self.bpf)
+        self.m.lost.set(c["lost_events"])
+        for name, n in loader.map_fill(self.bpf).items():
+            self.m.map_fill.labels(name).set(n)
+        for port, n in loader.synack_retransmits(self.bpf).items():
+            self.m.synack_retransmits.labels(str(port)).set(n)
+        self.m.listen_overflows.set(metrics.listen_overflows())
+        self.m.connections.set(len(self.conns))
+        d = self.stats.head_too_large - self._last_stats.head_too_large
+        if d:
+            self.m.head_too_large.inc(d)
+        self._last_stats = Stats(**{k: getattr(self.stats, k) for k in Stats.__slots__})
+
+    def exporter_loop(self) -> None:
+        while True:
+            rec = self.q.get()
+            if rec is None:
+                return
+            for e in self.exporters:
+                try:
+                    e.export(rec)
+                except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
+                    log.warning("export failed: %s", exc)
+
+    def run(self) -> int:
+        cfg = self.cfg
+        from agent import export  # noqa: PLC0415
+
+        if cfg.jsonl:
+            self.exporters.append(export.JsonlExporter(cfg.jsonl))
+        if cfg.otlp:
+            self.exporters.append(export.OtlpExporter(cfg.otlp))
+        try:
+            srv = metrics.serve(self.m, cfg.metrics_addr)
+        except OSError as e:
+            print(
+                f"parallax-agent: cannot serve metrics on {cfg.metrics_addr}: {e}", file=sys.stderr
+            )
+            return 1
+        if cfg.ports:
+            self._pids |= set(procinfo.listeners(set(cfg.ports)))
+        opts = loader.Options(
+            ports=cfg.ports,
+            pids=sorted(self._pids),
+            head_window=cfg.head_window,
+            stream_limit_s=cfg.stream_limit_s,
+        )
+        # with only --port, pid filtering follows the owners of those listening ports
+        try:
+            loaded = loader.load(opts)
+        except loader.LoadError as e:
+            print(f"parallax-agent: {e}", file=sys.stderr)
+            srv.shutdown()
+            return 1
+        self.bpf = loaded.bpf
+        loader.open_ring(self.bpf, self.on_event)
+        self._seed(self._pids)
+        t = threading.Thread(target=self.exporter_loop, name="export", daemon=True)
+        t.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        self.m.ready = True
+        what = (f"ports {','.join(map(str, cfg.ports))}" if cfg.ports else "all ports") + (
+            f", pids {','.join(map(str, cfg.pids))}" if cfg.pids else ""
+        )
+        deg = "; ".join(loaded.degraded) if loaded.degraded else "none"
+        print(
+            f"parallax-agent: attached {len(loaded.attached)} tracepoints (degraded: {deg}),"
+            f" tracing {what}",
+            file=sys.stderr,
+            flush=True,
+        )
+        last_slow = 0.0
+        period = cfg.drain_ms / 1000
+        while not self.stop.is_set():
+            loader.drain(self.bpf)
+            now = time.monotonic()
+            if now - last_slow >= 1.0:
+                last_slow = now
+                self.rescan()
+                self.refresh_metrics()
+                self.clock.maybe_remeasure()
+            self.sweep()
+            self.stop.wait(period)
+        # SIGTERM/SIGINT: detach first (no new events), drain what is queued, flush, exit 0
+        loader.drain(self.bpf)
+        loader.detach(self.bpf)
+        self.q.put(None)
+        t.join(timeout=10)
+        for exp in self.exporters:
+            exp.close()
+        srv.shutdown()
+        return 0
+
+
+def main(cfg: RunConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="parallax-agent: %(message)s", stream=sys.stderr)
+    return Agent(cfg).run()

@@ -1,0 +1,717 @@
+// Parallax agent: kernel side (bcc C, tracepoints only; no kprobes, no kernel structs).
+//
+// The loader defines, with -D:
+//   PX_HEAD_WINDOW   request bytes captured per read (power of two, 256..16384)
+//   PX_RESP_WINDOW   bytes captured from a write that starts a response ("HTTP/")
+//   PX_MAX_CONNS     size of the connection LRU maps
+//   PX_HAVE_<TP>     one per optional tracepoint the running kernel has (fields checked)
+//
+// Flow (see docs/agent.md):
+//   syscall enter (traced tgid only)  -> px_active[thread] = {fd, buf, kind}
+//   sock_{send,recv}_length (inside it) -> px_active[thread].sk = sk   (fd <-> socket link)
+//   syscall exit -> READ event with the request head; a write starting "HTTP/" -> RESP event;
+//                   other writes are aggregated per connection in px_aggs (first 256
+//                   timestamps, then counts and sums) and flushed as one WAGG event at the
+//                   next boundary (a read with data, the next response, close, the chunked
+//                   terminator, or the stream-length limit).
+//   softirq tracepoints (handshake, data arrival, srtt, retransmits) are keyed by the socket
+//   address, never by pid: they run with whatever task is on the CPU.
+
+#define PX_CHUNKS 256
+#define PX_AF_INET 2
+#define PX_IPPROTO_TCP 6
+#define EV_READ 1
+#define EV_RESP 2
+#define EV_WAGG 3
+#define EV_CLOSE 4
+#define EV_PEER_FIN 5
+
+#define KIND_READ 1
+#define KIND_WRITE 2
+#define KIND_SENDFILE 3
+
+#define IOV_NONE 0
+#define IOV_VEC 1
+#define IOV_MSG 2
+
+#define WAGG_END 1      // chunked terminator seen: the response is complete
+#define WAGG_PARTIAL 2  // stream-length limit reached: more follows
+#define WAGG_CLOSE 4    // flushed because the connection closed
+
+// counters (px_counters index)
+#define C_LOST 0
+#define C_EVENTS 1
+#define C_CONNS 2
+#define C_LINK_MISS 3
+#define C_NCOUNTERS 8
+
+struct px_cfg {
+    u32 filter_pids;   // 1: only tgids in px_pids
+    u32 filter_ports;  // 1: only connections whose local port is in px_ports
+    u64 stream_limit_ns;
+};
+
+struct px_active {
+    u64 buf;
+    u64 sk;
+    u32 fd;
+    u8 kind;
+    u8 iov;
+    u16 vlen;  // iovec count for readv/writev (sendmsg: read from the msghdr)
+};
+
+struct px_fd {
+    u64 sk;      // 0 until the first read/write links it
+    u64 t_acc;   // accept() return, 0 when unknown
+    u16 lport;   // seeded from /proc for connections older than the agent
+    u8 seeded;
+    u8 pad[5];
+};
+
+struct px_conn {
+    u64 t_est;       // handshake complete (0: before the agent started)
+    u64 ident;       // t_est, or the time the agent first saw the socket (socket reuse)
+    u64 t_acc;
+    u64 t_arr;       // first data arrival not yet consumed by a read
+    u32 tgid;
+    u32 srtt_us;
+    u32 retrans;
+    u16 lport;
+    u16 rport;
+    u16 family;
+    u16 pad;
+    u8 laddr[16];
+    u8 raddr[16];
+};
+
+struct px_agg {
+    u64 t_first;
+    u64 t_last;
+    u64 bytes;
+    u64 gap_max_ns;
+    u32 n;
+    u32 flags;
+    u32 offs_us[PX_CHUNKS];
+};
+
+struct px_hdr {
+    u32 type;
+    u32 tgid;
+    u32 pid;
+    u32 fd;
+    u64 sk;
+    u64 ident;
+    u64 t;
+    u32 srtt_us;
+    u32 retrans;
+};
+
+struct px_ev_read {
+    struct px_hdr h;
+    u64 t_est;
+    u64 t_acc;
+    u64 t_arr;
+    u32 n;
+    u32 caplen;
+    u16 lport;
+    u16 rport;
+    u16 family;
+    u16 pad;
+    u8 laddr[16];
+    u8 raddr[16];
+    u8 data[PX_HEAD_WINDOW];
+};
+
+struct px_ev_resp {
+    struct px_hdr h;
+    u32 n;
+    u32 caplen;
+    u8 data[PX_RESP_WINDOW];
+};
+
+struct px_ev_wagg {
+    struct px_hdr h;
+    struct px_agg a;
+};
+
+BPF_ARRAY(px_config, struct px_cfg, 1);
+BPF_HASH(px_pids, u32, u8, 1024);
+BPF_HASH(px_ports, u16, u8, 256);
+BPF_HASH(px_active, u64, struct px_active, 16384);
+BPF_TABLE("lru_hash", u64, struct px_fd, px_fds, PX_MAX_CONNS);
+BPF_TABLE("lru_hash", u64, struct px_conn, px_conns, PX_MAX_CONNS);
+BPF_TABLE("lru_hash", u64, struct px_agg, px_aggs, PX_MAX_CONNS);
+BPF_PERCPU_ARRAY(px_counters, u64, C_NCOUNTERS);
+BPF_PERCPU_ARRAY(px_scratch_read, struct px_ev_read, 1);
+BPF_PERCPU_ARRAY(px_scratch_resp, struct px_ev_resp, 1);
+BPF_PERCPU_ARRAY(px_agg_zero, struct px_agg, 1);  // never written: the zero value for inits
+BPF_HASH(px_synack, u16, u64, 256);  // SYN-ACK retransmits per listening port
+BPF_RINGBUF_OUTPUT(px_events, PX_RINGBUF_PAGES);
+
+struct px_iovec {
+    u64 base;
+    u64 len;
+};
+
+struct px_msghdr {
+    u64 name;
+    u32 namelen;
+    u32 pad;
+    u64 iov;
+    u64 iovlen;
+};
+
+static __always_inline void px_count(u32 idx) {
+    u64 *v = px_counters.lookup(&idx);
+    if (v)
+        *v += 1;
+}
+
+static __always_inline struct px_cfg *px_cfg_get(void) {
+    u32 zero = 0;
+    return px_config.lookup(&zero);
+}
+
+// The earliest exit: one array lookup plus one hash lookup for an untraced process.
+static __always_inline int px_traced(u32 tgid) {
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg)
+        return 0;
+    if (!cfg->filter_pids)
+        return 1;
+    return px_pids.lookup(&tgid) != 0;
+}
+
+static __always_inline int px_port_ok(u16 lport) {
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg)
+        return 0;
+    if (!cfg->filter_ports)
+        return 1;
+    return px_ports.lookup(&lport) != 0;
+}
+
+static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;
+    struct px_active a = {};
+    a.fd = fd;
+    a.buf = buf;
+    a.kind = kind;
+    a.iov = iov;
+    a.vlen = vlen > 0xffff ? 0xffff : vlen;
+    px_active.update(&id, &a);
+}
+
+static __always_inline void px_link(void *sk) {
+    u64 id = bpf_get_current_pid_tgid();
+    struct px_active *a = px_active.lookup(&id);
+    if (a)
+        a->sk = (u64)sk;
+}
+
+// Resolve the user buffer of the syscall's first segment and its length.
+static __always_inline u64 px_first_buf(struct px_active *a, u64 *seglen) {
+    if (a->iov == IOV_NONE) {
+        *seglen = (u64)-1;
+        return a->buf;
+    }
+    u64 vec = a->buf;
+    if (a->iov == IOV_MSG) {
+        struct px_msghdr m = {};
+        if (bpf_probe_read_user(&m, sizeof(m), (void *)a->buf))
+            return 0;
+        vec = m.iov;
+    }
+    struct px_iovec v = {};
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)vec))
+        return 0;
+    *seglen = v.len;
+    return v.base;
+}
+
+// The last segment of a write (its end is where a chunked terminator would be).
+static __always_inline u64 px_last_buf(struct px_active *a, long ret, u64 *seglen) {
+    if (a->iov == IOV_NONE) {
+        *seglen = ret;
+        return a->buf;
+    }
+    u64 vec = a->buf;
+    u64 n = a->vlen;
+    if (a->iov == IOV_MSG) {
+        struct px_msghdr m = {};
+        if (bpf_probe_read_user(&m, sizeof(m), (void *)a->buf))
+            return 0;
+        vec = m.iov;
+        n = m.iovlen;
+    }
+    if (n == 0 || n > 1024)
+        return 0;
+    struct px_iovec v = {};
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)(vec + (n - 1) * sizeof(struct px_iovec))))
+        return 0;
+    *seglen = v.len;
+    return v.base;
+}
+
+static __always_inline void px_hdr_fill(struct px_hdr *h, u32 type, u64 id, u32 fd, u64 sk,
+                                         struct px_conn *c, u64 t) {
+    h->type = type;
+    h->tgid = id >> 32;
+    h->pid = (u32)id;
+    h->fd = fd;
+    h->sk = sk;
+    h->ident = c ? c->ident : 0;
+    h->t = t;
+    h->srtt_us = c ? c->srtt_us : 0;
+    h->retrans = c ? c->retrans : 0;
+}
+
+static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t,
+                                      u32 extra_flags) {
+    struct px_agg *a = px_aggs.lookup(&sk);
+    if (!a || a->t_last == 0)
+        return;
+    struct px_ev_wagg *e = px_events.ringbuf_reserve(sizeof(struct px_ev_wagg));
+    if (!e) {
+        px_count(C_LOST);
+    } else {
+        px_hdr_fill(&e->h, EV_WAGG, id, fd, sk, c, t);
+        bpf_probe_read_kernel(&e->a, sizeof(struct px_agg), a);  // too big for an inline memcpy
+        e->a.flags |= extra_flags;
+        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        px_count(C_EVENTS);
+    }
+    a->n = 0;
+    a->bytes = 0;
+    a->flags = 0;
+    a->gap_max_ns = 0;
+    a->t_first = 0;
+    a->t_last = 0;
+}
+
+static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
+    struct px_conn *c = px_conns.lookup(&sk);
+    u64 key = (id & 0xffffffff00000000ULL) | fd;
+    struct px_fd *f = px_fds.lookup(&key);
+    if (!c) {
+        // A connection older than the agent: seeded from /proc by user space.
+        if (!f || !f->seeded || !px_port_ok(f->lport))
+            return 0;
+        struct px_conn nc = {};
+        nc.ident = bpf_ktime_get_ns();
+        nc.lport = f->lport;
+        nc.tgid = id >> 32;
+        px_conns.update(&sk, &nc);
+        c = px_conns.lookup(&sk);
+        if (!c)
+            return 0;
+        px_count(C_CONNS);
+    }
+    if (!f) {
+        struct px_fd nf = {};
+        nf.sk = sk;
+        px_fds.update(&key, &nf);
+    } else if (f->sk != sk) {
+        if (f->t_acc && !c->t_acc && f->sk == 0)
+            c->t_acc = f->t_acc;
+        f->sk = sk;
+    }
+    c->tgid = id >> 32;
+    return c;
+}
+
+static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u64 t) {
+    u64 sk = a->sk;
+    struct px_conn *c = px_conn_for(id, a->fd, sk);
+    if (!c)
+        return;
+    if (ret <= 0) {
+        if (ret == 0)
+            c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
+        return;
+    }
+    px_flush(id, a->fd, sk, c, t, 0);
+    u32 zero = 0;
+    struct px_ev_read *e = px_scratch_read.lookup(&zero);
+    if (!e)
+        return;
+    px_hdr_fill(&e->h, EV_READ, id, a->fd, sk, c, t);
+    e->t_est = c->t_est;
+    e->t_acc = c->t_acc;
+    e->t_arr = c->t_arr;
+    c->t_arr = 0;
+    e->n = ret;
+    e->lport = c->lport;
+    e->rport = c->rport;
+    e->family = c->family;
+    __builtin_memcpy(e->laddr, c->laddr, 16);
+    __builtin_memcpy(e->raddr, c->raddr, 16);
+    u64 seglen = 0;
+    u64 buf = px_first_buf(a, &seglen);
+    u64 len = ret;
+    if (len > seglen)
+        len = seglen;
+    if (len > PX_HEAD_WINDOW)
+        len = PX_HEAD_WINDOW;
+    // The verifier loses a plain clamp (clang folds it): pin the value in a register, then
+    // bound it again where the verifier can see it.
+    asm volatile("" : "+r"(len));
+    if (len > PX_HEAD_WINDOW)
+        len = PX_HEAD_WINDOW;
+    e->caplen = 0;
+    if (buf && len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
+        e->caplen = len;
+    u64 size = sizeof(struct px_ev_read) - PX_HEAD_WINDOW + e->caplen;
+    asm volatile("" : "+r"(size));
+    if (size > sizeof(struct px_ev_read))
+        size = sizeof(struct px_ev_read);
+    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+        px_count(C_LOST);
+    else
+        px_count(C_EVENTS);
+}
+
+static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u64 t) {
+    if (ret <= 0)
+        return;
+    u64 sk = a->sk;
+    struct px_conn *c = px_conn_for(id, a->fd, sk);
+    if (!c)
+        return;
+    u64 seglen = 0;
+    u64 buf = 0;
+    char head[8] = {};
+    if (a->kind != KIND_SENDFILE) {
+        buf = px_first_buf(a, &seglen);
+        if (buf && seglen >= 5)
+            bpf_probe_read_user(head, 5, (void *)buf);
+    }
+    if (head[0] == 'H' && head[1] == 'T' && head[2] == 'T' && head[3] == 'P' &&
+        head[4] == '/') {
+        px_flush(id, a->fd, sk, c, t, 0);
+        u32 zero = 0;
+        struct px_ev_resp *e = px_scratch_resp.lookup(&zero);
+        if (!e)
+            return;
+        px_hdr_fill(&e->h, EV_RESP, id, a->fd, sk, c, t);
+        e->n = ret;
+        u64 len = ret;
+        if (len > seglen)
+            len = seglen;
+        if (len > PX_RESP_WINDOW)
+            len = PX_RESP_WINDOW;
+        asm volatile("" : "+r"(len));
+        if (len > PX_RESP_WINDOW)
+            len = PX_RESP_WINDOW;
+        e->caplen = 0;
+        if (len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
+            e->caplen = len;
+        u64 size = sizeof(struct px_ev_resp) - PX_RESP_WINDOW + e->caplen;
+        asm volatile("" : "+r"(size));
+        if (size > sizeof(struct px_ev_resp))
+            size = sizeof(struct px_ev_resp);
+        if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+            px_count(C_LOST);
+        else
+            px_count(C_EVENTS);
+        return;
+    }
+    struct px_agg *g = px_aggs.lookup(&sk);
+    if (!g) {
+        u32 zero = 0;
+        struct px_agg *z = px_agg_zero.lookup(&zero);
+        if (!z)
+            return;
+        px_aggs.update(&sk, z);
+        g = px_aggs.lookup(&sk);
+        if (!g)
+            return;
+    }
+    // Chunked terminator at the end of this write: the response is complete now. A write
+    // that is only the terminator ends the response but carries no body (not a chunk).
+    u32 flags = 0;
+    u64 lastlen = 0;
+    u64 last = a->kind == KIND_SENDFILE ? 0 : px_last_buf(a, ret, &lastlen);
+    if (last && lastlen >= 5) {
+        char tail[5] = {};
+        u64 off = lastlen - 5;
+        asm volatile("" : "+r"(off));
+        if (bpf_probe_read_user(tail, 5, (void *)(last + off)) == 0 && tail[0] == '0' &&
+            tail[1] == '\r' && tail[2] == '\n' && tail[3] == '\r' && tail[4] == '\n')
+            flags = WAGG_END;
+    }
+    int pure_end = flags == WAGG_END && ret == 5;
+    if (g->t_first == 0)
+        g->t_first = t;
+    if (!pure_end) {
+        if (g->n > 0 && t - g->t_last > g->gap_max_ns)
+            g->gap_max_ns = t - g->t_last;
+        u32 i = g->n;
+        if (i < PX_CHUNKS)
+            g->offs_us[i & (PX_CHUNKS - 1)] = (t - g->t_first) / 1000;
+        g->n = i + 1;
+    }
+    g->bytes += ret;
+    g->t_last = t;
+    struct px_cfg *cfg = px_cfg_get();
+    if (!flags && cfg && cfg->stream_limit_ns && t - g->t_first >= cfg->stream_limit_ns)
+        flags = WAGG_PARTIAL;
+    if (flags)
+        px_flush(id, a->fd, sk, c, t, flags);
+}
+
+static __always_inline void px_exit(long ret) {
+    u64 id = bpf_get_current_pid_tgid();
+    struct px_active *ap = px_active.lookup(&id);
+    if (!ap)
+        return;
+    struct px_active a = *ap;
+    px_active.delete(&id);
+    if (!a.sk)
+        return;  // not a socket (or the link tracepoints are missing)
+    u64 t = bpf_ktime_get_ns();
+    if (a.kind == KIND_READ)
+        px_on_read(&a, id, ret, t);
+    else
+        px_on_write(&a, id, ret, t);
+}
+
+// ---- syscalls ---------------------------------------------------------------------
+
+static __always_inline void px_accept_exit(long ret) {
+    if (ret < 0)
+        return;
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;
+    u64 key = (id & 0xffffffff00000000ULL) | (u32)ret;
+    struct px_fd f = {};
+    f.t_acc = bpf_ktime_get_ns();
+    px_fds.update(&key, &f);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { px_accept_exit(args->ret); return 0; }
+#ifdef PX_HAVE_SYS_EXIT_ACCEPT
+TRACEPOINT_PROBE(syscalls, sys_exit_accept) { px_accept_exit(args->ret); return 0; }
+#endif
+
+TRACEPOINT_PROBE(syscalls, sys_enter_read) {
+    px_enter(args->fd, (u64)args->buf, KIND_READ, IOV_NONE, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_read) { px_exit(args->ret); return 0; }
+#ifdef PX_HAVE_SYS_ENTER_READV
+TRACEPOINT_PROBE(syscalls, sys_enter_readv) {
+    px_enter(args->fd, (u64)args->vec, KIND_READ, IOV_VEC, args->vlen);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_readv) { px_exit(args->ret); return 0; }
+#endif
+#ifdef PX_HAVE_SYS_ENTER_RECVFROM
+TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) {
+    px_enter(args->fd, (u64)args->ubuf, KIND_READ, IOV_NONE, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { px_exit(args->ret); return 0; }
+#endif
+#ifdef PX_HAVE_SYS_ENTER_RECVMSG
+TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) {
+    px_enter(args->fd, (u64)args->msg, KIND_READ, IOV_MSG, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { px_exit(args->ret); return 0; }
+#endif
+TRACEPOINT_PROBE(syscalls, sys_enter_write) {
+    px_enter(args->fd, (u64)args->buf, KIND_WRITE, IOV_NONE, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_write) { px_exit(args->ret); return 0; }
+#ifdef PX_HAVE_SYS_ENTER_WRITEV
+TRACEPOINT_PROBE(syscalls, sys_enter_writev) {
+    px_enter(args->fd, (u64)args->vec, KIND_WRITE, IOV_VEC, args->vlen);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_writev) { px_exit(args->ret); return 0; }
+#endif
+#ifdef PX_HAVE_SYS_ENTER_SENDTO
+TRACEPOINT_PROBE(syscalls, sys_enter_sendto) {
+    px_enter(args->fd, (u64)args->buff, KIND_WRITE, IOV_NONE, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { px_exit(args->ret); return 0; }
+#endif
+#ifdef PX_HAVE_SYS_ENTER_SENDMSG
+TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) {
+    px_enter(args->fd, (u64)args->msg, KIND_WRITE, IOV_MSG, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { px_exit(args->ret); return 0; }
+#endif
+#ifdef PX_HAVE_SYS_ENTER_SENDFILE64
+TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) {
+    px_enter(args->out_fd, 0, KIND_SENDFILE, IOV_NONE, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { px_exit(args->ret); return 0; }
+#endif
+
+TRACEPOINT_PROBE(syscalls, sys_enter_close) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return 0;
+    u32 fd = args->fd;
+    u64 key = (id & 0xffffffff00000000ULL) | fd;
+    struct px_fd *f = px_fds.lookup(&key);
+    if (!f)
+        return 0;
+    u64 sk = f->sk;
+    px_fds.delete(&key);
+    if (!sk)
+        return 0;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (!c)
+        return 0;
+    u64 t = bpf_ktime_get_ns();
+    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
+    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+    if (!e) {
+        px_count(C_LOST);
+    } else {
+        px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
+        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        px_count(C_EVENTS);
+    }
+    px_conns.delete(&sk);
+    px_aggs.delete(&sk);
+    return 0;
+}
+
+// ---- fd <-> socket link (inside the syscall, Linux >= 6.3) ----------------------------
+
+#ifdef PX_HAVE_SOCK_RECV_LENGTH
+TRACEPOINT_PROBE(sock, sock_recv_length) { px_link(args->sk); return 0; }
+#endif
+#ifdef PX_HAVE_SOCK_SEND_LENGTH
+TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk); return 0; }
+#endif
+
+// ---- softirq side: keyed by socket address ----------------------------------------
+
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_RECV 3
+#define TCP_CLOSE 7
+#define TCP_CLOSE_WAIT 8
+
+TRACEPOINT_PROBE(sock, inet_sock_set_state) {
+    if (args->protocol != PX_IPPROTO_TCP)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    int ns = args->newstate;
+    int os = args->oldstate;
+    if (os == TCP_SYN_RECV && ns == TCP_ESTABLISHED) {
+        if (!px_port_ok(args->sport))
+            return 0;
+        struct px_conn c = {};
+        c.t_est = bpf_ktime_get_ns();
+        c.ident = c.t_est;
+        c.lport = args->sport;
+        c.rport = args->dport;
+        c.family = args->family;
+        if (args->family == PX_AF_INET) {
+            __builtin_memcpy(c.laddr, args->saddr, 4);
+            __builtin_memcpy(c.raddr, args->daddr, 4);
+        } else {
+            __builtin_memcpy(c.laddr, args->saddr_v6, 16);
+            __builtin_memcpy(c.raddr, args->daddr_v6, 16);
+        }
+        px_conns.update(&sk, &c);
+        px_count(C_CONNS);
+        return 0;
+    }
+    if (ns == TCP_CLOSE_WAIT) {
+        struct px_conn *c = px_conns.lookup(&sk);
+        if (!c)
+            return 0;
+        struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+        if (!e) {
+            px_count(C_LOST);
+            return 0;
+        }
+        px_hdr_fill(e, EV_PEER_FIN, ((u64)c->tgid) << 32, 0, sk, c, bpf_ktime_get_ns());
+        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        px_count(C_EVENTS);
+    }
+    return 0;
+}
+
+#ifdef PX_HAVE_SK_DATA_READY
+TRACEPOINT_PROBE(sock, sk_data_ready) {
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c && c->t_arr == 0)
+        c->t_arr = bpf_ktime_get_ns();
+    return 0;
+}
+#endif
+
+#ifdef PX_HAVE_TCP_PROBE
+TRACEPOINT_PROBE(tcp, tcp_probe) {
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (!c) {
+        // A connection older than the agent, seen at its next segment with data.
+        if (args->data_len == 0 || !px_port_ok(args->sport))
+            return 0;
+        struct px_conn nc = {};
+        nc.ident = bpf_ktime_get_ns();
+        nc.lport = args->sport;
+        nc.rport = args->dport;
+        nc.family = args->family;
+        if (args->family == PX_AF_INET) {
+            __builtin_memcpy(nc.laddr, (u8 *)args->saddr + 4, 4);
+            __builtin_memcpy(nc.raddr, (u8 *)args->daddr + 4, 4);
+        } else {
+            __builtin_memcpy(nc.laddr, (u8 *)args->saddr + 8, 16);
+            __builtin_memcpy(nc.raddr, (u8 *)args->daddr + 8, 16);
+        }
+        px_conns.update(&sk, &nc);
+        c = px_conns.lookup(&sk);
+        if (!c)
+            return 0;
+        px_count(C_CONNS);
+    }
+    c->srtt_us = args->srtt;  // already microseconds (tp->srtt_us >> 3)
+#ifndef PX_HAVE_SK_DATA_READY
+    if (args->data_len && c->t_arr == 0)
+        c->t_arr = bpf_ktime_get_ns();
+#endif
+    return 0;
+}
+#endif
+
+#ifdef PX_HAVE_TCP_RETRANSMIT_SKB
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c)
+        c->retrans += 1;
+    return 0;
+}
+#endif
+
+#ifdef PX_HAVE_TCP_RETRANSMIT_SYNACK
+TRACEPOINT_PROBE(tcp, tcp_retransmit_synack) {
+    u16 port = args->sport;
+    if (!px_port_ok(port))
+        return 0;
+    u64 one = 1;
+    u64 *v = px_synack.lookup(&port);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+    else
+        px_synack.update(&port, &one);
+    return 0;
+}
+#endif
