@@ -1,0 +1,170 @@
+"""Shared plumbing for the agent's kernel tests: start servers and one agent, read records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A server process that prints its port on its first stdout line."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.p = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def port(self, timeout: float = 15.0) -> int:
+        assert self.p.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.p.stdout.readline()
+            if line.strip().isdigit():
+                return int(line)
+            if self.p.poll() is not None:
+                break
+        raise RuntimeError(f"server did not start: {self.p.stderr.read() if self.p.stderr else ''}")
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+class Agent:
+    def __init__(self, tmp: Path, ports: list[int], extra: list[str] | None = None) -> None:
+        self.jsonl = tmp / "agent.jsonl"
+        self.err = tmp / "agent.err"
+        self.metrics_port = free_port()
+        argv = [
+            PY,
+            "-m",
+            "agent.cli",
+            "run",
+            "--jsonl",
+            str(self.jsonl),
+            "--metrics-addr",
+            f"127.0.0.1:{self.metrics_port}",
+        ]
+        for p in ports:
+            argv += ["--port", str(p)]
+        argv += extra or []
+        with open(self.err, "w") as err:
+            self.p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "attached" in self.err.read_text():
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"agent did not attach: {self.err.read_text()}")
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.jsonl.exists():
+            return []
+        return [json.loads(x) for x in self.jsonl.read_text().splitlines() if x.strip()]
+
+    def wait_for(
+        self, pred: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [r for r in self.records() if pred(r)]
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                return self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                return self.p.wait(5)
+        return int(self.p.returncode)
+
+
+def timing_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def http_request(
+    port: int, raw: bytes, sock: socket.socket | None = None, timeout: float = 5.0
+) -> bytes:
+    """Send raw bytes and read one response (Content-Length, chunked or close framed)."""
+    if sock is None:
+        with socket.create_connection(("127.0.0.1", port), timeout) as s:
+            return http_request(port, raw, s, timeout)
+    sock.settimeout(timeout)
+    sock.sendall(raw)
+    return read_response(sock)
+
+
+def read_response(s: socket.socket) -> bytes:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(65536)
+        if not d:
+            return buf
+        buf += d
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lower = head.lower()
+    if b"content-length:" in lower:
+        n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < n:
+            d = s.recv(65536)
+            if not d:
+                break
+            body += d
+    elif b"chunked" in lower:
+        while not body.endswith(b"0\r\n\r\n"):
+            d = s.recv(65536)
+            if not d:
+                break
+            body += d
+    else:
+        while d := s.recv(65536):
+            body += d
+    return head + b"\r\n\r\n" + body

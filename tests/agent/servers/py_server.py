@@ -1,0 +1,129 @@
+"""Test server on Python's http.server (HTTP/1.1, keep-alive), with its own clock.
+
+Each request appends one JSON line to the timing log: CLOCK_MONOTONIC when the read of the
+request line returned (``t_read_ns``), before each write (``t_writes_ns``: the header write
+first, then each body write), the path and the traceparent it received.
+
+Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length), ``/stream?n=K&gap_ms=G`` (chunked,
+one write per chunk). ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
+
+    python -m tests.agent.servers.py_server --port 0 --timing-log PATH   # prints the port
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socketserver
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+LOCK = threading.Lock()
+LOG: Any = None
+ACCEPT_DELAY_S = 0.0
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def handle_one_request(self) -> None:
+        # stdlib's method, with the clock read right after the request line is read
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            self.t_read_ns = time.monotonic_ns()
+            self.t_writes: list[int] = []
+            if len(self.raw_requestline) > 65536:
+                self.requestline = ""
+                self.request_version = ""
+                self.command = ""
+                self.send_error(414)
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            self.do_any()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
+
+    def _write(self, data: bytes) -> None:
+        self.t_writes.append(time.monotonic_ns())
+        self.wfile.write(data)
+
+    def _headers(self, code: int, headers: list[tuple[str, str]]) -> None:
+        self.send_response_only(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        # one write for the whole head, timed like the body writes
+        self._headers_buffer.append(b"\r\n")
+        data = b"".join(self._headers_buffer)
+        self._headers_buffer = []
+        self._write(data)
+
+    def do_any(self) -> None:
+        u = urlsplit(self.path)
+        q = {k: v[0] for k, v in parse_qs(u.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        delay = float(q.get("delay_ms", 0)) / 1000
+        if delay:
+            time.sleep(delay)
+        if u.path == "/stream":
+            n, gap = int(q.get("n", 5)), float(q.get("gap_ms", 20)) / 1000
+            self._headers(200, [("Content-Type", "text/plain"), ("Transfer-Encoding", "chunked")])
+            for i in range(n):
+                if i:
+                    time.sleep(gap)
+                piece = f"token-{i}\n".encode()
+                self._write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")  # the terminator carries no body
+        else:
+            body = b"x" * int(q.get("n", 10))
+            self._headers(200, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            self._write(body)
+        rec = {
+            "path": u.path,
+            "traceparent": self.headers.get("traceparent"),
+            "t_read_ns": self.t_read_ns,
+            "t_writes_ns": self.t_writes,
+        }
+        with LOCK:
+            LOG.write(json.dumps(rec) + "\n")
+            LOG.flush()
+
+
+class Server(socketserver.ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+
+    def get_request(self) -> Any:
+        if ACCEPT_DELAY_S:
+            time.sleep(ACCEPT_DELAY_S)
+        return super().get_request()
+
+
+def main() -> None:
+    global LOG, ACCEPT_DELAY_S
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--timing-log", required=True)
+    ap.add_argument("--accept-delay-ms", type=float, default=0)
+    a = ap.parse_args()
+    LOG = open(a.timing_log, "a")  # noqa: SIM115
+    ACCEPT_DELAY_S = a.accept_delay_ms / 1000
+    srv = Server(("127.0.0.1", a.port), Handler)
+    print(srv.server_address[1], flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
