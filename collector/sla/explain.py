@@ -1,0 +1,214 @@
+"""Why a route's users wait longer (or shorter) than its server says: parts, traps, sentence.
+
+The parts add up per request (docs/ARCHITECTURE.md): user TTFB − server TTFB = network δ
+(against the edge hop) + what each hop between edge and origin adds + the kernel queue wait
+(accept part + receive part). Visible TTFT adds the render delay. P95s do not add, so parts
+are ranked by their own P95, the figure an engineer can act on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collector.sla.source import HOP_PREFIX, SeriesStats
+
+PART_LABELS = {
+    "render": "render delay",
+    "network": "network δ",
+    "recv_queue": "receive-queue wait (event-loop lag)",
+    "accept_queue": "accept-queue wait",
+    "hop": "proxy",
+}
+
+# which parts can explain each metric's divergence
+_PARTS_OF = {
+    "ttfb": ("network", "accept_queue", "recv_queue", "hop"),
+    "ttft": ("network", "accept_queue", "recv_queue", "hop"),
+    "visible_ttft": ("render", "network", "accept_queue", "recv_queue", "hop"),
+    "itl": ("network", "hop"),
+    "duration": ("network", "accept_queue", "recv_queue", "hop"),
+}
+
+USER_PHRASE = {
+    "ttfb": ("users get the first byte at P95 {u}", "the app reports {s}"),
+    "ttft": ("users receive the first token at P95 {u}", "the app writes it at {s}"),
+    "visible_ttft": ("users see the first token at P95 {u}", "the app reports {s}"),
+    "itl": ("users wait P95 {u} between tokens", "the app writes them {s} apart"),
+    "duration": ("users wait P95 {u} for the whole answer", "the app reports {s}"),
+}
+METRIC_LABEL = {
+    "ttfb": "TTFB",
+    "ttft": "TTFT",
+    "visible_ttft": "visible TTFT",
+    "itl": "inter-token latency",
+    "duration": "duration",
+}
+
+
+def ms(v: float | None) -> str:
+    if v is None:
+        return "?"
+    return f"{v:.0f} ms" if abs(v) >= 10 else f"{v:.1f} ms"
+
+
+def signed(v: float | None) -> str:
+    if v is None:
+        return "?"
+    s = f"{abs(v):.0f}" if abs(v) >= 10 else f"{abs(v):.1f}"
+    return ("+" if v >= 0 else "−") + s
+
+
+@dataclass(frozen=True, slots=True)
+class RankedPart:
+    part: str  # network, recv_queue, accept_queue, render, hop:<i>:<service>
+    label: str
+    p95_ms: float
+
+
+def p95(series: dict[str, SeriesStats], name: str) -> float | None:
+    s = series.get(name)
+    return s.at(0.95) if s and s.n else None
+
+
+def p50(series: dict[str, SeriesStats], name: str) -> float | None:
+    s = series.get(name)
+    return s.at(0.5) if s and s.n else None
+
+
+def hop_parts(series: dict[str, SeriesStats]) -> list[tuple[int, str, float]]:
+    out = []
+    for name, st in series.items():
+        if name.startswith(HOP_PREFIX) and st.n:
+            _, idx, svc = name.split(":", 2)
+            v = st.at(0.95)
+            if v is not None:
+                out.append((int(idx), svc, v))
+    return sorted(out)
+
+
+def ranked_parts(metric: str, series: dict[str, SeriesStats]) -> list[RankedPart]:
+    """The parts that can explain this metric, largest P95 first (only those measured)."""
+    out: list[RankedPart] = []
+    for part in _PARTS_OF[metric]:
+        if part == "hop":
+            for idx, svc, v in hop_parts(series):
+                label = "edge proxy" if idx == 1 else f"proxy hop {idx}"
+                out.append(RankedPart(f"hop:{idx}:{svc}", f"{label} {svc}", v))
+            continue
+        pv = p95(series, part)
+        if pv is not None and pv > 0.05:  # a part that is not there explains nothing
+            out.append(RankedPart(part, PART_LABELS[part], pv))
+    return sorted(out, key=lambda r: -r.p95_ms)
+
+
+def traps(
+    metric: str,
+    series: dict[str, SeriesStats],
+    divergence: float,
+    band_ms: float,
+    far_off: int,
+) -> list[tuple[str, str]]:
+    """(trap id, clause) for the known ways the two lines of sight part."""
+    found: list[tuple[str, str]] = []
+    notable = max(band_ms / 2, abs(divergence) / 4)
+    # A buffering proxy: regular writes at the origin, bursts further out.
+    if metric in ("itl", "ttft", "visible_ttft", "duration"):
+        s50 = p50(series, "itl_p50:server")
+        e50, u50 = p50(series, "itl_p50:edge"), p50(series, "itl_p50:user")
+        e95 = p95(series, "itl:edge")
+        if s50 is not None and s50 >= 5:
+            if e50 is not None and e50 < s50 / 4:
+                found.append(
+                    (
+                        "buffering_proxy",
+                        f"a proxy buffers the stream: the app writes every {ms(s50)} "
+                        f"(median gap), the edge hop sends bursts (median gap {ms(e50)}, "
+                        f"P95 {ms(e95)})",
+                    )
+                )
+            elif u50 is not None and u50 < s50 / 4:
+                found.append(
+                    (
+                        "buffering_proxy",
+                        f"the stream arrives in bursts: the app writes every {ms(s50)} "
+                        f"(median gap), the browser reads a burst every so often "
+                        f"(median gap {ms(u50)}); something between the edge and the "
+                        "browser buffers",
+                    )
+                )
+    if metric == "visible_ttft":
+        r = p95(series, "render")
+        if r is not None and r >= notable:
+            found.append(("render_lag", f"renders lag the chunks (render delay P95 {ms(r)})"))
+    if metric in ("ttfb", "ttft", "visible_ttft", "duration"):
+        q = p95(series, "recv_queue")
+        if q is not None and q >= notable:
+            found.append(
+                (
+                    "event_loop_lag",
+                    f"event-loop lag: requests wait P95 {ms(q)} in the kernel's receive "
+                    "queue before the app reads them, time the app's own monitoring cannot see",
+                )
+            )
+        a = p95(series, "accept_queue")
+        if a is not None and a >= notable:
+            found.append(("accept_queue", f"connections wait P95 {ms(a)} in the accept queue"))
+    rt = series.get("retransmits")
+    if rt and rt.n and rt.nonzero / rt.n >= 0.01:
+        found.append(
+            ("retransmits", f"{100 * rt.nonzero / rt.n:.1f}% of requests had TCP retransmits")
+        )
+    if far_off:
+        found.append(
+            (
+                "clock_far_off",
+                f"{far_off} browser session{'s' if far_off != 1 else ''} "
+                f"{'have' if far_off != 1 else 'has'} clocks > 100 ms off "
+                "(timelines only; these durations are single-clock)",
+            )
+        )
+    return found
+
+
+def sentence(
+    label: str,
+    metric: str,
+    verdict: str,
+    user_p95: float | None,
+    server_p95: float | None,
+    divergence: float | None,
+    ci_low: float | None,
+    ci_high: float | None,
+    n: int,
+    min_samples: int,
+    band_ms: float,
+    ranked: list[RankedPart],
+    trap_clauses: list[str],
+) -> str:
+    if verdict == "insufficient_data":
+        return (
+            f"{label}: {METRIC_LABEL[metric]} has {n} paired requests in the window, "
+            f"fewer than the {min_samples} needed to judge a P95."
+        )
+    u_phrase, s_phrase = USER_PHRASE[metric]
+    ci = (
+        f"95% CI {signed(ci_low) if ci_low is not None else '−∞'}…"
+        f"{signed(ci_high) if ci_high is not None else '+∞'}"
+    )
+    head = (
+        f"{label}: {u_phrase.format(u=ms(user_p95))}, {s_phrase.format(s=ms(server_p95))} "
+        f"({signed(divergence)} ms, {ci})"
+    )
+    if verdict == "ok":
+        return f"{head}: inside the ±{band_ms:g} ms band."
+    if verdict == "uncertain":
+        return f"{head}: the interval straddles the ±{band_ms:g} ms band; not enough evidence yet."
+    if divergence is not None and divergence < 0:
+        return (
+            f"{head}: users wait less than the server reports — the server counts work the "
+            "user does not wait for (e.g. after the response is sent), a cache answers the "
+            "user, or requests are paired wrongly."
+        )
+    parts = ", ".join(f"{r.label} P95 {ms(r.p95_ms)}" for r in ranked[:3] if r.p95_ms > 0.5)
+    tail = "; ".join(x for x in [parts, *trap_clauses] if x)
+    return f"{head}; {tail}." if tail else f"{head}."

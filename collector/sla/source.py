@@ -1,0 +1,364 @@
+"""The SLA checker's SQL: per-minute summaries of ``pairs`` and the window's quantiles.
+
+Only this module knows the ``pairs`` column names (collector/store/schema.py, docs/store.md).
+
+Summaries: a pair is rewritten (higher ``version``) when a late hop arrives, so instead of a
+materialized view (which would count the rewritten pair twice) the evaluator re-summarizes
+whole minutes from ``pairs FINAL``: the minutes that hold a pair whose ``paired_at`` is newer
+than the last summary (with an overlap for clocks of other collectors). In steady traffic
+that is the current minute and sometimes the one before: the cost of a summary follows the
+pair rate, and the cost of an evaluation follows the occupied histogram cells of the
+window's minutes, not the pairs in it.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from collector.sla import quantize, schema, stats
+from collector.sla.clock import clock_filter
+
+PAIRS = "pairs"
+WATERMARK_OVERLAP = timedelta(seconds=60)
+HORIZON_EXTRA = timedelta(minutes=2)
+
+# metric → (user expression, server expression, extra condition); both sides must be
+# measured for a pair to count ("on pairs only").
+_P95_ARR = "arrayReduce('quantileExact(0.95)', {a})"
+_P50_ARR = "arrayReduce('quantileExact(0.5)', {a})"
+METRICS: dict[str, tuple[str, str, str]] = {
+    "ttfb": ("user_ttfb_ms", "server_ttfb_ms", "1"),
+    "ttft": ("user_ttft_ms", "server_ttft_ms", "1"),
+    # the render delay shows here: paint vs the server's first body write
+    "visible_ttft": ("user_visible_ttft_ms", "server_ttft_ms", "1"),
+    # per request, the P95 of its gaps (requests are the independent samples, gaps within
+    # one stream are not); throttled browser chunk times (XHR progress) are left out
+    "itl": (
+        _P95_ARR.format(a="user_itl_ms"),
+        _P95_ARR.format(a="server_itl_ms"),
+        "NOT chunks_coarse AND length(user_itl_ms) > 0 AND length(server_itl_ms) > 0",
+    ),
+    "duration": ("user_duration_ms", "server_duration_ms", "1"),
+}
+METRIC_ORDER = tuple(METRICS)
+
+# parts: one value per pair where measured
+PARTS: dict[str, str] = {
+    "network": "network_ms",
+    "queue": "queue_ms",
+    "accept_queue": "accept_queue_ms",
+    "recv_queue": "recv_queue_ms",
+    "server": "server_ttfb_ms",
+    "render": "render_delay_ms",
+    "retransmits": "if(retransmits IS NULL, NULL, toFloat64(retransmits > 0))",
+    "itl_p50:user": f"if(NOT chunks_coarse AND length(user_itl_ms) > 0, "
+    f"{_P50_ARR.format(a='user_itl_ms')}, NULL)",
+    "itl_p50:server": f"if(length(server_itl_ms) > 0, {_P50_ARR.format(a='server_itl_ms')}, NULL)",
+    "itl_p50:edge": f"if(hops > 1 AND length(edge_itl_ms) > 0, "
+    f"{_P50_ARR.format(a='edge_itl_ms')}, NULL)",
+    "itl:edge": f"if(hops > 1 AND length(edge_itl_ms) > 0, "
+    f"{_P95_ARR.format(a='edge_itl_ms')}, NULL)",
+}
+HOP_PREFIX = "hop:"  # hop:<index>:<service>, for every hop but the origin
+
+
+def _series_array() -> str:
+    items: list[str] = []
+    for m, (u, s, cond) in METRICS.items():
+        both = f"({u}) IS NOT NULL AND ({s}) IS NOT NULL AND ({cond})"
+        items.append(f"('{m}:user', if({both}, toFloat64(assumeNotNull({u})), nan))")
+        items.append(f"('{m}:server', if({both}, toFloat64(assumeNotNull({s})), nan))")
+    for p, e in PARTS.items():
+        items.append(f"('{p}', ifNull(toFloat64({e}), nan))")
+    fixed = "[" + ", ".join(items) + "]"
+    hops = (
+        "arrayMap(i -> (concat('hop:', toString(i), ':', toString(hop_services[i])), "
+        "hop_added_ms[i]), arrayEnumerate(arrayPopBack(hop_added_ms)))"
+    )
+    return f"arrayConcat({fixed}, {hops})"
+
+
+def _ts(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _sec(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _minute(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+@dataclass(slots=True)
+class SeriesStats:
+    n: int
+    nonzero: int
+    by_level: dict[float, float | None]  # grid level → value (ms) at rank ceil(n·q)
+
+    def at(self, q: float) -> float | None:
+        return self.by_level.get(q)
+
+
+@dataclass(slots=True)
+class Window:
+    start: datetime
+    end: datetime
+    series: dict[tuple[str, str], dict[str, SeriesStats]] = field(default_factory=dict)
+    far_off_sessions: dict[tuple[str, str], int] = field(default_factory=dict)
+    sessions: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+class SlaSource:
+    """SQL access for the checker. ``get_client`` returns a clickhouse-connect client for
+    the calling thread (chDB or server); ``db`` is the store's database."""
+
+    def __init__(self, get_client: Callable[[], Any], db: str) -> None:
+        self._get = get_client
+        self.db = db
+        self._watermark: datetime | None = None
+
+    # -- plumbing ---------------------------------------------------------------------
+    def command(self, sql: str) -> None:
+        self._get().command(sql)
+
+    def rows(self, sql: str) -> list[Sequence[Any]]:
+        return list(self._get().query(sql).result_rows)
+
+    def ensure_schema(self) -> None:
+        schema.ensure(self._get(), self.db)
+
+    # -- watermark --------------------------------------------------------------------
+    def _load_watermark(self) -> datetime | None:
+        r = self.rows(
+            f"SELECT argMax(value, version) FROM {self.db}.{schema.STATE} "  # noqa: S608
+            "WHERE key = 'summary_watermark'"
+        )
+        if r and r[0][0]:
+            return datetime.fromisoformat(str(r[0][0]))
+        return None
+
+    def _store_watermark(self, wm: datetime) -> None:
+        self.command(
+            f"INSERT INTO {self.db}.{schema.STATE} (key, value, version) VALUES "  # noqa: S608
+            f"('summary_watermark', '{wm.isoformat()}', {_time.time_ns()})"
+        )
+
+    # -- summaries --------------------------------------------------------------------
+    def summarize(self, now: datetime, window: timedelta) -> int:
+        """Re-summarize the minutes of the horizon that hold new or rewritten pairs.
+        Returns how many minutes were summarized."""
+        if self._watermark is None:
+            self._watermark = self._load_watermark()
+        horizon = _minute(now - window - HORIZON_EXTRA)
+        since = (
+            f"AND paired_at > '{_ts(self._watermark - WATERMARK_OVERLAP)}'"
+            if self._watermark
+            else ""
+        )
+        found = self.rows(
+            f"SELECT toStartOfMinute(time) AS m, max(paired_at) FROM {self.db}.{PAIRS} "  # noqa: S608
+            f"WHERE time >= '{_ts(horizon)}' AND time <= '{_ts(now)}' {since} GROUP BY m"
+        )
+        if not found:
+            return 0
+        minutes = sorted(_as_utc(r[0]) for r in found)
+        newest = max(_as_utc(r[1]) for r in found)
+        self.summarize_minutes(minutes)
+        self.update_sessions(minutes)
+        if self._watermark is None or newest > self._watermark:
+            self._watermark = newest
+            self._store_watermark(newest)
+        return len(minutes)
+
+    def summarize_minutes(self, minutes: Sequence[datetime]) -> None:
+        if not minutes:
+            return
+        db = self.db
+        mins = ", ".join(f"toDateTime('{_sec(m)}', 'UTC')" for m in minutes)
+        lo, hi = _ts(min(minutes)), _ts(max(minutes) + timedelta(minutes=1))
+        v = _time.time_ns()
+        # Tombstones first: a series that vanished from a rewritten minute must not survive.
+        self.command(
+            f"INSERT INTO {db}.{schema.MINUTES} (minute, service, route, series, n, cells, "  # noqa: S608
+            f"counts, version) SELECT minute, service, route, series, 0, [], [], {v} "
+            f"FROM {db}.{schema.MINUTES} FINAL WHERE minute IN ({mins}) AND n > 0"
+        )
+        cell = quantize.code_sql("sv.2")
+        self.command(
+            f"""INSERT INTO {db}.{schema.MINUTES}
+(minute, service, route, series, n, cells, counts, version)
+SELECT minute, service, route, series, sum(c), groupArray(cell), groupArray(c), {v + 1}
+FROM (
+    SELECT toStartOfMinute(time) AS minute, service, route, sv.1 AS series, {cell} AS cell,
+           count() AS c
+    FROM {db}.{PAIRS} FINAL
+    ARRAY JOIN {_series_array()} AS sv
+    WHERE time >= '{lo}' AND time < '{hi}' AND toStartOfMinute(time) IN ({mins})
+      AND isFinite(sv.2)
+    GROUP BY minute, service, route, series, cell
+)
+GROUP BY minute, service, route, series"""  # noqa: S608
+        )
+
+    def update_sessions(self, minutes: Sequence[datetime]) -> None:
+        """Fold the clock samples of these minutes into each session's 8 lowest-δ samples."""
+        if not minutes:
+            return
+        db = self.db
+        mins = ", ".join(f"toDateTime('{_sec(m)}', 'UTC')" for m in minutes)
+        lo, hi = _ts(min(minutes)), _ts(max(minutes) + timedelta(minutes=1))
+        new = self.rows(
+            f"""SELECT session, any(site), groupUniqArray(64)((toString(service), toString(route))),
+    arraySlice(arraySort(x -> x.1, groupArray((assumeNotNull(theta_delay_ms),
+        assumeNotNull(theta_ms), concat(trace_id, ':', span_id, ':', toString(seq))))), 1, 8),
+    max(time)
+FROM {db}.{PAIRS} FINAL
+WHERE time >= '{lo}' AND time < '{hi}' AND toStartOfMinute(time) IN ({mins})
+  AND theta_ms IS NOT NULL AND theta_delay_ms IS NOT NULL AND session != ''
+GROUP BY session"""  # noqa: S608
+        )
+        if not new:
+            return
+        old: dict[str, tuple[list[Any], list[Any], datetime]] = {}
+        names = [r[0] for r in new]
+        for i in range(0, len(names), 1000):
+            chunk = names[i : i + 1000]
+            quoted = ", ".join(
+                "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'" for s in chunk
+            )
+            for s, routes, best, last in self.rows(
+                f"SELECT session, routes, best, last_seen FROM {db}.{schema.SESSIONS} FINAL "  # noqa: S608
+                f"WHERE session IN ({quoted})"
+            ):
+                old[s] = (list(routes), list(best), _as_utc(last))
+        out_cols: list[list[Any]] = [[] for _ in range(9)]
+        v = _time.time_ns()
+        for session, site, routes, best, last in new:
+            prev_routes, prev_best, prev_last = old.get(session, ([], [], _as_utc(last)))
+            merged = {k: (d, t, k) for d, t, k in [*prev_best, *best]}
+            kept = sorted(merged.values())[:8]
+            off = clock_filter((t, d) for d, t, _ in kept)
+            if off is None:
+                continue
+            rts = sorted({tuple(x) for x in [*prev_routes, *routes]})[:64]
+            row = [
+                session,
+                site,
+                rts,
+                kept,
+                off.theta_ms,
+                off.delay_ms,
+                off.used,
+                max(_as_utc(last), prev_last),
+                v,
+            ]
+            for col, val in zip(out_cols, row, strict=True):
+                col.append(val)
+        if out_cols[0]:
+            self._get().insert(
+                f"{db}.{schema.SESSIONS}",
+                out_cols,
+                column_names=[
+                    "session",
+                    "site",
+                    "routes",
+                    "best",
+                    "theta_ms",
+                    "delay_ms",
+                    "used",
+                    "last_seen",
+                    "version",
+                ],
+                column_oriented=True,
+            )
+
+    # -- the window -------------------------------------------------------------------
+    def window_minutes(self, now: datetime, window: timedelta) -> tuple[datetime, datetime]:
+        """The minutes whose summaries make up the window: from the minute holding
+        now − window to the current minute (the window covers window…window + 1 min)."""
+        return _minute(now - window), _minute(now)
+
+    def read_window(self, now: datetime, window: timedelta) -> Window:
+        start, last = self.window_minutes(now, window)
+        w = Window(start=start, end=now)
+        db = self.db
+        metric_series = ", ".join(f"'{m}:{side}'" for m in METRICS for side in ("user", "server"))
+        levels = ", ".join(repr(q) for q in stats.LEVEL_GRID)
+        cond = f"minute >= '{_sec(start)}' AND minute <= '{_sec(last)}' AND n > 0"
+        # identifiers are ours, times formatted by us: nothing user-given in the SQL
+        base = (
+            f"SELECT toString(service) AS svc, toString(route) AS rt, toString(series) AS ser, "  # noqa: S608
+            f"arrayJoin(arrayZip(cells, counts)) AS cc FROM {db}.{schema.MINUTES} FINAL "
+            f"WHERE {cond}"
+        )
+        queries = [
+            (
+                stats.LEVEL_GRID,
+                f"SELECT svc, rt, ser, sum(cc.2), sumIf(cc.2, cc.1 != 0), "  # noqa: S608
+                f"quantilesExactWeighted({levels})(cc.1, cc.2) "
+                f"FROM ({base} AND series IN ({metric_series})) "
+                f"GROUP BY svc, rt, ser",
+            ),
+            (
+                (0.5, 0.95, 0.99),
+                f"SELECT svc, rt, ser, sum(cc.2), sumIf(cc.2, cc.1 != 0), "  # noqa: S608
+                f"quantilesExactWeighted(0.5, 0.95, 0.99)(cc.1, cc.2) "
+                f"FROM ({base} AND series NOT IN ({metric_series})) "
+                f"GROUP BY svc, rt, ser",
+            ),
+        ]
+        for lv, sql in queries:
+            for service, route, series, n, nz, qs in self.rows(sql):
+                w.series.setdefault((service, route), {})[series] = SeriesStats(
+                    n=int(n),
+                    nonzero=int(nz),
+                    by_level={q: quantize.decode(int(c)) for q, c in zip(lv, qs, strict=True)},
+                )
+        for service, route, total, far in self.rows(
+            f"""SELECT r.1, r.2, count(), countIf(abs(theta_ms) > 100)
+FROM {db}.{schema.SESSIONS} FINAL ARRAY JOIN routes AS r
+WHERE last_seen >= '{_sec(start)}' GROUP BY r.1, r.2"""  # noqa: S608
+        ):
+            w.sessions[(service, route)] = int(total)
+            w.far_off_sessions[(service, route)] = int(far)
+        return w
+
+    def history(
+        self, service: str, route: str, metric: str, now: datetime, minutes: int
+    ) -> list[tuple[datetime, float | None, float | None, int]]:
+        """Per minute: (minute, user P95, server P95, n) of one route and metric."""
+        start = _minute(now - timedelta(minutes=minutes))
+        p = {"service": service, "route": route, "u": f"{metric}:user", "s": f"{metric}:server"}
+        r = (
+            self._get()
+            .query(
+                f"""SELECT minute, ser, sum(cc.2), quantileExactWeighted(0.95)(cc.1, cc.2)
+FROM (SELECT minute, toString(series) AS ser, arrayJoin(arrayZip(cells, counts)) AS cc
+      FROM {self.db}.{schema.MINUTES} FINAL
+      WHERE service = {{service:String}} AND route = {{route:String}}
+        AND series IN ({{u:String}}, {{s:String}}) AND minute >= '{_sec(start)}' AND n > 0)
+GROUP BY minute, ser ORDER BY minute""",  # noqa: S608
+                parameters=p,
+            )
+            .result_rows
+        )
+        by: dict[datetime, list[Any]] = {}
+        for minute, series, n, q in r:
+            row = by.setdefault(_as_utc(minute), [None, None, 0])
+            if series.endswith(":user"):
+                row[0] = quantize.decode(int(q))
+                row[2] = int(n)
+            else:
+                row[1] = quantize.decode(int(q))
+        return [(m, v[0], v[1], v[2]) for m, v in sorted(by.items())]
+
+
+def _as_utc(t: Any) -> datetime:
+    if isinstance(t, datetime):
+        return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    return datetime.fromisoformat(str(t)).replace(tzinfo=UTC)

@@ -1,0 +1,131 @@
+"""Confidence bounds for divergence = P95(user) − P95(server), and the verdicts.
+
+Method: distribution-free order-statistic bounds (no bootstrap). For one side, with n
+samples and B ~ Binomial(n, p), the interval [X(l), X(u)] holds the true p-quantile with
+probability P(l ≤ B ≤ u − 1), whatever the distribution. Each side gets a 1 − α/2
+interval and the divergence interval is [L_user − U_server, U_user − L_server]: by the
+union bound it covers with probability ≥ 1 − α **whatever the dependence between the two
+sides** — which matters because user and server values are paired per request (the same
+slow request is slow on both sides). A bootstrap over pairs would use that pairing to get a
+narrower interval, but it needs every raw pair of the window (cost grows with the window's
+rows, B resamples each) and is only asymptotically right in the tail at small n; these
+bounds need only a few order statistics, which the per-minute histograms give exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+P = 0.95
+ALPHA = 0.05
+
+
+def _log_pmf(n: int, p: float, k: int) -> float:
+    return (
+        math.lgamma(n + 1)
+        - math.lgamma(k + 1)
+        - math.lgamma(n - k + 1)
+        + k * math.log(p)
+        + (n - k) * math.log1p(-p)
+    )
+
+
+@lru_cache(maxsize=4096)
+def rank_bounds(n: int, p: float = P, alpha: float = ALPHA / 2) -> tuple[int | None, int | None]:
+    """1-based ranks (l, u) with P(X(l) ≤ Q_p ≤ X(u)) ≥ 1 − alpha; None when beyond the sample.
+
+    l is the largest rank with P(B ≤ l − 1) ≤ alpha/2; u the smallest with P(B ≥ u) ≤ alpha/2.
+    """
+    if n <= 0:
+        return None, None
+    tail = alpha / 2
+    mean, sd = n * p, math.sqrt(n * p * (1 - p))
+    span = int(12 * sd + 12)
+    lo_k, hi_k = max(0, int(mean) - span), min(n, int(mean) + span)
+    # lower: cumulate P(B ≤ k) upward; the mass below lo_k is < 1e-30 and ignored
+    cdf, low = 0.0, None
+    for k in range(lo_k, hi_k + 1):
+        cdf += math.exp(_log_pmf(n, p, k))
+        if cdf > tail:
+            # P(B ≤ k − 1) ≤ tail < P(B ≤ k): l − 1 = k − 1 → l = k
+            low = k if k >= 1 else None
+            break
+    # upper: cumulate P(B ≥ k) downward
+    sf, high = 0.0, None
+    for k in range(hi_k, lo_k - 1, -1):
+        sf += math.exp(_log_pmf(n, p, k))
+        if sf > tail:
+            # P(B ≥ k + 1) ≤ tail: u = k + 1
+            high = k + 1 if k + 1 <= n else None
+            break
+    return low, high
+
+
+# The levels asked of quantilesExactWeighted in one query: fixed, so the query text is
+# constant; the bound ranks are rounded outward onto this grid (wider, never narrower).
+LEVEL_GRID: tuple[float, ...] = tuple(
+    sorted(
+        {round(i * 0.05, 4) for i in range(16)}
+        | {round(0.80 + i * 0.0005, 4) for i in range(400)}
+        | {0.5, 0.95, 0.99, 1.0}
+    )
+)
+
+
+def level_for_rank_at_most(k: int, n: int) -> float:
+    """Largest grid level whose rank ceil(n·q) is ≤ k (rank 1 at worst)."""
+    want = (k - 0.001) / n
+    best = LEVEL_GRID[0]
+    for q in LEVEL_GRID:
+        if q <= want:
+            best = q
+        else:
+            break
+    return best
+
+
+def level_for_rank_at_least(k: int, n: int) -> float:
+    """Smallest grid level whose rank ceil(n·q) is ≥ k."""
+    want = (k - 1 + 0.001) / n
+    for q in LEVEL_GRID:
+        if q >= want:
+            return q
+    return 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    low: float | None  # None: unbounded below (too few samples for this confidence)
+    high: float | None
+
+
+def divergence_interval(
+    user_low: float | None,
+    user_high: float | None,
+    server_low: float | None,
+    server_high: float | None,
+) -> Interval:
+    low = None if user_low is None or server_high is None else user_low - server_high
+    high = None if user_high is None or server_low is None else user_high - server_low
+    return Interval(low, high)
+
+
+OK = "ok"
+OUT = "out_of_band"
+UNCERTAIN = "uncertain"
+INSUFFICIENT = "insufficient_data"
+VERDICTS = (OUT, UNCERTAIN, INSUFFICIENT, OK)  # worst first
+
+
+def verdict(n: int, ci: Interval, band_ms: float, min_samples: int) -> str:
+    if n < min_samples:
+        return INSUFFICIENT
+    if ci.low is not None and ci.low > band_ms:
+        return OUT
+    if ci.high is not None and ci.high < -band_ms:
+        return OUT
+    if ci.low is not None and ci.high is not None and ci.low >= -band_ms and ci.high <= band_ms:
+        return OK
+    return UNCERTAIN

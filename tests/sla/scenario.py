@@ -1,0 +1,220 @@
+"""Generated pairs of known distributions, written into a real chDB store.
+
+Each route has a cause built in by construction (a constant-ish part added to the server's
+distribution), so the true divergence is known; ``population_p95_shift`` recomputes it from
+a large sample of the same generator.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+NOW = datetime(2026, 11, 29, 10, 0, 30, tzinfo=UTC)
+SERVICE = "app"
+
+
+@dataclass
+class RouteData:
+    route: str
+    n: int
+    cols: dict[str, Any] = field(default_factory=dict)
+
+
+def _nr95(a: np.ndarray) -> float:
+    """Nearest-rank P95 (rank ceil(0.95·n)), the evaluator's definition."""
+    s = np.sort(a)
+    return float(s[int(np.ceil(0.95 * len(s))) - 1])
+
+
+def nearest_rank(a: Any, q: float = 0.95) -> float:
+    s = np.sort(np.asarray(a, dtype=float))
+    return float(s[max(1, int(np.ceil(q * len(s)))) - 1])
+
+
+Gen = Callable[[np.random.Generator, int], dict[str, Any]]
+
+
+def _base(rng: np.random.Generator, n: int, mu: float = 40.0, sd: float = 5.0) -> dict[str, Any]:
+    server = rng.normal(mu, sd, n).clip(1)
+    return {"server_ttfb_ms": server}
+
+
+def gen_ok(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    server = rng.normal(40, 5, n).clip(1)
+    net = 2 + rng.uniform(0, 1, n)
+    queue = rng.uniform(0, 0.3, n)
+    ttft = server + 5
+    return {
+        "server_ttfb_ms": server,
+        "user_ttfb_ms": server + net + queue,
+        "server_ttft_ms": ttft,
+        "user_ttft_ms": ttft + net + queue,
+        "user_visible_ttft_ms": ttft + net + queue + 2,
+        "render_delay_ms": np.full(n, 2.0),
+        "server_duration_ms": ttft + 900,
+        "user_duration_ms": ttft + 900 + net + queue,
+        "network_ms": net,
+        "queue_ms": queue,
+        "recv_queue_ms": queue,
+        "accept_queue_ms": np.zeros(n),
+    }
+
+
+def gen_render(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    server = rng.normal(100, 10, n).clip(1)
+    net = np.full(n, 1.0) + rng.uniform(0, 0.2, n)
+    render = 28.9 + rng.uniform(0, 0.2, n)  # +1 network, +29 render = +30 visible TTFT
+    return {
+        "server_ttfb_ms": server - 20,
+        "user_ttfb_ms": server - 20 + net,
+        "server_ttft_ms": server,
+        "user_ttft_ms": server + net,
+        "user_visible_ttft_ms": server + net + render,
+        "render_delay_ms": render,
+        "network_ms": net,
+        "queue_ms": np.zeros(n),
+        "recv_queue_ms": np.zeros(n),
+        "accept_queue_ms": np.zeros(n),
+    }
+
+
+def gen_network(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    server = rng.normal(40, 5, n).clip(1)
+    net = 24.9 + rng.uniform(0, 0.2, n)  # +25 ms TTFB from the network
+    return {
+        "server_ttfb_ms": server,
+        "user_ttfb_ms": server + net,
+        "network_ms": net,
+        "queue_ms": np.zeros(n),
+        "recv_queue_ms": np.zeros(n),
+        "accept_queue_ms": np.zeros(n),
+    }
+
+
+def gen_event_loop(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    server = rng.normal(40, 5, n).clip(1)
+    net = np.full(n, 0.5)
+    lag = 19.4 + rng.uniform(0, 0.2, n)  # +20 ms = 0.5 network + 19.5 receive queue
+    return {
+        "server_ttfb_ms": server,
+        "user_ttfb_ms": server + net + lag,
+        "network_ms": net,
+        "queue_ms": lag,
+        "recv_queue_ms": lag,
+        "accept_queue_ms": np.zeros(n),
+    }
+
+
+def gen_negative(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    server = rng.normal(80, 5, n).clip(25)
+    return {
+        "server_ttfb_ms": server,
+        "user_ttfb_ms": server - 20,  # the server counts 20 ms the user never waits for
+        "network_ms": np.full(n, 1.0),
+    }
+
+
+def gen_sparse(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    server = rng.normal(40, 5, n).clip(1)
+    return {"server_ttfb_ms": server, "user_ttfb_ms": server + 50, "network_ms": np.full(n, 50.0)}
+
+
+def gen_proxy_stream(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    """Origin writes a token every 40 ms; a buffering proxy forwards 5 at a time."""
+    tokens = 40
+    server_itl = [list(40 + rng.normal(0, 0.5, tokens - 1)) for _ in range(n)]
+    burst: list[list[float]] = []
+    for _ in range(n):
+        gaps = []
+        for i in range(tokens - 1):
+            gaps.append(
+                float(199 + rng.uniform(0, 2)) if i % 5 == 4 else float(rng.uniform(0.05, 0.3))
+            )
+        burst.append(gaps)
+    user_itl = [[g + float(rng.uniform(0, 0.2)) for g in b] for b in burst]
+    server = rng.normal(30, 3, n).clip(1)
+    return {
+        "server_ttfb_ms": server,
+        "user_ttfb_ms": server + 2,
+        "network_ms": np.full(n, 1.0),
+        "hops": np.full(n, 2),
+        "hop_services": [["nginx", SERVICE]] * n,
+        "hop_added_ms": [[1.0, float(s)] for s in server],
+        "server_itl_ms": server_itl,
+        "edge_itl_ms": burst,
+        "user_itl_ms": user_itl,
+    }
+
+
+ROUTES: dict[str, tuple[Gen, int]] = {
+    "/v1/ok": (gen_ok, 1500),
+    "/v1/render": (gen_render, 1500),
+    "/v1/net": (gen_network, 1500),
+    "/v1/loop": (gen_event_loop, 1500),
+    "/v1/cached": (gen_negative, 1500),
+    "/v1/rare": (gen_sparse, 40),
+    "/v1/stream": (gen_proxy_stream, 600),
+}
+FAR_OFF_ROUTE, FAR_OFF_SESSIONS = "/v1/render", 12
+
+
+def build(seed: int = 7, now: datetime = NOW, spread_s: float = 230.0) -> dict[str, RouteData]:
+    rng = np.random.default_rng(seed)
+    out: dict[str, RouteData] = {}
+    for route, (gen, n) in ROUTES.items():
+        cols = gen(rng, n)
+        offs = rng.uniform(1.0, spread_s, n)
+        cols["time"] = [now - timedelta(seconds=float(o)) for o in offs]
+        if route == FAR_OFF_ROUTE:
+            sess = [f"far{i % FAR_OFF_SESSIONS}" for i in range(n)]
+            theta = [150.0 + (i % FAR_OFF_SESSIONS) for i in range(n)]
+        else:
+            sess = [f"{route}-s{i % 20}" for i in range(n)]
+            theta = [float(rng.normal(0, 3)) for _ in range(n)]
+        cols["session"] = sess
+        cols["theta_ms"] = theta
+        cols["theta_delay_ms"] = list(rng.uniform(1, 5, n))
+        out[route] = RouteData(route, n, cols)
+    return out
+
+
+def population_shift(route: str, user: str, server: str, n: int = 400_000) -> float:
+    """The P95 difference of the route's generator on a large sample (≈ the true value)."""
+    gen, _ = ROUTES[route]
+    c = gen(np.random.default_rng(12345), n)
+    return _nr95(np.asarray(c[user])) - _nr95(np.asarray(c[server]))
+
+
+def write(client: Any, db: str, data: dict[str, RouteData], paired_at: datetime = NOW) -> None:
+    """Column-oriented insert into ``pairs`` (every route, one batch per route)."""
+    for route, rd in data.items():
+        n = rd.n
+        cols: dict[str, list[Any]] = {
+            "version": [1] * n,
+            "paired_at": [paired_at] * n,
+            "site": ["test"] * n,
+            "service": [SERVICE] * n,
+            "route": [route] * n,
+            "method": ["POST"] * n,
+            "kind": ["fetch"] * n,
+            "trace_id": [secrets.token_hex(16) for _ in range(n)],
+            "span_id": [secrets.token_hex(8) for _ in range(n)],
+            "hops": [1] * n,
+            "hop_services": [[SERVICE]] * n,
+        }
+        for k, v in rd.cols.items():
+            cols[k] = (
+                [x.tolist() if isinstance(x, np.ndarray) else x for x in v]
+                if k.endswith("itl_ms")
+                else [(x.item() if hasattr(x, "item") else x) for x in v]
+            )
+        names = list(cols)
+        client.insert(
+            f"{db}.pairs", [cols[k] for k in names], column_names=names, column_oriented=True
+        )
