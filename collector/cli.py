@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 DESCRIPTION = """\
 Parallax collector: receives both lines of sight on one request — server spans over
@@ -17,19 +21,123 @@ Store: one DSN from --store or PARALLAX_STORE, read by clickhouse-connect:
 """
 
 
+def _site(value: str) -> tuple[str, list[str]]:
+    key, sep, origins = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError("expected KEY=ORIGIN[,ORIGIN…]")
+    return key, [o.strip().rstrip("/") for o in origins.split(",") if o.strip()]
+
+
+def _add_serve(sub: Any) -> None:
+    from collector.config import Settings  # noqa: PLC0415 — keep --help fast
+
+    d = Settings()
+    p = sub.add_parser(
+        "serve",
+        help="run the collector (ingest port + query port)",
+        description="Ingest: POST /v1/traces (OTLP/HTTP), POST /v1/beacons, /healthz. "
+        "Query: /v1/requests, /metrics, /readyz, /openapi.json (+ plugin routes).",
+    )
+    p.add_argument("--listen", default=d.listen, help="ingest address (public) [%(default)s]")
+    p.add_argument(
+        "--admin-listen", default=d.admin_listen, help="query address (private) [%(default)s]"
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--store", help="store DSN (default: $PARALLAX_STORE, else chdb in --data-dir)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=d.data_dir,
+        help="spool and embedded store directory [%(default)s]",
+    )
+    p.add_argument("--retention-days", type=int, default=d.retention_days)
+    p.add_argument(
+        "--otlp-token",
+        default=os.environ.get("PARALLAX_OTLP_TOKEN"),
+        help="require this bearer token on /v1/traces (env PARALLAX_OTLP_TOKEN)",
+    )
+    p.add_argument(
+        "--api-token",
+        default=os.environ.get("PARALLAX_API_TOKEN"),
+        help="require this bearer token on the query port (env PARALLAX_API_TOKEN)",
+    )
+    p.add_argument(
+        "--site",
+        type=_site,
+        action="append",
+        default=[],
+        metavar="KEY=ORIGIN[,ORIGIN]",
+        help="a site key and its allowed origins (repeat); none = accept any",
+    )
+    p.add_argument("--max-otlp-bytes", type=int, default=d.max_otlp_bytes)
+    p.add_argument("--max-beacon-bytes", type=int, default=d.max_beacon_bytes)
+    p.add_argument("--rate", type=float, default=d.rate_per_s, help="requests/s per client IP")
+    p.add_argument("--burst", type=int, default=d.rate_burst)
+    p.add_argument("--batch-rows", type=int, default=d.batch_rows)
+    p.add_argument("--flush-interval", type=float, default=d.flush_interval_s, help="seconds")
+    p.add_argument("--spool-max-mb", type=int, default=d.spool_max_bytes >> 20)
+    p.add_argument(
+        "--spool-fsync", action="store_true", help="fsync every accepted request (power-loss safe)"
+    )
+    p.add_argument("--pairing-lookback", type=int, default=d.pairing_lookback_s, help="seconds")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from collector.config import Settings  # noqa: PLC0415 — keep --help fast
+    from collector.service import run  # noqa: PLC0415
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = Settings(
+        listen=args.listen,
+        admin_listen=args.admin_listen,
+        store=args.store,
+        data_dir=args.data_dir,
+        retention_days=args.retention_days,
+        otlp_token=args.otlp_token or None,
+        api_token=args.api_token or None,
+        sites=dict(args.site),
+        max_otlp_bytes=args.max_otlp_bytes,
+        max_beacon_bytes=args.max_beacon_bytes,
+        rate_per_s=args.rate,
+        rate_burst=args.burst,
+        batch_rows=args.batch_rows,
+        flush_interval_s=args.flush_interval,
+        spool_max_bytes=args.spool_max_mb << 20,
+        spool_fsync=args.spool_fsync,
+        pairing_lookback_s=args.pairing_lookback,
+    )
+    return run(settings)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="parallax-collector",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(sub)
+    # Plugins (collector/plugins.py) add their own subcommands, e.g. `sla`.
+    from collector import plugins  # noqa: PLC0415 — plugins may import heavy modules
+
+    plugins.add_cli(sub, plugins.load())
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    _parser().parse_args(argv)
-    return 2
+    args = _parser().parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        return 2
+    try:
+        return int(func(args))
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

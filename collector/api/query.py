@@ -1,0 +1,319 @@
+"""The private query app: the request API, /metrics, /readyz, /openapi.json, and the
+routers plugins add (collector.plugins). Durations are float ms in fields ending ``_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from collector.pairer import read_traces
+from collector.pairing import arrange, candidates, derive
+from collector.plugins import Context, Plugin
+from parallax_contracts.trace_context import is_valid_trace_id
+
+TRACE_ID = r"^[0-9a-f]{32}$"
+
+
+class Hop(BaseModel):
+    span_id: str
+    parent_span_id: str
+    service: str
+    host: str
+    source: str = Field(description="ebpf (the agent) or sdk")
+    method: str
+    route: str
+    path: str
+    status: int
+    server_port: int
+    start_unix_ms: float = Field(description="t1 (span start), Unix ms")
+    arrival_unix_ms: float | None = Field(description="t_arr, Unix ms (agent only)")
+    ttfb_ms: float | None = Field(description="t2 − t1 (agent)")
+    ttft_ms: float | None
+    duration_ms: float
+    recv_queue_ms: float | None
+    accept_queue_ms: float | None = Field(description="t_acc − t_est (first request only)")
+    chunks: int | None
+    srtt_ms: float | None
+    retransmits: int | None
+    ws_seq: int
+    role: str = Field(description="edge, middle, origin, edge+origin, linked or reconnect")
+
+
+class BrowserEntry(BaseModel):
+    site: str
+    session: str
+    page: str
+    span_id: str
+    kind: str
+    seq: int
+    method: str
+    url: str
+    route: str
+    status: int | None
+    time_unix_ms: float = Field(description="time_origin + start_ms")
+    time_origin_unix_ms: float
+    start_ms: float
+    request_start_ms: float | None = Field(description="t0, ms after time_origin")
+    response_start_ms: float | None = Field(description="t3, ms after time_origin")
+    response_end_ms: float | None
+    first_chunk_ms: float | None
+    rendered_ms: float | None
+    chunks: int | None
+    coarse: bool
+    chunks_coarse: bool
+
+
+class Parts(BaseModel):
+    user_ttfb_ms: float | None = None
+    user_ttft_ms: float | None = None
+    user_visible_ttft_ms: float | None = None
+    user_duration_ms: float | None = None
+    user_itl_ms: list[float] = []
+    render_delay_ms: float | None = None
+    server_ttfb_ms: float | None = None
+    server_ttft_ms: float | None = None
+    server_duration_ms: float | None = None
+    server_itl_ms: list[float] = []
+    server_timed: bool = False
+    edge_itl_ms: list[float] = []
+    hop_added_ms: list[float] = []
+    network_ms: float | None = None
+    queue_ms: float | None = None
+    accept_queue_ms: float | None = None
+    recv_queue_ms: float | None = None
+    retransmits: int | None = None
+    srtt_ms: float | None = None
+    theta_ms: float | None = None
+    theta_delay_ms: float | None = None
+
+
+class Exchange(BaseModel):
+    browser: BrowserEntry
+    hops: list[Hop] = Field(description="server spans of this exchange in arrival order")
+    linked_span_ids: list[str]
+    reconnects: int
+    parts: Parts
+
+
+class RequestDetail(BaseModel):
+    trace_id: str
+    exchanges: list[Exchange] = Field(description="one per browser entry of the trace")
+    unpaired_spans: list[Hop] = Field(description="server spans no browser entry claims")
+
+
+class RequestSummary(BaseModel):
+    time: dt.datetime
+    trace_id: str
+    span_id: str
+    seq: int
+    site: str
+    service: str
+    route: str
+    method: str
+    status: int
+    kind: str
+    hops: int
+    reconnects: int
+    user_ttfb_ms: float | None
+    server_ttfb_ms: float | None
+    network_ms: float | None
+    queue_ms: float | None
+    user_ttft_ms: float | None
+    server_ttft_ms: float | None
+    user_visible_ttft_ms: float | None
+    render_delay_ms: float | None
+    theta_ms: float | None
+
+
+class RequestList(BaseModel):
+    requests: list[RequestSummary]
+
+
+def _ms(ns: Any) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def _us_ms(us: Any) -> float | None:
+    return None if us is None else us / 1000.0
+
+
+def _hop(s: dict[str, Any], role: str) -> Hop:
+    return Hop(
+        span_id=s["span_id"],
+        parent_span_id=s["parent_span_id"],
+        service=s["service"],
+        host=s["host"],
+        source=s["source"],
+        method=s["method"],
+        route=s["route"],
+        path=s["path"],
+        status=s["status"],
+        server_port=s["server_port"],
+        start_unix_ms=s["time_ns"] / 1e6,
+        arrival_unix_ms=_ms(s["arrival_ns"]),
+        ttfb_ms=_us_ms(s["ttfb_us"]),
+        ttft_ms=_us_ms(s["ttft_us"]),
+        duration_ms=s["duration_us"] / 1000.0,
+        recv_queue_ms=_us_ms(s["recv_queue_us"]),
+        accept_queue_ms=_us_ms(s["accept_queue_us"]),
+        chunks=s["chunks"],
+        srtt_ms=_us_ms(s["srtt_us"]),
+        retransmits=s["retransmits"],
+        ws_seq=s["ws_seq"],
+        role=role,
+    )
+
+
+def _entry(e: dict[str, Any]) -> BrowserEntry:
+    return BrowserEntry(
+        **{k: e[k] for k in BrowserEntry.model_fields if k in e},
+        time_unix_ms=e["time_us"] / 1000.0,
+        time_origin_unix_ms=e["time_origin_ms"],
+    )
+
+
+def _roles(n: int) -> list[str]:
+    if n == 1:
+        return ["edge+origin"]
+    return ["edge", *(["middle"] * (n - 2)), "origin"]
+
+
+def detail(
+    trace_id: str, spans: list[dict[str, Any]], entries: list[dict[str, Any]]
+) -> RequestDetail:
+    claimed: set[str] = set()
+    exchanges = []
+    for e in sorted(entries, key=lambda e: (e["time_us"], e["seq"])):
+        cands = candidates(e, spans)
+        hops, linked, reconnects = arrange(cands)
+        claimed.update(s["span_id"] for s in cands)
+        parts = derive(e, hops)
+        exchanges.append(
+            Exchange(
+                browser=_entry(e),
+                hops=[_hop(h, r) for h, r in zip(hops, _roles(len(hops)), strict=True)],
+                linked_span_ids=linked,
+                reconnects=reconnects,
+                parts=Parts(**parts),
+            )
+        )
+    unpaired = [
+        _hop(s, "unpaired")
+        for s in sorted(spans, key=lambda s: s["arrival_ns"] or s["time_ns"])
+        if s["span_id"] not in claimed
+    ]
+    return RequestDetail(trace_id=trace_id, exchanges=exchanges, unpaired_spans=unpaired)
+
+
+_SUMMARY = list(RequestSummary.model_fields)
+# Module level: with postponed annotations FastAPI resolves Depends(...) in module globals.
+_BEARER = HTTPBearer(auto_error=False)
+
+
+def build_query_app(
+    ctx: Context,
+    plugins: Sequence[Plugin],
+    ready: Callable[[], tuple[bool, str]],
+    refresh_metrics: Callable[[], None],
+) -> FastAPI:
+    store = ctx.store
+    token = ctx.settings.api_token
+
+    async def auth(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> None:
+        if token and (creds is None or not secrets.compare_digest(creds.credentials, token)):
+            raise HTTPException(
+                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for p in plugins:
+                if p.lifespan is not None:
+                    await stack.enter_async_context(p.lifespan(ctx))
+            yield
+
+    app = FastAPI(
+        title="Parallax collector (query)",
+        version="1",
+        description="Paired server/browser timings. Durations: float ms, fields ending _ms.",
+        lifespan=lifespan,
+    )
+    app.state.parallax = ctx
+    protected = [Depends(auth)]
+
+    @app.get("/readyz", responses={503: {"description": "store not ready"}})
+    async def readyz() -> Response:
+        ok, why = ready()
+        return Response(
+            ("ready" if ok else why) + "\n", 200 if ok else 503, media_type="text/plain"
+        )
+
+    @app.get("/metrics", dependencies=protected, response_class=Response)
+    async def metrics() -> Response:
+        refresh_metrics()
+        return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get(
+        "/v1/requests/{trace_id}",
+        dependencies=protected,
+        responses={404: {"description": "no record of this trace"}},
+    )
+    async def get_request(
+        trace_id: Annotated[str, Path(pattern=TRACE_ID, description="32 lowercase hex")],
+    ) -> RequestDetail:
+        if not is_valid_trace_id(trace_id):
+            raise HTTPException(422, "trace id must be 32 lowercase hex, not all zero")
+        spans, entries = await asyncio.to_thread(read_traces, store, [trace_id], None)
+        if not spans and not entries:
+            raise HTTPException(404, "no record of this trace")
+        return detail(trace_id, spans, entries)
+
+    @app.get("/v1/requests", dependencies=protected)
+    async def list_requests(
+        route: Annotated[str | None, Query(max_length=512)] = None,
+        since: Annotated[
+            dt.datetime | None, Query(description="ISO 8601; default: one hour ago")
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> RequestList:
+        if since is None:
+            since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+        elif since.tzinfo is None:
+            since = since.replace(tzinfo=dt.UTC)
+        try:
+            since_us = int(since.timestamp() * 1e6)
+        except (OverflowError, ValueError, OSError):
+            raise HTTPException(422, "since out of range") from None
+        since_us = max(0, min(since_us, 2**62))
+        where = "time >= fromUnixTimestamp64Micro({since:Int64}, 'UTC')"
+        params: dict[str, Any] = {"since": since_us, "limit": limit}
+        if route is not None:
+            where += " AND route = {route:String}"
+            params["route"] = route
+        sql = (
+            f"SELECT {', '.join(_SUMMARY)} FROM {store.database}.pairs FINAL "  # noqa: S608
+            f"WHERE {where} ORDER BY time DESC LIMIT {{limit:UInt32}}"
+        )
+        rows = await asyncio.to_thread(store.rows, sql, params)
+        for r in rows:
+            if r["time"].tzinfo is None:
+                r["time"] = r["time"].replace(tzinfo=dt.UTC)
+        return RequestList(requests=[RequestSummary(**r) for r in rows])
+
+    for p in plugins:
+        for router in p.routers:
+            app.include_router(router, dependencies=protected)
+    return app

@@ -1,0 +1,49 @@
+"""The collector's settings, one dataclass (filled by the CLI or by tests)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from collector.store.client import DSN_ENV, chdb_dsn
+from collector.store.schema import DEFAULT_RETENTION_DAYS
+
+
+def split_hostport(value: str, default_host: str) -> tuple[str, int]:
+    """'0.0.0.0:4318', ':4318' or '4318' → (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        return default_host, int(value)
+    return (host.strip("[]") or default_host), int(port)
+
+
+@dataclass(slots=True)
+class Settings:
+    listen: str = "0.0.0.0:4318"
+    admin_listen: str = "127.0.0.1:4319"
+    store: str | None = None  # DSN; None = chdb in data_dir
+    data_dir: Path = field(default_factory=lambda: Path("./.parallax/data"))
+    retention_days: int = DEFAULT_RETENTION_DAYS
+    otlp_token: str | None = None
+    api_token: str | None = None
+    # site key → allowed origins; empty = accept any key and origin (said once at start)
+    sites: dict[str, list[str]] = field(default_factory=dict)
+    max_otlp_bytes: int = 1 << 20
+    max_beacon_bytes: int = 64 << 10
+    rate_per_s: float = 50.0
+    rate_burst: int = 100
+    batch_rows: int = 20_000
+    flush_interval_s: float = 0.5
+    spool_max_bytes: int = 1 << 30
+    spool_fsync: bool = False
+    pairing_lookback_s: int = 900
+    pairing_interval_s: float = 0.5
+    pairing_recheck_s: float = 5.0
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.data_dir / "spool"
+
+    def store_dsn(self) -> str:
+        return self.store or os.environ.get(DSN_ENV) or chdb_dsn(self.data_dir)

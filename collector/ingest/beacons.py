@@ -1,0 +1,141 @@
+"""Browser beacons (v1 JSON Schema) → ``browser_entries`` rows.
+
+The schema is checked by parallax_contracts.beacon. An error in the envelope (or an unknown
+version) rejects the body with 400; an error inside one entry rejects that entry only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
+from parallax_contracts import beacon
+from parallax_contracts.routes import route_template
+from parallax_contracts.trace_context import is_valid_span_id, is_valid_trace_id
+
+_ENTRY_ERR = re.compile(r"^entries/(\d+)(/|:)")
+_MAX_DURATION_MS = MAX_DURATION_NS / 1e6
+_TIMES = (
+    "request_start_ms",
+    "response_start_ms",
+    "response_end_ms",
+    "first_chunk_ms",
+    "rendered_ms",
+)
+
+
+def load(body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"malformed JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadRequestError("beacon must be a JSON object")
+    if doc.get("v") != beacon.VERSION:
+        raise BadRequestError(f"unknown beacon version {doc.get('v')!r} (this collector reads v1)")
+    return doc
+
+
+def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
+    """Rows for browser_entries (column order of schema.ENTRY_COLUMNS)."""
+    bad_entries: dict[int, str] = {}
+    for err in beacon.errors(doc):
+        m = _ENTRY_ERR.match(err)
+        if m is None:
+            raise BadRequestError(f"invalid beacon: {err}"[:300])
+        bad_entries.setdefault(int(m.group(1)), "schema")
+    out = Parsed()
+    origin = float(doc["time_origin"])
+    received_ms = received_ns // 1_000_000
+    drift = doc.get("clock_drift_ms")
+    common = (
+        str(doc["site"]),
+        str(doc["session"]),
+        str(doc.get("page") or ""),
+    )
+    sdk = str(doc.get("sdk") or "")
+    oldest_ms, newest_ms = oldest_ns / 1e6, (now_ns + FUTURE_SLACK_NS) / 1e6
+    for i, e in enumerate(doc["entries"]):
+        reason = bad_entries.get(i) or _check(e, origin, oldest_ms, newest_ms)
+        if reason:
+            out.rejected[reason] += 1
+            continue
+        start = float(e["start_ms"])
+        url = str(e.get("url") or "")
+        chunk_ms = [float(x) for x in e.get("chunk_ms") or []]
+        st = e.get("server_timing")
+        out.rows.append(
+            (
+                round((origin + start) * 1000),  # DateTime64(6): µs ticks
+                received_ms,
+                *common,
+                e["trace_id"],
+                e["span_id"],
+                e["kind"],
+                int(e.get("seq") or 0),
+                str(e.get("method") or ""),
+                url,
+                route_template(urlparse(url).path or "/") if url else "",
+                e.get("status"),
+                origin,
+                start,
+                _f(e.get("request_start_ms")),
+                _f(e.get("response_start_ms")),
+                _f(e.get("response_end_ms")),
+                _f(e.get("dns_ms")),
+                _f(e.get("connect_ms")),
+                _f(e.get("tls_ms")),
+                _f(e.get("first_chunk_ms")),
+                chunk_ms,
+                e.get("chunks"),
+                _f(e.get("rendered_ms")),
+                bool(e.get("coarse")),
+                bool(e.get("chunks_coarse")),
+                bool(e.get("hidden")),
+                e.get("transfer_size"),
+                str(e.get("protocol") or ""),
+                json.dumps(st, separators=(",", ":")) if st else "",
+                str(e.get("error") or ""),
+                _f(drift),
+                sdk,
+            )
+        )
+        out.trace_ids.append(e["trace_id"])
+    return out
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def _check(e: dict[str, Any], origin: float, oldest_ms: float, newest_ms: float) -> str:
+    """'' for a good entry, else the reject reason (one word)."""
+    if not is_valid_trace_id(e["trace_id"]):
+        return "invalid_trace_id"
+    if not is_valid_span_id(e["span_id"]):
+        return "invalid_span_id"
+    start = float(e["start_ms"])
+    t0 = e.get("request_start_ms", start)
+    for k in _TIMES:
+        v = e.get(k)
+        if v is None:
+            continue
+        if v < t0 and k != "request_start_ms":
+            return "negative_duration"
+        if v - start > _MAX_DURATION_MS:
+            return "duration_over_24h"
+    chunks = e.get("chunk_ms") or []
+    if any(b < a for a, b in itertools.pairwise(chunks)):
+        return "negative_duration"
+    if chunks and chunks[-1] - start > _MAX_DURATION_MS:
+        return "duration_over_24h"
+    abs_ms = origin + start
+    if abs_ms < oldest_ms:
+        return "older_than_retention"
+    if abs_ms > newest_ms:
+        return "in_future"
+    return ""

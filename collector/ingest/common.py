@@ -1,0 +1,28 @@
+"""What both ingest paths share: the parse result and the limits on a single record."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_DURATION_NS = 24 * 3600 * 10**9  # a record longer than a day is a bug upstream
+FUTURE_SLACK_NS = 24 * 3600 * 10**9  # clocks may be off, but not by a day
+
+
+class BadRequestError(Exception):
+    """The whole body is unusable: answered 400 with this one-line reason."""
+
+
+@dataclass(slots=True)
+class Parsed:
+    """Rows in table column order, the trace ids they touch, and per-reason reject counts."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    trace_ids: list[str] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+    ignored: int = 0  # well-formed records we do not store (e.g. non-SERVER spans)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())

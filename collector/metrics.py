@@ -1,0 +1,74 @@
+"""The collector's Prometheus metrics (served on the query port at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from collector.pipeline import Hooks
+
+_P = "parallax_collector_"
+
+
+class Metrics(Hooks):
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.received = Counter(
+            _P + "rows_received", "Records received, before validation", ["source"], registry=r
+        )
+        self.rows_written = Counter(
+            _P + "rows_written", "Rows written to the store", ["source"], registry=r
+        )
+        self.rejected = Counter(
+            _P + "rows_rejected", "Records rejected, by reason", ["source", "reason"], registry=r
+        )
+        self.ignored = Counter(
+            _P + "spans_ignored", "Well-formed spans not stored (not SpanKind SERVER)", registry=r
+        )
+        self.requests_refused = Counter(
+            _P + "requests_refused",
+            "Whole requests refused, by endpoint and HTTP status",
+            ["endpoint", "code"],
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            _P + "batch_rows",
+            "Rows per insert",
+            ["source"],
+            buckets=(1, 10, 100, 1000, 5000, 10000, 20000, 50000, 100000),
+            registry=r,
+        )
+        self.write_seconds = Histogram(
+            _P + "write_seconds",
+            "Latency of one insert",
+            ["source"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.store_errors = Counter(_P + "store_errors", "Failed store writes", registry=r)
+        self.queue_rows = Gauge(_P + "queue_rows", "Accepted rows not yet written", registry=r)
+        self.queue_segments = Gauge(
+            _P + "queue_segments", "Spool segments not yet written", registry=r
+        )
+        self.spool_bytes = Gauge(_P + "spool_bytes", "Bytes in the on-disk spool", registry=r)
+        self.pairs_written = Counter(
+            _P + "pairs_written", "Pair rows written (new or updated)", registry=r
+        )
+        self.pairing_seconds = Histogram(
+            _P + "pairing_seconds", "Latency of one pairing round", registry=r
+        )
+        self.coverage = Gauge(
+            _P + "pairing_coverage",
+            "Share of server spans with a browser entry (side=spans) and of browser entries "
+            "with a server span (side=entries), per route, over the pairing look-back",
+            ["route", "side"],
+            registry=r,
+        )
+
+    # Pipeline hooks
+    def written(self, source: str, rows: int, seconds: float) -> None:
+        self.rows_written.labels(source).inc(rows)
+        self.batch_rows.labels(source).observe(rows)
+        self.write_seconds.labels(source).observe(seconds)
+
+    def store_error(self, error: BaseException) -> None:
+        self.store_errors.inc()

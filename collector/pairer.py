@@ -1,0 +1,230 @@
+"""Fills the ``pairs`` table as the second side of a pair reaches the store.
+
+Each trace id written by the pipeline is marked; a background round reads both sides of the
+marked traces (bounded look-back, bloom-filter lookups by trace id), pairs them with
+collector.pairing and writes the pairs that are new or changed. A trace with one side only
+is looked at once more ``recheck_s`` later (the other side may be in flight through another
+collector). A late beacon pairs when it is written: its trace id is marked like any other.
+At start, browser entries of the look-back window without a pair are marked again (pairs a
+crash interrupted).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from collector.metrics import Metrics
+from collector.pairing import pair_row
+from collector.store import schema
+from collector.store.client import Store
+
+log = logging.getLogger("parallax.collector")
+
+SPAN_SELECT = """
+SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) AS end_ns,
+       trace_id, span_id, parent_span_id, span_name, source, service, host, pid, method,
+       route, path, status, server_address, server_port, client_address, client_port,
+       toUnixTimestamp64Nano(arrival) AS arrival_ns, ttfb_us, recv_queue_us,
+       accept_queue_us, ttft_us, duration_us, chunk_offsets_us, chunks, chunk_gap_max_us,
+       bytes_in, bytes_out, srtt_us, retransmits, ws_seq, partial, client_aborted,
+       traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms
+FROM {db}.server_spans
+"""
+ENTRY_SELECT = """
+SELECT toUnixTimestamp64Micro(time) AS time_us, toUnixTimestamp64Milli(received)
+       AS received_unix_ms, site, session, page, trace_id, span_id, kind, seq, method,
+       url, route, status, time_origin_ms, start_ms, request_start_ms, response_start_ms,
+       response_end_ms, dns_ms, connect_ms, tls_ms, first_chunk_ms, chunk_ms, chunks,
+       rendered_ms, coarse, chunks_coarse, hidden, transfer_size, protocol, error,
+       clock_drift_ms, sdk
+FROM {db}.browser_entries
+"""
+_PAIR_NAMES = schema.column_names(schema.PAIR_COLUMNS)
+_UNVERSIONED = [n for n in _PAIR_NAMES if n not in ("version", "paired_at")]
+
+
+def read_traces(
+    store: Store, trace_ids: list[str], lookback_s: int | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(spans, entries) of these traces; ``lookback_s`` None = any age."""
+    db = store.database
+    where = "WHERE trace_id IN {ids:Array(String)}"
+    params: dict[str, Any] = {"ids": trace_ids}
+    if lookback_s is not None:
+        where += " AND time >= now64() - toIntervalSecond({lb:UInt32})"
+        params["lb"] = lookback_s
+    spans = store.rows(SPAN_SELECT.format(db=db) + where, params)
+    entries = store.rows(ENTRY_SELECT.format(db=db) + where, params)
+    # Client retries may have left copies that a merge has not collapsed yet.
+    spans = list({(s["trace_id"], s["span_id"]): s for s in spans}.values())
+    entries = list({(e["trace_id"], e["span_id"], e["seq"]): e for e in entries}.values())
+    return spans, entries
+
+
+def pairs_for(
+    spans: list[dict[str, Any]], entries: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """(pair rows, trace ids with one side missing)."""
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_trace.setdefault(s["trace_id"], []).append(s)
+    one_sided = set(by_trace)
+    out = []
+    version = time.time_ns()
+    for e in entries:
+        row = pair_row(e, by_trace.get(e["trace_id"], []), version)
+        if row is None:
+            one_sided.add(e["trace_id"])
+        else:
+            one_sided.discard(e["trace_id"])
+            out.append(row)
+    return out, one_sided
+
+
+class Pairer:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        lookback_s: int = 900,
+        recheck_s: float = 5.0,
+        interval_s: float = 0.5,
+        max_batch: int = 2000,
+        coverage_interval_s: float = 30.0,
+    ):
+        self.store = store
+        self.metrics = metrics
+        self.lookback_s = lookback_s
+        self.recheck_s = recheck_s
+        self.interval_s = interval_s
+        self.max_batch = max_batch
+        self.coverage_interval_s = coverage_interval_s
+        self._lock = threading.Lock()
+        self._due: OrderedDict[str, tuple[float, int]] = OrderedDict()  # id → (due, attempt)
+        self._written: OrderedDict[tuple[str, str, int], int] = OrderedDict()  # key → hash
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+
+    def mark(self, trace_ids: Iterable[str], delay_s: float = 0.0, attempt: int = 0) -> None:
+        due = time.monotonic() + delay_s
+        with self._lock:
+            for t in trace_ids:
+                if t not in self._due:
+                    self._due[t] = (due, attempt)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="parallax-pairer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5.0)
+
+    def sweep(self) -> int:
+        """Mark the look-back window's unpaired browser entries (after a restart)."""
+        db = self.store.database
+        rows = self.store.query(
+            f"SELECT DISTINCT trace_id FROM {db}.browser_entries "  # noqa: S608 — checked db
+            "WHERE time >= now64() - toIntervalSecond({lb:UInt32}) "
+            f"AND (trace_id, span_id, seq) NOT IN (SELECT trace_id, span_id, seq FROM "
+            f"{db}.pairs WHERE time >= now64() - toIntervalSecond({{lb:UInt32}}) - 3600) "
+            "LIMIT 100000",
+            {"lb": self.lookback_s},
+        ).result_rows
+        self.mark(r[0] for r in rows)
+        return len(rows)
+
+    def _take_due(self) -> list[tuple[str, int]]:
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            for t, (due, attempt) in list(self._due.items()):
+                if due <= now:
+                    out.append((t, attempt))
+                    del self._due[t]
+                    if len(out) >= self.max_batch:
+                        break
+        return out
+
+    def _run(self) -> None:
+        next_cov = time.monotonic() + 2.0
+        while not self._stop.wait(self.interval_s):
+            try:
+                while (batch := self._take_due()) and not self._stop.is_set():
+                    self.pair_round(batch)
+                if time.monotonic() >= next_cov:
+                    next_cov = time.monotonic() + self.coverage_interval_s
+                    self.update_coverage()
+            except Exception as e:  # noqa: BLE001 — store trouble: the ids are re-marked
+                log.warning("pairing round failed: %s", str(e).splitlines()[0][:200])
+                self.store.reset()
+
+    def pair_round(self, batch: list[tuple[str, int]]) -> int:
+        t = time.perf_counter()
+        ids = [b[0] for b in batch]
+        try:
+            spans, entries = read_traces(self.store, ids, self.lookback_s)
+            rows, one_sided = pairs_for(spans, entries)
+            fresh = self._changed(rows)
+            if fresh:
+                cols = [[r[n] for r in fresh] for n in _PAIR_NAMES]
+                self.store.insert(schema.PAIRS, cols, _PAIR_NAMES)
+                self._remember(fresh)
+                self.metrics.pairs_written.inc(len(fresh))
+        except Exception:
+            self.mark(ids, delay_s=self.recheck_s)
+            raise
+        attempts = dict(batch)
+        self.mark(
+            (i for i in one_sided if attempts.get(i, 1) == 0), delay_s=self.recheck_s, attempt=1
+        )
+        self.rounds += 1
+        self.metrics.pairing_seconds.observe(time.perf_counter() - t)
+        return len(fresh)
+
+    @staticmethod
+    def _key(r: dict[str, Any]) -> tuple[str, str, int]:
+        return (r["trace_id"], r["span_id"], r["seq"])
+
+    @staticmethod
+    def _hash(r: dict[str, Any]) -> int:
+        return hash(tuple(repr(r[n]) for n in _UNVERSIONED))
+
+    def _changed(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if self._written.get(self._key(r)) != self._hash(r)]
+
+    def _remember(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            self._written[self._key(r)] = self._hash(r)
+        while len(self._written) > 200_000:
+            self._written.popitem(last=False)
+
+    def update_coverage(self) -> None:
+        db = self.store.database
+        lb = {"lb": self.lookback_s}
+        spans = self.store.query(
+            f"SELECT route, count(), countIf(span_id IN (SELECT arrayJoin(hop_span_ids) "  # noqa: S608
+            f"FROM {db}.pairs FINAL WHERE time >= now64() - toIntervalSecond({{lb:UInt32}}) "
+            f"- 3600)) FROM {db}.server_spans FINAL WHERE parent_span_id != '' AND "
+            "time >= now64() - toIntervalSecond({lb:UInt32}) GROUP BY route LIMIT 1000",
+            lb,
+        ).result_rows
+        entries = self.store.query(
+            f"SELECT route, count(), countIf((trace_id, span_id, seq) IN (SELECT trace_id, "  # noqa: S608
+            f"span_id, seq FROM {db}.pairs FINAL WHERE time >= now64() - "
+            f"toIntervalSecond({{lb:UInt32}}) - 3600)) FROM {db}.browser_entries FINAL "
+            "WHERE time >= now64() - toIntervalSecond({lb:UInt32}) GROUP BY route LIMIT 1000",
+            lb,
+        ).result_rows
+        self.metrics.coverage.clear()
+        for side, rows in (("spans", spans), ("entries", entries)):
+            for route, n, paired in rows:
+                if n:
+                    self.metrics.coverage.labels(route, side).set(paired / n)

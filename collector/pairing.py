@@ -1,0 +1,190 @@
+"""Pairing one browser entry with its server hop(s), and the derived parts: pure functions.
+
+Rules (docs/collector.md):
+- the server spans of an entry are those whose parent is the browser span (same trace);
+  a WebSocket exchange (``seq`` > 0) pairs by trace id and sequence number instead;
+- an SDK span that duplicates an agent span of the same hop (same host, same port or one
+  unknown, overlapping in time) is folded into it: the agent's is kept, the other linked;
+- spans of one browser span that do not overlap in time are separate connections
+  (EventSource reconnects): the first is paired, the rest counted;
+- the remaining spans, ordered by arrival, are the hops: edge first, origin last.
+
+Spans and entries are dicts as the store returns them, with instants as integers:
+``time_ns``/``end_ns``/``arrival_ns`` for spans, ``time_origin_ms`` + relative ms for entries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from parallax_contracts.span_attributes import SOURCE_EBPF
+
+Span = dict[str, Any]
+Entry = dict[str, Any]
+
+
+def _overlap(a: Span, b: Span) -> bool:
+    return bool(a["time_ns"] <= b["end_ns"] and b["time_ns"] <= a["end_ns"])
+
+
+def _same_hop(agent: Span, other: Span) -> bool:
+    if agent["host"] and other["host"] and agent["host"] != other["host"]:
+        return False
+    pa, po = agent["server_port"], other["server_port"]
+    return (not pa or not po or pa == po) and _overlap(agent, other)
+
+
+def candidates(entry: Entry, spans: Sequence[Span]) -> list[Span]:
+    """The server spans that belong to this browser entry (same trace id assumed)."""
+    seq = entry.get("seq") or 0
+    if entry.get("kind") == "websocket" and seq > 0:
+        return [s for s in spans if s["ws_seq"] == seq]
+    return [s for s in spans if s["parent_span_id"] == entry["span_id"] and s["ws_seq"] == seq]
+
+
+def arrange(spans: Sequence[Span]) -> tuple[list[Span], list[str], int]:
+    """(hops in arrival order, linked SDK span ids, reconnects)."""
+    uniq = list({s["span_id"]: s for s in spans}.values())  # a retried span may be read twice
+    agents = [s for s in uniq if s["source"] == SOURCE_EBPF]
+    kept: list[Span] = []
+    dup_of: dict[str, Span] = {}
+    for s in uniq:
+        twin = next((a for a in agents if _same_hop(a, s)), None)
+        if s["source"] != SOURCE_EBPF and twin is not None:
+            dup_of[s["span_id"]] = twin
+        else:
+            kept.append(s)
+    kept.sort(key=lambda s: (s["time_ns"], s["span_id"]))
+    attempts: list[list[Span]] = []
+    end = -1
+    for s in kept:
+        if not attempts or s["time_ns"] > end:
+            attempts.append([s])
+            end = s["end_ns"]
+        else:
+            attempts[-1].append(s)
+            end = max(end, s["end_ns"])
+    if not attempts:
+        return [], [], 0
+    first = sorted(attempts[0], key=lambda s: (_arrival(s), s["time_ns"], s["span_id"]))
+    first_ids = {s["span_id"] for s in first}
+    # Links point at the paired connection's hops only.
+    linked = sorted(i for i, twin in dup_of.items() if twin["span_id"] in first_ids)
+    return first, linked, len(attempts) - 1
+
+
+def _arrival(s: Span) -> int:
+    """t_arr, or t1 (span start) for a span without the agent's arrival time."""
+    a = s.get("arrival_ns")
+    return int(a) if a else int(s["time_ns"])
+
+
+def _ttfb_us(s: Span) -> float:
+    """t2 − t1: the agent's value, else the span's duration (an SDK span's stand-in)."""
+    v = s.get("ttfb_us")
+    return float(v) if v is not None else float(s["duration_us"])
+
+
+def _t2_ns(s: Span) -> float:
+    return float(s["time_ns"]) + _ttfb_us(s) * 1000.0
+
+
+def _gaps(xs: Sequence[float], scale: float = 1.0) -> list[float]:
+    return [(b - a) * scale for a, b in itertools.pairwise(xs)]
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
+    """The derived parts of one exchange (all ms; None where not measurable)."""
+    t0, t3 = entry.get("request_start_ms"), entry.get("response_start_ms")
+    first, rendered = entry.get("first_chunk_ms"), entry.get("rendered_ms")
+    user_ttfb = _sub(t3, t0)
+    out: dict[str, Any] = {
+        "user_ttfb_ms": user_ttfb,
+        "user_ttft_ms": _sub(first, t0),
+        "user_visible_ttft_ms": _sub(rendered, t0),
+        "user_duration_ms": _sub(entry.get("response_end_ms"), t0),
+        "user_itl_ms": _gaps(entry.get("chunk_ms") or []),
+        "render_delay_ms": _sub(rendered, first),
+    }
+    if not hops:
+        return out
+    edge, origin = hops[0], hops[-1]
+    o_ttft = origin.get("ttft_us")
+    out.update(
+        server_ttfb_ms=_ttfb_us(origin) / 1000.0,
+        server_ttft_ms=None if o_ttft is None else o_ttft / 1000.0,
+        server_duration_ms=float(origin["duration_us"]) / 1000.0,
+        server_itl_ms=_gaps(origin.get("chunk_offsets_us") or [], 1e-3),
+        server_timed=origin.get("ttfb_us") is not None,
+        edge_itl_ms=_gaps(edge.get("chunk_offsets_us") or [], 1e-3),
+    )
+    # Time each hop adds: its (t2 − t_arr) minus the next hop's; the origin's whole.
+    spans_ms = [(_t2_ns(h) - _arrival(h)) / 1e6 for h in hops]
+    out["hop_added_ms"] = [
+        spans_ms[i] - spans_ms[i + 1] if i + 1 < len(hops) else spans_ms[i]
+        for i in range(len(hops))
+    ]
+    o_arr = origin.get("arrival_ns")
+    queue = (origin["time_ns"] - o_arr) / 1e6 if o_arr else None
+    rq = origin.get("recv_queue_us")
+    recv = None if rq is None else rq / 1000.0
+    out["queue_ms"] = queue
+    out["recv_queue_ms"] = recv
+    out["accept_queue_ms"] = None if queue is None or recv is None else max(0.0, queue - recv)
+    network = None if user_ttfb is None else user_ttfb - spans_ms[0]
+    out["network_ms"] = network
+    out["retransmits"] = edge.get("retransmits")
+    srtt = edge.get("srtt_us")
+    out["srtt_ms"] = None if srtt is None else srtt / 1000.0
+    theta = None
+    if t0 is not None and t3 is not None:
+        origin_ms = float(entry["time_origin_ms"])
+        t_arr_ms = _arrival(edge) / 1e6
+        t2_ms = _t2_ns(edge) / 1e6
+        theta = ((t_arr_ms - (origin_ms + t0)) + (t2_ms - (origin_ms + t3))) / 2.0
+    out["theta_ms"] = theta
+    out["theta_delay_ms"] = network if theta is not None else None
+    return out
+
+
+def pair_row(
+    entry: Entry, spans: Sequence[Span], version_ns: int | None = None
+) -> dict[str, Any] | None:
+    """The ``pairs`` row for ``entry`` (keys = schema.PAIR_COLUMNS), or None if no span."""
+    hops, linked, reconnects = arrange(candidates(entry, spans))
+    if not hops:
+        return None
+    d = derive(entry, hops)
+    origin = hops[-1]
+    now = version_ns or time.time_ns()
+    status = origin.get("status") or entry.get("status") or 0
+    return {
+        "time": entry["time_us"],
+        "version": now,
+        "paired_at": now // 1_000_000,
+        "site": entry["site"],
+        "session": entry["session"],
+        "service": origin["service"],
+        "route": origin["route"] or entry.get("route") or "",
+        "method": origin["method"] or entry.get("method") or "",
+        "status": int(status),
+        "kind": entry["kind"],
+        "trace_id": entry["trace_id"],
+        "span_id": entry["span_id"],
+        "seq": entry.get("seq") or 0,
+        "coarse": bool(entry.get("coarse")),
+        "chunks_coarse": bool(entry.get("chunks_coarse")),
+        "hops": len(hops),
+        "hop_span_ids": [h["span_id"] for h in hops],
+        "hop_services": [h["service"] for h in hops],
+        "linked_span_ids": linked,
+        "reconnects": reconnects,
+        **d,
+    }

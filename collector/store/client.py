@@ -1,0 +1,125 @@
+"""The store connection: one DSN, clickhouse-connect for every access (chDB or a server).
+
+chDB allows one engine path per process and clients on that path share it; a server wants
+one HTTP session per concurrent user. So each thread gets its own client (thread-local),
+which is right for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import clickhouse_connect
+
+from collector.store import schema
+
+DSN_ENV = "PARALLAX_STORE"
+
+
+def chdb_dsn(data_dir: Path) -> str:
+    return f"chdb://{(data_dir / 'chdb').resolve()}"
+
+
+def database_of(dsn: str) -> str:
+    """The DSN's database for a server (``http://h:8123/db``), else ``parallax``."""
+    u = urlparse(dsn)
+    if u.scheme in ("http", "https") and u.path.strip("/"):
+        return schema.check_database_name(unquote(u.path.strip("/").split("/")[0]))
+    return schema.DEFAULT_DATABASE
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for logs."""
+    u = urlparse(dsn)
+    if u.password:
+        netloc = f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else "")
+        return u._replace(netloc=netloc).geturl()
+    return dsn
+
+
+class Store:
+    """Thread-safe access to the store for one DSN (a client per thread)."""
+
+    def __init__(self, dsn: str, connect_timeout_s: float = 3.0, send_timeout_s: float = 30.0):
+        self.dsn = dsn
+        self.database = database_of(dsn)
+        self.is_embedded = dsn.startswith("chdb:")
+        self._timeouts = (connect_timeout_s, send_timeout_s)
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+        if self.is_embedded:
+            Path(urlparse(dsn).path).mkdir(parents=True, exist_ok=True)
+
+    def client(self) -> Any:
+        c = getattr(self._local, "client", None)
+        if c is None:
+            kw: dict[str, Any] = {}
+            if not self.is_embedded:
+                kw = {
+                    "connect_timeout": self._timeouts[0],
+                    "send_receive_timeout": self._timeouts[1],
+                    "autogenerate_session_id": False,
+                    "database": "default",
+                }
+            c = clickhouse_connect.get_client(dsn=self.dsn, **kw)
+            self._local.client = c
+            with self._lock:
+                self._all.append(c)
+        return c
+
+    def reset(self) -> None:
+        """Forget this thread's client (after a connection error, reconnect next time)."""
+        c = getattr(self._local, "client", None)
+        self._local.client = None
+        if c is not None:
+            with contextlib.suppress(Exception):  # a broken client may fail to close
+                c.close()
+
+    def migrate(self, retention_days: int) -> list[int]:
+        return schema.migrate(self.client(), self.database, retention_days)
+
+    def insert(
+        self,
+        table: str,
+        columns: Sequence[Sequence[Any]],
+        column_names: Sequence[str],
+        token: str | None = None,
+    ) -> None:
+        """Column-oriented insert; ``token`` makes a repeat of the same batch a no-op."""
+        settings = {"insert_deduplication_token": token} if token else None
+        self.client().insert(
+            f"{self.database}.{table}",
+            list(columns),
+            column_names=list(column_names),
+            column_oriented=True,
+            settings=settings,
+        )
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        return self.client().query(sql, parameters=parameters)
+
+    def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        r = self.query(sql, parameters)
+        names = r.column_names
+        return [dict(zip(names, row, strict=True)) for row in r.result_rows]
+
+    def ping(self) -> bool:
+        try:
+            self.query("SELECT 1")
+            return True
+        except Exception:  # noqa: BLE001 — any failure means "not ready"
+            self.reset()
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._all:
+                with contextlib.suppress(Exception):  # best effort at shutdown
+                    c.close()
+            self._all.clear()
