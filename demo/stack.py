@@ -8,6 +8,8 @@ the caller with its last log lines instead of hanging it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -21,6 +23,13 @@ from pathlib import Path
 from types import TracebackType
 
 VENV_BIN = Path(sys.executable).parent
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies, even by SIGKILL (a test timeout),
+    so no app, proxy or agent outlives the run that started it."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class StartError(RuntimeError):
@@ -98,13 +107,14 @@ class Stack:
     # -- generic ----------------------------------------------------------------------------
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.workdir / "logs" / f"{name}.log"
-        f = log.open("ab")
+        f = log.open("wb")  # a fresh log per start: readiness must not match an old run
         popen = subprocess.Popen(
             argv,
             stdout=f,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # Ctrl-C in the demo's terminal reaches only the demo
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 (one prctl call, no locks taken)
         )
         f.close()
         proc = Proc(name, popen, log)
@@ -200,3 +210,59 @@ class Stack:
         p = self.spawn("agent", [*argv, *extra])
         self.wait_http(p, f"http://127.0.0.1:{metrics}/readyz", timeout=120)
         return f"http://127.0.0.1:{metrics}"
+
+    def nginx(self, upstream_port: int, buffering: bool, name: str = "nginx") -> int:
+        """nginx (Debian's) as a reverse proxy in front of the app, on its own config;
+        ``buffering`` toggles ``proxy_buffering``, the classic way to break token streams.
+        It forwards ``traceparent`` unchanged, so the agent sees two hops with one parent."""
+        port = free_port()
+        d = self.workdir / name
+        (d / "tmp").mkdir(parents=True, exist_ok=True)
+        conf = d / "nginx.conf"
+        conf.write_text(
+            NGINX_CONF.format(
+                dir=d, port=port, upstream=upstream_port, buffering="on" if buffering else "off"
+            )
+        )
+        p = self.spawn(name, [NGINX, "-e", str(d / "error.log"), "-p", str(d), "-c", str(conf)])
+        self.wait_http(p, f"http://127.0.0.1:{port}/favicon.ico")
+        return port
+
+
+NGINX = "/usr/sbin/nginx"
+# Test/demo configuration only: workers run as root so they can use the private temp dirs.
+NGINX_CONF = """\
+user root;
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/tmp/body;
+    proxy_temp_path {dir}/tmp/proxy;
+    fastcgi_temp_path {dir}/tmp/fastcgi;
+    uwsgi_temp_path {dir}/tmp/uwsgi;
+    scgi_temp_path {dir}/tmp/scgi;
+    upstream app {{ server 127.0.0.1:{upstream}; keepalive 16; }}
+    map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            # With gzip on (as most sites have it), proxy_buffering on holds a token stream
+            # until gzip's buffers fill or it ends; off flushes each upstream read at once.
+            proxy_buffering {buffering};
+            gzip on;
+            gzip_types text/event-stream text/plain application/json;
+            gzip_min_length 0;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
