@@ -630,7 +630,9 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         px_count(C_CONNS);
         return 0;
     }
-    if (ns == TCP_CLOSE_WAIT) {
+    // The peer is gone: its FIN (CLOSE_WAIT), or its RST while established (a client that
+    // closes with unread data resets the connection instead of sending a FIN).
+    if (ns == TCP_CLOSE_WAIT || (ns == TCP_CLOSE && os == TCP_ESTABLISHED)) {
         struct px_conn *c = px_conns.lookup(&sk);
         if (!c)
             return 0;

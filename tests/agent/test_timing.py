@@ -7,6 +7,7 @@ read returned and before each write; the agent's figures must agree within 1 ms.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -138,7 +139,7 @@ def _get(path: str, tp: str | None = None, extra: str = "") -> bytes:
 
 
 def _gaps(xs: list[int]) -> list[int]:
-    return [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(xs)]
 
 
 def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
@@ -192,7 +193,8 @@ def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
         http_request(port, _get("/plain?n=300", a.header()), sock=c)
         http_request(port, _get("/stream?n=5&gap_ms=30", b.header()), sock=c)
     for ctx, path in ((a, "/plain"), (b, "/stream")):
-        [r] = agent.wait_for(lambda r, c=ctx: r["trace_id"] == c.trace_id)
+        tid = ctx.trace_id
+        [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
         assert r["path"] == path and r["service"] == "node"
         srv = _server_rec(s.logs["node"], lambda x, c=ctx: x["traceparent"] == c.header())
         writes = srv["t_writes_ns"]

@@ -64,9 +64,10 @@ class Handler(BaseHTTPRequestHandler):
         for k, v in headers:
             self.send_header(k, v)
         # one write for the whole head, timed like the body writes
-        self._headers_buffer.append(b"\r\n")
-        data = b"".join(self._headers_buffer)
-        self._headers_buffer = []
+        buffered: list[bytes] = self._headers_buffer  # type: ignore[has-type]
+        buffered.append(b"\r\n")
+        data = b"".join(buffered)
+        self._headers_buffer: list[bytes] = []
         self._write(data)
 
     def do_any(self) -> None:
@@ -112,7 +113,7 @@ class Server(socketserver.ThreadingMixIn, HTTPServer):
 
 
 def main() -> None:
-    global LOG, ACCEPT_DELAY_S
+    global LOG, ACCEPT_DELAY_S  # noqa: PLW0603  (a test server: module state is simplest)
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--timing-log", required=True)
@@ -126,4 +127,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,0 +1,147 @@
+"""The HTTP/1.x cutter and head parser, without a kernel (pure Python)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent import httphead
+from agent.events import WAGG_END
+from agent.httpcut import Conn, Exchange
+from parallax_contracts import trace_context
+
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _req(method: str, path: str, tp: str | None = None, body: bytes = b"") -> bytes:
+    h = f"{method} {path} HTTP/1.1\r\nHost: x\r\nCookie: secret=1\r\n"
+    if tp:
+        h += f"traceparent: {tp}\r\n"
+    if body:
+        h += f"Content-Length: {len(body)}\r\n"
+    return h.encode() + b"\r\n" + body
+
+
+def _resp(body: bytes = b"ok") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+def _key(ex: Exchange) -> tuple[object, ...]:
+    tp = ex.traceparent.header() if ex.traceparent else None
+    return (ex.method, ex.path, tp, ex.status, ex.bytes_in, ex.bytes_out, ex.chunks)
+
+
+requests = st.lists(
+    st.tuples(
+        st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+        st.from_regex(r"/[a-z0-9/]{0,20}", fullmatch=True),
+        st.one_of(st.none(), st.just(TP), st.just("00-" + "0" * 32 + "-" + "1" * 16 + "-01")),
+        st.binary(max_size=300),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _run(stream: bytes, cuts: list[int], n_req: int, bodies: list[bytes]) -> list[Exchange]:
+    c = Conn(window=4096)
+    out: list[Exchange] = []
+    pos, t = 0, 1000
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        if cut <= pos:
+            continue
+        out += c.on_read(t, cut - pos, stream[pos:cut])
+        pos, t = cut, t + 10
+    for b in bodies[:n_req]:
+        r = _resp(b)
+        out += c.on_resp(t, len(r), r)
+        t += 10
+    out += c.on_close(t)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, st.lists(st.integers(min_value=0, max_value=4000), max_size=12))
+def test_any_split_of_a_pipelined_stream_gives_the_same_records(
+    reqs: list[tuple[str, str, str | None, bytes]], cuts: list[int]
+) -> None:
+    stream = b"".join(_req(m, p, tp, b) for m, p, tp, b in reqs)
+    bodies = [b"resp%d" % i for i in range(len(reqs))]
+    whole = _run(stream, [], len(reqs), bodies)
+    split = _run(stream, [c % (len(stream) + 1) for c in cuts], len(reqs), bodies)
+    assert [_key(e) for e in split] == [_key(e) for e in whole]
+    assert [e.path for e in whole] == [p for _, p, _, _ in reqs]
+    for e, (_, _, tp, _) in zip(whole, reqs, strict=True):
+        # an all-zero traceparent is invalid: no parent, a fresh trace later
+        assert (e.traceparent is not None) == (tp == TP)
+
+
+def test_query_dropped_but_traceparent_param_read() -> None:
+    h = httphead.parse_request(
+        f"GET /v1/stream?q=secret&traceparent={TP} HTTP/1.1\r\n\r\n".encode()
+    )
+    assert h is not None and h.path == "/v1/stream"
+    assert h.traceparent == trace_context.parse(TP)
+
+
+def test_chunked_stream_and_keepalive_after_it() -> None:
+    c = Conn()
+    r1 = _req("GET", "/s")
+    assert c.on_read(100, len(r1), r1) == []
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert c.on_resp(200, len(head), head) == []
+    out = c.on_writes(600, [300, 400, 500], 3, 40, 100, 0)
+    assert out == []
+    out = c.on_writes(700, [], 0, 5, 0, WAGG_END)  # the pure terminator write
+    assert len(out) == 1 and out[0].chunks == 3 and out[0].t_tok == 300 and out[0].t_end == 700
+    r2 = _req("GET", "/next")
+    c.on_read(800, len(r2), r2)
+    resp = _resp()
+    [e] = c.on_resp(900, len(resp), resp)
+    assert e.path == "/next" and e.t2 == 900 and e.t_tok == 900
+
+
+def test_head_beyond_window_counts_traceparent_missed() -> None:
+    c = Conn(window=256)
+    raw = b"GET /big HTTP/1.1\r\nX-Pad: " + b"a" * 400 + f"\r\ntraceparent: {TP}\r\n\r\n".encode()
+    c.on_read(100, len(raw), raw[:256])  # the kernel captured the first 256 bytes
+    resp = _resp()
+    [e] = c.on_resp(200, len(resp), resp)
+    assert e.path == "/big" and e.traceparent is None and e.traceparent_missed
+    assert c.stats.head_too_large == 1
+
+
+def test_garbage_and_tls_make_no_record() -> None:
+    for junk in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"\x00" * 64, b"SSH-2.0-x\r\n"):
+        c = Conn()
+        assert c.on_read(1, len(junk), junk) == []
+        resp = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+        assert c.on_resp(2, len(resp), resp) == []
+        assert c.on_close(3) == []
+        assert c.stats.unparsed == 1
+
+
+def test_disconnect_mid_stream_ends_the_record_as_aborted() -> None:
+    c = Conn()
+    r = _req("GET", "/s")
+    c.on_read(1, len(r), r)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    c.on_resp(2, len(head), head)
+    c.on_writes(5, [3, 4, 5], 3, 30, 1, 0)
+    c.on_peer_fin(6)
+    [e] = c.on_close(7)
+    assert e.client_aborted and e.chunks == 3
+
+
+def test_partial_record_at_stream_limit_then_final() -> None:
+    from agent.events import WAGG_PARTIAL
+
+    c = Conn()
+    r = _req("GET", "/long")
+    c.on_read(1, len(r), r)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    c.on_resp(2, len(head), head)
+    [p] = c.on_writes(60, [10, 60], 2, 20, 50, WAGG_PARTIAL)
+    assert p.partial and p.chunks == 2
+    [f] = c.on_writes(90, [80], 1, 10, 20, WAGG_END)
+    assert not f.partial and f.chunks == 3 and f.t_end == 90
