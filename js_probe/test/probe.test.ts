@@ -1,0 +1,177 @@
+// The instrumentation itself, in Node (which has fetch, streams and Resource Timing), against
+// a real HTTP server that streams chunks at a known pace.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { begin, cfg, live, onResource, type Entry } from "../src/core";
+import { hookFetch, type Policy } from "../src/instrument";
+import { session, resetSession } from "../src/session";
+import { generateTraceContext, parseTraceparent } from "../src/traceContext";
+import { beaconErrors } from "./schema";
+
+const GAP_MS = 40;
+const CHUNKS = 6;
+const seen: Record<string, string | undefined>[] = [];
+let server: http.Server;
+let origin = "";
+let other = ""; // a second origin: same server, other host name
+const emitted: Entry[] = [];
+const w = { fetch: globalThis.fetch } as typeof globalThis & Record<string, unknown>;
+let obs: PerformanceObserver;
+
+before(async () => {
+  server = http.createServer((req, res) => {
+    seen.push({ url: req.url, traceparent: req.headers.traceparent as string | undefined });
+    if (req.url?.startsWith("/boom")) {
+      res.writeHead(200, { "content-type": "text/plain" });
+      res.write("partial ");
+      setTimeout(() => res.destroy(), 30);
+      return;
+    }
+    res.writeHead(200, { "content-type": "text/plain", "server-timing": "app;dur=12.5" });
+    let i = 0;
+    const next = (): void => {
+      if (i === CHUNKS) return void res.end();
+      res.write(`tok${i++} `);
+      setTimeout(next, GAP_MS);
+    };
+    setTimeout(next, 20);
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const port = (server.address() as AddressInfo).port;
+  origin = `http://127.0.0.1:${port}`;
+  other = `http://localhost:${port}`;
+  const policy: Policy = {
+    ctx: (had) => ({ tc: parseTraceparent(had) || generateTraceContext(true), record: true }),
+    allowed: (u) => u.origin === origin,
+  };
+  cfg.sink = (e) => emitted.push(e);
+  hookFetch(w, policy, () => origin + "/page");
+  obs = new PerformanceObserver(onResource);
+  obs.observe({ type: "resource" });
+});
+
+after(() => {
+  obs.disconnect();
+  server.close();
+});
+
+const f = (u: string, init?: RequestInit) => (w.fetch as typeof fetch)(u, init);
+async function waitFor<T>(get: () => T | undefined, ms = 4000): Promise<T> {
+  const t0 = Date.now();
+  for (;;) {
+    const v = get();
+    if (v !== undefined) return v;
+    if (Date.now() - t0 > ms) throw new Error("timed out");
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+const entryFor = (traceId: string) => waitFor(() => emitted.find((e) => e.trace_id === traceId));
+const wire = (path: string) => seen.filter((s) => s.url === path).map((s) => s.traceparent);
+
+test("same-origin stream: header on the wire, body unchanged, chunk gaps follow the server", async () => {
+  const res = await f(`${origin}/s1`, { method: "POST", body: "q" });
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+  let text = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    text += Buffer.from(value).toString();
+  }
+  assert.equal(text, Array.from({ length: CHUNKS }, (_, i) => `tok${i} `).join(""));
+  const tp = parseTraceparent(wire("/s1")[0]);
+  assert.ok(tp, "traceparent on the wire");
+  const e = await entryFor(tp.traceId);
+  assert.equal(e.span_id, tp.spanId);
+  assert.equal(e.method, "POST");
+  assert.equal(e.url, `${origin}/s1`);
+  assert.equal(e.chunks, CHUNKS);
+  const gaps = (e.chunk_ms as number[]).slice(1).map((t, i) => t - (e.chunk_ms as number[])[i]!);
+  for (const g of gaps) assert.ok(Math.abs(g - GAP_MS) < 25, `gap ${g}`);
+  assert.ok(e.request_start_ms !== undefined && e.response_start_ms !== undefined);
+  assert.ok((e.first_chunk_ms as number) >= (e.response_start_ms as number));
+  assert.ok(!e.coarse, "Resource Timing matched (Node's has no serverTiming: Chromium tests check it)");
+  assert.deepEqual(beaconErrors({ v: 1, site: "t", session: "sess_0123456789", time_origin: performance.timeOrigin, entries: [e] }), []);
+});
+
+test("an existing traceparent is kept and reported", async () => {
+  const mine = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const res = await f(`${origin}/s2`, { headers: { traceparent: mine } });
+  await res.text();
+  assert.deepEqual(wire("/s2"), [mine]);
+  const e = await entryFor("4bf92f3577b34da6a3ce929d0e0e4736");
+  assert.equal(e.span_id, "00f067aa0ba902b7");
+});
+
+test("cross-origin not in propagateTo: no header, no entry", async () => {
+  const res = await f(`${other}/s3`);
+  await res.text();
+  assert.deepEqual(wire("/s3"), [undefined]);
+});
+
+test("several requests to one URL in flight are matched to their own timings", async () => {
+  const rs = await Promise.all([0, 1, 2].map(() => f(`${origin}/same`)));
+  await Promise.all(rs.map((r) => r.text()));
+  const ids = wire("/same").map((t) => parseTraceparent(t)?.traceId as string);
+  assert.equal(new Set(ids).size, 3);
+  const es = await Promise.all(ids.map(entryFor));
+  for (const e of es) {
+    assert.ok(!e.coarse, "each got a Resource Timing entry");
+    assert.ok((e.request_start_ms as number) >= e.start_ms - 2);
+  }
+});
+
+test("a stream that fails: the app's read rejects with the original error; entry says network", async () => {
+  const res = await f(`${origin}/boom`);
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+  await reader.read();
+  await assert.rejects(reader.read(), (err: Error) => err instanceof TypeError);
+  const tp = parseTraceparent(wire("/boom")[0]) as { traceId: string };
+  const e = await entryFor(tp.traceId);
+  assert.equal(e.error, "network");
+});
+
+test("a fetch that cannot connect rejects exactly as without the probe", async () => {
+  const dead = `${origin.replace(/:\d+$/, "")}:1/x`;
+  const a = await (w.fetch as typeof fetch)(dead).catch((e: unknown) => e);
+  const b = await globalThis.fetch(dead).catch((e: unknown) => e);
+  assert.equal((a as Error).constructor, (b as Error).constructor);
+  assert.equal((a as Error).message, (b as Error).message);
+});
+
+test("Resource Timing: the latest request started before the entry wins", () => {
+  const tc = () => generateTraceContext(true);
+  const url = new URL("https://api.example/v1/chat");
+  const recs = [0, 1, 2].map(() => begin("fetch", url, tc(), "POST", url.href));
+  recs.forEach((r, i) => {
+    r.e.start_ms = 100 + i * 10;
+    r.b = true; // still streaming: matched but not ended
+  });
+  const fake = (startTime: number) =>
+    ({ getEntries: () => [{ name: url.href, startTime, requestStart: startTime + 1 } as unknown as PerformanceResourceTiming] }) as unknown as PerformanceObserverEntryList;
+  onResource(fake(120.5)); // the third request's entry arrives first (it ended first)
+  onResource(fake(100.2));
+  onResource(fake(110.1));
+  assert.deepEqual(recs.map((r) => r.t?.startTime), [100.2, 110.1, 120.5]);
+  for (const r of recs) live.delete(r);
+});
+
+test("session: sampling decided once per session, rotated after inactivity", () => {
+  resetSession();
+  const t0 = 1_700_000_000_000;
+  const a = session(1, 60_000, t0);
+  assert.equal(session(1, 60_000, t0 + 30_000).id, a.id);
+  assert.equal(session(1, 60_000, t0 + 80_000).id, a.id, "activity at +30 s kept it alive");
+  const b = session(1, 60_000, t0 + 200_000);
+  assert.notEqual(b.id, a.id, "rotated after 120 s idle");
+  assert.match(b.id, /^[A-Za-z0-9_-]{8,64}$/);
+  resetSession();
+  assert.equal(session(0, 60_000, t0).sampled, false);
+  let n = 0;
+  for (let i = 0; i < 2000; i++) {
+    resetSession();
+    if (session(0.25, 60_000, t0).sampled) n++;
+  }
+  assert.ok(n > 380 && n < 620, `${n}/2000 sampled at 0.25`);
+});
