@@ -1,0 +1,114 @@
+"""``parallax-collector sla --once``: one evaluation now, printed; exit 0/1/2.
+
+Exit 0 when no route is ``out_of_band``, 1 when any is, 2 on error (one line on stderr).
+``--json`` prints the document of docs/sla.md (the same as ``GET /v1/sla``). ``for`` does
+not apply to a single evaluation; the alert state stored by the running evaluator is shown
+beside each verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from collector.sla.config import ConfigError, SlaConfig, load, parse_duration
+
+
+def add_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sla",
+        help="evaluate the user-vs-server SLA now and print the verdicts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--once", action="store_true", help="evaluate once and exit (required)")
+    p.add_argument("--json", action="store_true", help="print the JSON document")
+    p.add_argument("--window", default=None, help="window, e.g. 5m (default: config, else 5m)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--store", default=None, help="store DSN (chdb:///path or http(s)://…)")
+    g.add_argument("--data-dir", default=None, help="a stopped collector's data directory")
+    p.add_argument("--config", default=None, help="SLA config file (YAML or TOML)")
+    p.set_defaults(func=run)
+
+
+def _text(doc: dict[str, Any]) -> str:
+    lines = [f"window {doc['window']['start']} … {doc['window']['end']}"]
+    for r in doc["routes"]:
+        lines.append(f"{r['route']} ({r['service']}): {r['verdict']}")
+        for name, m in r["metrics"].items():
+            div = "?" if m["divergence_ms"] is None else f"{m['divergence_ms']:+.1f} ms"
+            lo = "−∞" if m["ci_low_ms"] is None else f"{m['ci_low_ms']:+.1f}"
+            hi = "+∞" if m["ci_high_ms"] is None else f"{m['ci_high_ms']:+.1f}"
+            lines.append(
+                f"  {name:<13} {m['verdict']:<17} {div:>11}  CI {lo}…{hi}  n={m['n']}  "
+                f"alert {m['alert_state']}"
+            )
+            if m["verdict"] == "out_of_band":
+                lines.append(f"    {m['sentence']}")
+    if not doc["routes"]:
+        lines.append("no paired requests in the window")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here: the store stack is heavy and `--help` should stay fast
+    from collector.sla import alerts as alerts_mod  # noqa: PLC0415
+    from collector.sla.evaluate import evaluate  # noqa: PLC0415
+    from collector.sla.service import utcnow  # noqa: PLC0415
+    from collector.sla.source import SlaSource  # noqa: PLC0415
+    from collector.store.client import DSN_ENV, Store, chdb_dsn  # noqa: PLC0415
+
+    if not args.once:
+        print("sla: only --once is supported here; `serve` runs the evaluator", file=sys.stderr)
+        return 2
+    try:
+        cfg = load(args.config) if args.config else SlaConfig()
+        window = (
+            timedelta(seconds=parse_duration(args.window, "--window"))
+            if args.window
+            else timedelta(seconds=cfg.window_s)
+        )
+    except ConfigError as e:
+        print(f"sla: {e}", file=sys.stderr)
+        return 2
+    import os  # noqa: PLC0415
+
+    if args.store:
+        dsn = args.store
+    elif args.data_dir:
+        d = Path(args.data_dir)
+        if not d.is_dir():
+            print(f"sla: {d}: no such directory", file=sys.stderr)
+            return 2
+        dsn = chdb_dsn(d)
+    else:
+        dsn = os.environ.get(DSN_ENV) or chdb_dsn(Path("./.parallax/data"))
+    try:
+        store = Store(dsn)
+        db = store.database
+        have = store.rows(
+            "SELECT count() AS c FROM system.tables "
+            "WHERE database = {db:String} AND name = 'pairs'",
+            {"db": db},
+        )
+        if not have or not have[0]["c"]:
+            print(f"sla: {dsn}: no {db}.pairs table (not a Parallax store?)", file=sys.stderr)
+            return 2
+        source = SlaSource(store.client, db)
+        source.ensure_schema()
+        states = alerts_mod.Alerts(cfg)
+        states.load(alerts_mod.load_states(store.client, db))
+        ev = evaluate(source, cfg, utcnow(), window, states.state_of)
+        doc = ev.to_json()
+    except Exception as e:  # noqa: BLE001 — one clear line, no traceback
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Cannot lock file" in str(e):
+            msg = "the data directory is in use by a running collector; use GET /v1/sla or --store"
+        print(f"sla: {msg}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc, indent=2, ensure_ascii=False) if args.json else _text(doc))
+    return 1 if ev.any_out_of_band else 0

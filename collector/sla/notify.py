@@ -1,0 +1,162 @@
+"""Alert delivery: Alertmanager's API (``POST /api/v2/alerts``) and/or a plain webhook.
+
+Off the evaluation path: ``submit`` only queues; a worker thread sends with retries and
+exponential backoff, so a slow or failing receiver never delays or stops evaluation. While
+an alert fires it is re-sent every ``resend`` (Alertmanager forgets alerts whose ``endsAt``
+passes; ours is set a few resends ahead); on resolve it is sent once with ``endsAt`` = now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta
+from typing import Any
+
+from collector.sla.alerts import FIRING, RESOLVED, AlertState
+from collector.sla.config import Receiver
+
+log = logging.getLogger("parallax.sla")
+
+ALERTNAME = "ParallaxSLADivergence"
+
+
+def alert_object(
+    st: AlertState, now: datetime, resend_s: float, generator_url: str = ""
+) -> dict[str, Any]:
+    m = st.last
+    service, route, metric = st.key
+    ends = now if st.state == RESOLVED else now + timedelta(seconds=4 * resend_s)
+    severity = m.severity if m and m.severity != "none" else "critical"
+    ann: dict[str, str] = {
+        "summary": m.sentence if m else f"{route}: {metric} divergence",
+        "description": (
+            f"P95(user) − P95(server) for {metric} on {route} ({service}) left the "
+            f"±{m.band_ms:g} ms band"
+            if m
+            else ""
+        ),
+    }
+    if m and m.divergence_ms is not None:
+        ann["divergence_ms"] = f"{m.divergence_ms:.1f}"
+        ann["ci_ms"] = (
+            f"{'' if m.ci_low_ms is None else f'{m.ci_low_ms:.1f}'}…"
+            f"{'' if m.ci_high_ms is None else f'{m.ci_high_ms:.1f}'}"
+        )
+        ann["user_p95_ms"] = f"{(m.user['p95'] or 0):.1f}"
+        ann["server_p95_ms"] = f"{(m.server['p95'] or 0):.1f}"
+    obj: dict[str, Any] = {
+        "labels": {
+            "alertname": ALERTNAME,
+            "service": service,
+            "route": route,
+            "metric": metric,
+            "severity": severity,
+        },
+        "annotations": ann,
+        "startsAt": (st.started or st.since).isoformat(),
+        "endsAt": ends.isoformat(),
+    }
+    if generator_url:
+        obj["generatorURL"] = generator_url
+    return obj
+
+
+class Notifier:
+    def __init__(
+        self,
+        alertmanager: Receiver | None,
+        webhook: Receiver | None,
+        max_attempts: int = 5,
+        first_backoff_s: float = 0.5,
+        generator_url: str = "",
+    ) -> None:
+        self.am, self.hook = alertmanager, webhook
+        self.max_attempts, self.first_backoff_s = max_attempts, first_backoff_s
+        self.generator_url = generator_url
+        self._q: queue.Queue[tuple[Receiver, str, bytes] | None] = queue.Queue(maxsize=1000)
+        self._last_sent: dict[tuple[str, str, str], float] = {}
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.failed = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.am is not None or self.hook is not None
+
+    def start(self) -> None:
+        if self.enabled and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sla-notify", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def submit(self, states: list[AlertState], now: datetime) -> None:
+        """Queue the firing alerts due for (re)sending and the freshly resolved ones."""
+        if not self.enabled:
+            return
+        resend = min(r.resend_s for r in (self.am, self.hook) if r is not None)
+        due = []
+        mono = time.monotonic()
+        for st in states:
+            last = self._last_sent.get(st.key)
+            if st.state == FIRING and last is not None and mono - last < resend:
+                continue
+            due.append(alert_object(st, now, resend, self.generator_url))
+            self._last_sent[st.key] = mono
+            if st.state == RESOLVED:
+                self._last_sent.pop(st.key, None)
+        if not due:
+            return
+        for r, path, body in self._requests(due):
+            try:
+                self._q.put_nowait((r, path, body))
+            except queue.Full:
+                log.warning("sla: notification queue full; dropped one delivery to %s", r.url)
+
+    def _requests(self, alerts: list[dict[str, Any]]) -> list[tuple[Receiver, str, bytes]]:
+        out = []
+        if self.am is not None:
+            out.append((self.am, "/api/v2/alerts", json.dumps(alerts).encode()))
+        if self.hook is not None:
+            out.append((self.hook, "", json.dumps({"alerts": alerts}).encode()))
+        return out
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            r, path, body = item
+            self._deliver(r, r.url + path, body)
+
+    def _deliver(self, r: Receiver, url: str, body: bytes) -> None:
+        delay = self.first_backoff_s
+        for attempt in range(1, self.max_attempts + 1):
+            req = urllib.request.Request(  # noqa: S310 — the URL is validated http(s) config
+                url,
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json", **r.headers},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=r.timeout_s) as resp:  # noqa: S310
+                    resp.read()
+                self.sent += 1
+                return
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                if attempt == self.max_attempts:
+                    self.failed += 1
+                    log.warning("sla: delivery to %s failed after %d attempts: %s", url, attempt, e)
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)

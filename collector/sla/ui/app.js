@@ -1,0 +1,137 @@
+// The SLA page: no framework; reads /v1/sla, /v1/alerts and /v1/sla/history.
+"use strict";
+
+const WORDS = {
+  out_of_band: "Out of band",
+  uncertain: "Not enough evidence yet",
+  insufficient_data: "Too few requests",
+  ok: "Inside the band",
+};
+const METRIC = { ttfb: "TTFB", ttft: "TTFT", visible_ttft: "Visible TTFT", itl: "Inter-token", duration: "Duration" };
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return e;
+}
+const fmt = (v) => (v === null || v === undefined ? "—" : `${Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(1)} ms`);
+const sgn = (v) => (v === null || v === undefined ? "?" : `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(1)}`);
+
+function worstMetric(r) {
+  const order = ["out_of_band", "uncertain", "insufficient_data", "ok"];
+  let best = null;
+  for (const [name, m] of Object.entries(r.metrics)) {
+    if (!best || order.indexOf(m.verdict) < order.indexOf(best[1].verdict) ||
+        (m.verdict === best[1].verdict && Math.abs(m.divergence_ms || 0) > Math.abs(best[1].divergence_ms || 0))) {
+      best = [name, m];
+    }
+  }
+  return best;
+}
+
+function partsText(p) {
+  const out = [];
+  if (p.network_p95_ms !== null) out.push(`network δ ${fmt(p.network_p95_ms)}`);
+  if (p.accept_queue_p95_ms !== null) out.push(`accept queue ${fmt(p.accept_queue_p95_ms)}`);
+  if (p.recv_queue_p95_ms !== null) out.push(`receive queue ${fmt(p.recv_queue_p95_ms)}`);
+  if (p.server_processing_p95_ms !== null) out.push(`server processing ${fmt(p.server_processing_p95_ms)}`);
+  if (p.render_delay_p95_ms !== null) out.push(`render delay ${fmt(p.render_delay_p95_ms)}`);
+  for (const h of p.hops || []) out.push(`hop ${h.index} ${h.service} adds ${fmt(h.added_p95_ms)}`);
+  if (p.retransmit_share !== null) out.push(`retransmits in ${(100 * p.retransmit_share).toFixed(1)}% of requests`);
+  return out.length ? `Parts (P95): ${out.join(", ")}` : "";
+}
+
+function routeBlock(r) {
+  const [wname, wm] = worstMetric(r);
+  const d = el("details", { class: "route", "data-route": r.route, "data-service": r.service });
+  const summary = el("summary", {},
+    el("span", { class: "route-name" }, r.route),
+    el("span", {}, el("span", { class: `verdict v-${r.verdict}` }, WORDS[r.verdict]), " ",
+      `${METRIC[wname]} ${sgn(wm.divergence_ms)} ms (95% CI ${sgn(wm.ci_low_ms)}…${sgn(wm.ci_high_ms)})`),
+    el("span", { class: "service" }, r.service));
+  d.append(summary);
+  const body = el("div", { class: "body" });
+  const t = el("table", {}, el("tr", {}, ...["Metric", "Verdict", "Divergence", "95% CI", "User P95", "Server P95", "n", "Alert"].map((h) => el("th", {}, h))));
+  for (const [name, m] of Object.entries(r.metrics)) {
+    t.append(el("tr", { "data-metric": name },
+      el("td", {}, METRIC[name]),
+      el("td", { class: "verdict-cell" }, el("span", { class: `verdict v-${m.verdict}` }, WORDS[m.verdict])),
+      el("td", { class: "div" }, `${sgn(m.divergence_ms)} ms`),
+      el("td", {}, `${sgn(m.ci_low_ms)}…${sgn(m.ci_high_ms)}`),
+      el("td", {}, fmt(m.user_p95_ms)), el("td", {}, fmt(m.server_p95_ms)),
+      el("td", {}, m.n), el("td", {}, m.alert_state)));
+  }
+  body.append(t);
+  for (const [, m] of Object.entries(r.metrics)) {
+    if (m.verdict === "out_of_band") body.append(el("p", { class: "sentence" }, m.sentence));
+  }
+  body.append(el("p", { class: "parts" }, partsText(wm.parts)));
+  const chart = el("div", { class: "chart-box" });
+  body.append(chart);
+  d.append(body);
+  d.addEventListener("toggle", () => { if (d.open) drawHistory(chart, r.service, r.route, wname); });
+  return d;
+}
+
+async function drawHistory(box, service, route, metric) {
+  const q = new URLSearchParams({ service, route, metric, minutes: "60" });
+  const res = await fetch(`/v1/sla/history?${q}`);
+  if (!res.ok) { box.textContent = "No history."; return; }
+  const h = await res.json();
+  const pts = h.points.filter((p) => p.user_p95_ms !== null && p.server_p95_ms !== null);
+  box.textContent = "";
+  if (!pts.length) { box.textContent = "No history yet."; return; }
+  const W = 1000, H = 180, P = 34;
+  const t0 = Date.parse(pts[0].minute), t1 = Math.max(Date.parse(pts[pts.length - 1].minute), t0 + 60000);
+  const vals = pts.flatMap((p) => [p.user_p95_ms, p.server_p95_ms + h.band_ms, p.server_p95_ms - h.band_ms]);
+  const lo = Math.min(...vals), hi = Math.max(...vals), span = hi - lo || 1;
+  const x = (m) => P + ((Date.parse(m) - t0) / (t1 - t0)) * (W - 2 * P);
+  const y = (v) => H - P / 2 - ((v - lo) / span) * (H - P);
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "chart"); svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const add = (tag, a) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(a)) e.setAttribute(k, v); svg.append(e); return e; };
+  const upper = pts.map((p) => `${x(p.minute)},${y(p.server_p95_ms + h.band_ms)}`);
+  const lower = pts.map((p) => `${x(p.minute)},${y(p.server_p95_ms - h.band_ms)}`).reverse();
+  add("polygon", { points: [...upper, ...lower].join(" "), fill: "#2563eb", "fill-opacity": "0.12" });
+  add("polyline", { points: pts.map((p) => `${x(p.minute)},${y(p.server_p95_ms)}`).join(" "), fill: "none", stroke: "#2563eb", "stroke-width": "2" });
+  add("polyline", { points: pts.map((p) => `${x(p.minute)},${y(p.user_p95_ms)}`).join(" "), fill: "none", stroke: "#f97316", "stroke-width": "2" });
+  const label = add("text", { x: 4, y: 14, "font-size": "12", fill: "#444" }); label.textContent = `${hi.toFixed(0)} ms`;
+  const label2 = add("text", { x: 4, y: H - 4, "font-size": "12", fill: "#444" }); label2.textContent = `${lo.toFixed(0)} ms`;
+  box.append(svg, el("div", { class: "legend" },
+    el("span", {}, el("span", { class: "sw", style: "background:#f97316" }), `user P95 (${METRIC[metric]})`),
+    el("span", {}, el("span", { class: "sw", style: "background:#2563eb" }), "server P95"),
+    el("span", {}, el("span", { class: "sw", style: "background:rgba(37,99,235,.12)" }), `band ±${h.band_ms} ms`)));
+}
+
+async function refresh() {
+  const [sla, alerts] = await Promise.all([fetch("/v1/sla").then((r) => r.json()), fetch("/v1/alerts").then((r) => r.json())]);
+  const w = sla.window;
+  document.getElementById("window").textContent =
+    `Window ${new Date(w.start).toLocaleTimeString()} – ${new Date(w.end).toLocaleTimeString()} · ${sla.routes.length} routes`;
+  const ul = document.getElementById("alerts");
+  ul.textContent = "";
+  for (const a of alerts.current) {
+    ul.append(el("li", { class: a.state, "data-route": a.route, "data-metric": a.metric },
+      el("strong", {}, `${a.state === "firing" ? "Firing" : "Pending"}: ${a.route} ${METRIC[a.metric]} ${sgn(a.divergence_ms)} ms`),
+      el("div", {}, a.sentence)));
+  }
+  if (!alerts.current.length) ul.append(el("li", { class: "none" }, "None."));
+  const open = new Set([...document.querySelectorAll("details.route[open]")].map((d) => d.dataset.service + " " + d.dataset.route));
+  const box = document.getElementById("routes");
+  box.textContent = "";
+  if (!sla.routes.length) box.append(el("p", {}, "No paired requests in the window."));
+  for (const r of sla.routes) {
+    const b = routeBlock(r);
+    box.append(b);
+    if (open.has(r.service + " " + r.route)) b.open = true;
+  }
+  document.body.dataset.loaded = "1";
+}
+
+refresh().catch((e) => { document.getElementById("window").textContent = `Could not load: ${e.message}`; });
+setInterval(() => refresh().catch(() => {}), 15000);
