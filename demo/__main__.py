@@ -1,28 +1,191 @@
-"""The demo, as far as the project goes today: the host check and the shared contracts.
+"""`make demo`: the whole pipeline on this machine, in about a minute.
 
-Later issues grow it into the full pipeline (agent + collector + probe in Chromium)."""
+Starts the collector on the embedded store (data in .parallax/demo/), the eBPF agent, an
+LLM-style streaming app (first-token wait, then tokens; chunked fetch, SSE and WebSocket)
+whose event loop stalls now and then, and headless Chromium running a chat page with the
+probe. It drives chats for a while with a progress line, then prints the per-route SLA table
+with its explanations, and keeps serving the SLA page until Ctrl-C (DEMO_EXIT=1: exit once
+the table is printed). Afterwards, `parallax-collector sla --once --json --data-dir
+.parallax/demo` shows the same verdicts from the stored data.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import shutil
 import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 from agent import doctor
-from parallax_contracts import routes, trace_context
+from demo.browser import chat_url, chromium, flush_beacons
+from demo.stack import Stack, StartError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_DIR = ROOT / ".parallax" / "demo"
+SERVICE = "chat-demo"
+# Realistic pacing, shortened so a minute gives the checker enough samples per route.
+PACING = ["--first-token-ms", "120", "--token-gap-ms", "25", "--tokens", "12"]
+# The injected trap: the app's event loop blocks 40 ms every 250 ms. Its own timings stay
+# fast; users wait in the kernel's receive queue. The checker should say exactly that.
+STALL = ["--block-ms", "40", "--block-every-ms", "250"]
+KINDS = ("fetch", "sse", "ws")
+PAGES = 4
 
 
-def main() -> int:
-    print("Parallax demo — what exists today: the host check and the shared contracts.\n")
-    print("1. Can this host run the eBPF agent? (parallax-agent doctor)\n")
-    rc = doctor.main()
-    print("\n2. Trace context: what the browser probe sends and the agent reads\n")
-    tc = trace_context.generate(sampled=True)
-    print(f"   traceparent: {tc.header()}")
-    print(f"   parsed back: trace_id={tc.trace_id} parent span={tc.span_id} sampled={tc.sampled}")
-    print("\n3. Route templates: how paths become low-cardinality routes\n")
-    for p in ("/v1/chat/42", "/items/123e4567-e89b-12d3-a456-426614174000", "/c/a1b2c3d4?x=1"):
-        print(f"   {p:50} → {routes.route_template(p)}")
-    print("\nNot built yet: the agent's probes, the collector, the browser probe, the SLA check.")
-    return rc
+def get_json(url: str, timeout: float = 10.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback)
+        return json.load(r)
+
+
+def fmt_ms(v: object) -> str:
+    return f"{v:8.1f}" if isinstance(v, int | float) else f"{'—':>8}"
+
+
+def sla_table(report: dict[str, Any]) -> str:
+    """The per-route SLA table with its sentences, as the on-call engineer reads it."""
+    lines = [
+        f"{'route':28} {'metric':13} {'n':>5} {'user P95':>8} {'server P95':>10} "
+        f"{'divergence [95% CI]':>26}  verdict",
+    ]
+    sentences = []
+    for r in report.get("routes", []):
+        name = f"{r.get('service', '')} {r.get('route', '')}".strip()
+        for metric, m in r.get("metrics", {}).items():
+            div = m.get("divergence_ms")
+            ci = (
+                f"{div:+7.1f} [{m['ci_low_ms']:+.1f}…{m['ci_high_ms']:+.1f}]"
+                if isinstance(div, int | float) and m.get("ci_low_ms") is not None
+                else "—"
+            )
+            lines.append(
+                f"{name[:28]:28} {metric:13} {m.get('n', 0):5d} {fmt_ms(m.get('user_p95_ms'))} "
+                f"{fmt_ms(m.get('server_p95_ms')):>10} {ci:>26}  {m.get('verdict')}"
+            )
+            if m.get("verdict") == "out_of_band" and m.get("sentence"):
+                sentences.append(f"  • {m['sentence']}")
+    return "\n".join([*lines, *([""] if sentences else []), *sentences])
+
+
+def drive(browser_url: str, seconds: float, progress: Any) -> int:
+    """Run chats on PAGES pages for ``seconds``; return how many completed."""
+    script = """([kinds, ms, offset]) => {
+        window.__demo = {done: 0, errors: 0, finished: false};
+        (async () => {
+            const end = performance.now() + ms;
+            for (let i = offset; performance.now() < end; i++) {
+                try { await window.chat(kinds[i % kinds.length]); window.__demo.done++; }
+                catch (e) { window.__demo.errors++; }
+                await new Promise((r) => setTimeout(r, 30));
+            }
+            window.__demo.finished = true;
+        })();
+    }"""
+    with chromium() as browser:
+        pages = []
+        for i in range(PAGES):
+            page = browser.new_page()
+            page.goto(browser_url, wait_until="load")
+            page.wait_for_function("typeof window.chat === 'function'")
+            page.evaluate(script, [list(KINDS), seconds * 1000, i])
+            pages.append(page)
+        start = time.monotonic()
+        while True:
+            states = [p.evaluate("window.__demo") for p in pages]
+            done = sum(s["done"] for s in states)
+            progress(time.monotonic() - start, done, sum(s["errors"] for s in states))
+            if all(s["finished"] for s in states):
+                break
+            time.sleep(1.0)
+        for p in pages:
+            flush_beacons(p)  # what a closing tab does: hand the last beacons over
+        time.sleep(1.0)
+        total: int = done
+        return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="make demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seconds", type=float, default=float(os.environ.get("DEMO_SECONDS", "60")))
+    args = ap.parse_args(argv)
+    exit_after = os.environ.get("DEMO_EXIT") == "1"
+
+    checks = doctor.run_checks()
+    if not doctor.can_run(checks):
+        missing = "; ".join(f"{c.name}: {c.detail}" for c in checks if c.fatal)
+        print(f"demo: the eBPF agent cannot run here ({missing}); see parallax-agent doctor")
+        return 1
+    if DEMO_DIR.exists():
+        shutil.rmtree(DEMO_DIR)  # a fresh run: the table reflects this minute only
+    DEMO_DIR.mkdir(parents=True)
+    print(
+        f"Parallax demo — data in {DEMO_DIR.relative_to(ROOT)}/, logs in "
+        f"{(DEMO_DIR / 'logs').relative_to(ROOT)}/"
+    )
+    with Stack(DEMO_DIR) as stack:
+        try:
+            ingest, query = stack.collector(DEMO_DIR)
+            print(f"  collector   ingest {ingest}  ·  query {query}")
+            os.environ["OTEL_SERVICE_NAME"] = SERVICE
+            app = stack.llm_app(*PACING, *STALL)
+            app_port = int(app.rsplit(":", 1)[1])
+            print(
+                f"  app         {app}  ({SERVICE}: SSE, chunked fetch, WebSocket; event loop"
+                " stalls 40 ms every 250 ms)"
+            )
+            stack.agent([app_port], ingest)
+            print(f"  agent       tracing port {app_port}, exporting OTLP to {ingest}")
+        except StartError as e:
+            print(f"demo: {e}")
+            return 1
+
+        tty = sys.stdout.isatty()
+        last_line = [-10.0]
+
+        def progress(elapsed: float, done: int, errors: int) -> None:
+            bar = "#" * int(30 * min(1.0, elapsed / args.seconds))
+            text = (
+                f"  browser     [{bar:30}] {elapsed:4.0f}/{args.seconds:.0f} s"
+                f"  chats {done}  errors {errors}"
+            )
+            if tty:  # one line redrawn in place; a log (CI) gets a line every 10 s
+                sys.stdout.write(f"\r{text} ")
+                sys.stdout.flush()
+            elif elapsed - last_line[0] >= 10:
+                last_line[0] = elapsed
+                print(text, flush=True)
+
+        done = drive(chat_url(app, ingest), args.seconds, progress)
+        print(f"\n  {done} chats done; waiting for the collector to pair them …")
+        time.sleep(3.0)
+        try:
+            report = get_json(f"{query}/v1/sla?evaluate=1", timeout=60)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            print(f"demo: could not read the SLA report from {query}/v1/sla: {e}")
+            return 1
+        print("\nSLA: user P95 vs server P95 per route (±15 ms band)\n")
+        print(sla_table(report))
+        print(f"\nSLA page: {query}/ui   ·   API: {query}/v1/sla, {query}/v1/requests")
+        print(
+            "Afterwards: .venv/bin/parallax-collector sla --once --json --data-dir "
+            f"{DEMO_DIR.relative_to(ROOT)}"
+        )
+        if exit_after:
+            return 0
+        print("Serving until Ctrl-C …")
+        try:
+            while all(p.alive() for p in stack.procs):
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            print()
+    return 0
 
 
 if __name__ == "__main__":
