@@ -147,7 +147,8 @@ class Pipeline:
         with self._cv:
             self._rotate_locked()
             deadline = time.monotonic() + timeout_s
-            while self._pending and time.monotonic() < deadline:
+            # A failing store will not drain: leave the rest in the spool without waiting.
+            while self._pending and time.monotonic() < deadline and self.last_error is None:
                 self._cv.wait(0.05)
             drained = not self._pending
             self._stopping = True

@@ -1,0 +1,258 @@
+"""Bad input gets a clear answer and loses nothing else (real collector, real HTTP)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
+
+from parallax_contracts.trace_context import new_span_id, new_trace_id
+from tests.collector.helpers import Running, beacon, entry, post_beacon, start_collector, wait_for
+
+SITE_ORIGIN = "https://shop.example"
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """Sites configured, tokens required, a small rate limit."""
+    base: Path = tmp_path_factory.mktemp("strict")
+    c = start_collector(
+        base / "data",
+        "--site",
+        f"shop={SITE_ORIGIN}",
+        "--otlp-token",
+        "s3cret",
+        "--api-token",
+        "api-tok",
+        "--rate",
+        "5",
+        "--burst",
+        "10",
+    )
+    try:
+        c.wait_ready()
+        yield c
+    finally:
+        c.stop()
+
+
+def otlp_json(spans: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.name", "value": {"stringValue": "j"}}]
+                },
+                "scopeSpans": [{"spans": spans}],
+            }
+        ]
+    }
+
+
+def json_span(start_ns: int, dur_ns: int, trace_id: str | None = None) -> dict[str, object]:
+    return {
+        "traceId": trace_id or new_trace_id(),
+        "spanId": new_span_id(),
+        "parentSpanId": new_span_id(),
+        "name": "GET /j",
+        "kind": 2,
+        "startTimeUnixNano": str(start_ns),
+        "endTimeUnixNano": str(start_ns + dur_ns),
+        "attributes": [{"key": "url.path", "value": {"stringValue": "/items/12345"}}],
+    }
+
+
+def post_json_spans(base: str, doc: object, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{base}/v1/traces",
+        content=json.dumps(doc),
+        timeout=10,
+        headers={"content-type": "application/json", **headers},
+    )
+
+
+def test_otlp_json_partial_success(collector: Running) -> None:
+    now = time.time_ns()
+    good = [json_span(now - 10**9, 5 * 10**6) for _ in range(3)]
+    bad = [
+        json_span(now - 10**9, 5 * 10**6, trace_id="0" * 32),  # invalid trace id
+        json_span(now - 10**9, -(10**6)),  # end before start
+        json_span(now - 10**9, 25 * 3600 * 10**9),  # over 24 h
+        json_span(now - 8 * 86_400 * 10**9, 10**6),  # older than the 7-day retention
+    ]
+    r = post_json_spans(collector.ingest, otlp_json(good + bad))
+    assert r.status_code == 200
+    ps = r.json()["partialSuccess"]
+    assert int(ps["rejectedSpans"]) == 4
+    for reason in (
+        "invalid_trace_id",
+        "negative_duration",
+        "duration_over_24h",
+        "older_than_retention",
+    ):
+        assert reason in ps["errorMessage"]
+    tid = good[0]["traceId"]
+
+    def stored() -> bool:
+        d = httpx.get(f"{collector.query}/v1/requests/{tid}", timeout=5)
+        return d.status_code == 200 and d.json()["unpaired_spans"][0]["route"] == "/items/{id}"
+
+    wait_for(stored)
+    m = httpx.get(f"{collector.query}/metrics", timeout=5).text
+    assert 'parallax_collector_rows_rejected_total{reason="duration_over_24h",source="spans"}' in m
+
+
+def test_otlp_protobuf_gzip_ok_and_malformed_400(collector: Running) -> None:
+    r = httpx.post(
+        f"{collector.ingest}/v1/traces",
+        content=b"\xff\xff\xff",
+        timeout=5,
+        headers={"content-type": "application/x-protobuf"},
+    )
+    assert r.status_code == 400
+    r = httpx.post(
+        f"{collector.ingest}/v1/traces",
+        content=gzip.compress(b""),
+        timeout=5,
+        headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+    )
+    assert r.status_code == 200
+    assert ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == 0
+    r = post_json_spans(collector.ingest, [1, 2])
+    assert r.status_code == 400 and "\n" not in r.json()["message"]
+    r = httpx.post(
+        f"{collector.ingest}/v1/traces",
+        content=b"x",
+        timeout=5,
+        headers={"content-type": "text/csv"},
+    )
+    assert r.status_code == 415
+
+
+def test_body_limits_413(collector: Running) -> None:
+    r = httpx.post(
+        f"{collector.ingest}/v1/beacons",
+        content=b"x" * (65 * 1024),
+        timeout=5,
+        headers={"content-type": "text/plain"},
+    )
+    assert r.status_code == 413
+    r = httpx.post(
+        f"{collector.ingest}/v1/traces",
+        content=b"\0" * (1024 * 1024 + 1),
+        timeout=5,
+        headers={"content-type": "application/x-protobuf"},
+    )
+    assert r.status_code == 413
+    # A gzip bomb: small on the wire, over the limit once inflated.
+    bomb = gzip.compress(b"\0" * (2 * 1024 * 1024))
+    r = httpx.post(
+        f"{collector.ingest}/v1/traces",
+        content=bomb,
+        timeout=5,
+        headers={"content-type": "application/x-protobuf", "content-encoding": "gzip"},
+    )
+    assert r.status_code == 413
+
+
+def test_beacon_bad_version_and_bad_entries(collector: Running) -> None:
+    r = post_beacon(collector.ingest, {"v": 9, "site": "s", "entries": []})
+    assert r.status_code == 400 and r.text.count("\n") == 1 and "version" in r.text
+    r = httpx.post(
+        f"{collector.ingest}/v1/beacons",
+        content=b"{not json",
+        timeout=5,
+        headers={"content-type": "text/plain"},
+    )
+    assert r.status_code == 400
+    doc = beacon(
+        [
+            entry(),
+            entry(trace_id="0" * 32),
+            entry(response_start_ms=50.0),  # before request start: negative TTFB
+            entry(response_end_ms=101.0 + 25 * 3600 * 1000),
+            entry(kind="carrier-pigeon"),
+        ]
+    )
+    r = post_beacon(collector.ingest, doc, origin="https://anything.example")
+    assert r.status_code == 200
+    assert r.json() == {
+        "accepted": 1,
+        "rejected": 4,
+        "reasons": {
+            "invalid_trace_id": 1,
+            "negative_duration": 1,
+            "duration_over_24h": 1,
+            "schema": 1,
+        },
+    }
+    # No site configured: any origin is accepted and echoed for CORS.
+    assert r.headers["access-control-allow-origin"] == "https://anything.example"
+    old = beacon([entry()], time_origin=(time.time() - 8 * 86_400) * 1000)
+    assert post_beacon(collector.ingest, old).json()["reasons"] == {"older_than_retention": 1}
+
+
+def test_sites_cors_and_403(strict: Running) -> None:
+    ok = beacon([entry()], site="shop")
+    r = post_beacon(strict.ingest, ok, origin=SITE_ORIGIN)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == SITE_ORIGIN
+    assert post_beacon(strict.ingest, ok, origin="https://evil.example").status_code == 403
+    assert (
+        post_beacon(strict.ingest, beacon([entry()], site="other"), origin=SITE_ORIGIN).status_code
+        == 403
+    )
+    pre = httpx.options(
+        f"{strict.ingest}/v1/beacons",
+        timeout=5,
+        headers={"origin": SITE_ORIGIN, "access-control-request-method": "POST"},
+    )
+    assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == SITE_ORIGIN
+    pre = httpx.options(
+        f"{strict.ingest}/v1/beacons",
+        timeout=5,
+        headers={"origin": "https://evil.example", "access-control-request-method": "POST"},
+    )
+    assert pre.status_code == 403 and "access-control-allow-origin" not in pre.headers
+
+
+def test_tokens(strict: Running) -> None:
+    doc = otlp_json([json_span(time.time_ns() - 10**9, 10**6)])
+    assert post_json_spans(strict.ingest, doc).status_code == 401
+    assert post_json_spans(strict.ingest, doc, authorization="Bearer nope").status_code == 401
+    assert post_json_spans(strict.ingest, doc, authorization="Bearer s3cret").status_code == 200
+    assert httpx.get(f"{strict.query}/v1/requests", timeout=5).status_code == 401
+    assert httpx.get(f"{strict.query}/metrics", timeout=5).status_code == 401
+    r = httpx.get(
+        f"{strict.query}/v1/requests", timeout=5, headers={"authorization": "Bearer api-tok"}
+    )
+    assert r.status_code == 200 and r.json() == {"requests": []}
+    # The public port serves nothing of the query API.
+    assert httpx.get(f"{strict.ingest}/v1/requests", timeout=5).status_code == 404
+    assert httpx.get(f"{strict.ingest}/openapi.json", timeout=5).status_code == 404
+    assert httpx.get(f"{strict.ingest}/metrics", timeout=5).status_code == 404
+
+
+def test_rate_limit_429_with_retry_after(strict: Running) -> None:
+    time.sleep(2.5)  # let the bucket refill after the other tests
+    codes = []
+    retry = None
+    with httpx.Client(timeout=5) as cl:
+        for _ in range(30):
+            r = cl.post(
+                f"{strict.ingest}/v1/beacons",
+                content=json.dumps(beacon([entry()], site="shop")),
+                headers={"content-type": "text/plain", "origin": SITE_ORIGIN},
+            )
+            codes.append(r.status_code)
+            if r.status_code == 429:
+                retry = r.headers.get("retry-after")
+    assert codes[:10] == [200] * 10  # the burst
+    assert 429 in codes and retry is not None and int(retry) >= 1
