@@ -27,18 +27,24 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from parallax_contracts.trace_context import new_span_id, new_trace_id
 from tests.collector.helpers import beacon, entry, free_port, post_beacon, start_collector
 
+_COUNT = (
+    "import json, sys, clickhouse_connect\n"
+    "c = clickhouse_connect.get_client(dsn='chdb://' + sys.argv[1])\n"
+    "out = {t: c.query(f'SELECT count() FROM parallax.{t}').result_rows[0][0]\n"
+    "       for t in ('server_spans', 'browser_entries')}\n"
+    "out['distinct_spans'] = c.query('SELECT uniqExact(span_id) FROM "
+    "parallax.server_spans').result_rows[0][0]\n"
+    "print(json.dumps(out))\n"
+)
+
 
 def count_rows(data_dir: Path) -> dict[str, int]:
-    code = (
-        "import json, sys, clickhouse_connect\n"
-        f"c = clickhouse_connect.get_client(dsn='chdb://{(data_dir / 'chdb').resolve()}')\n"
-        "out = {t: c.query(f'SELECT count() FROM parallax.{t}').result_rows[0][0]\n"
-        "       for t in ('server_spans', 'browser_entries')}\n"
-        "out['distinct_spans'] = c.query('SELECT uniqExact(span_id) FROM "
-        "parallax.server_spans').result_rows[0][0]\n"
-        "print(json.dumps(out))\n"
+    p = subprocess.run(
+        [sys.executable, "-c", _COUNT, str((data_dir / "chdb").resolve())],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     counts: dict[str, int] = json.loads(p.stdout.strip().splitlines()[-1])
     return counts
@@ -60,7 +66,8 @@ def otlp_body(n_spans: int) -> bytes:
         sp.name = "GET /x"
         sp.start_time_unix_nano = now - 5_000_000
         sp.end_time_unix_nano = now
-    return req.SerializeToString()
+    body: bytes = req.SerializeToString()
+    return body
 
 
 def post_load(ingest: str, posts: int, spans_per_post: int, entries_per_post: int) -> None:
