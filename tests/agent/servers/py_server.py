@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import socketserver
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -64,7 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         for k, v in headers:
             self.send_header(k, v)
         # one write for the whole head, timed like the body writes
-        buffered: list[bytes] = self._headers_buffer  # type: ignore[has-type]
+        buffered: list[bytes] = self._headers_buffer
         buffered.append(b"\r\n")
         data = b"".join(buffered)
         self._headers_buffer: list[bytes] = []

@@ -1,0 +1,275 @@
+"""``make bench-agent``: what the eBPF agent costs, side by side with and without it.
+
+A keep-alive nginx (``return 200``) on loopback under wrk: paced loads (wrk's Lua ``delay()``
+per connection, since Debian's wrk has no ``-R``) and saturation, untraced then traced:
+added p50/p99, BPF run time per request (kernel.bpf_stats_enabled, run_time_ns/run_cnt of
+the agent's programs from /proc/<agent>/fdinfo), the agent's user-space CPU per request,
+and the throughput ratio at saturation. Then the node-wide cost to a process the agent does
+not trace: a 1-byte ``dd`` with and without the agent. Writes its section of
+docs/benchmarks.md.
+
+    python -m bench.agent [--seconds 5] [--rates 2000,5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import report
+
+ROOT = Path(__file__).resolve().parent.parent
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
+  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }}
+}}
+"""
+PACED_LUA = "function delay() return {delay_ms} end\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int) -> None:
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
+
+
+def _unit_us(v: str) -> float:
+    m = re.match(r"([\d.]+)(us|ms|s)", v)
+    if not m:
+        return float("nan")
+    return float(m.group(1)) * {"us": 1, "ms": 1000, "s": 1e6}[m.group(2)]
+
+
+def wrk(port: int, seconds: float, conns: int, lua: Path | None) -> dict[str, float]:
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{int(seconds)}s", "--latency"]
+    if lua:
+        argv += ["-s", str(lua)]
+    p = subprocess.run(
+        [*argv, f"http://127.0.0.1:{port}/"], capture_output=True, text=True, timeout=seconds + 30
+    )
+    out = p.stdout
+    res: dict[str, float] = {}
+    for pct in ("50", "99"):
+        m = re.search(rf"^\s+{pct}(?:\.000)?%\s+(\S+)", out, re.M)
+        res[f"p{pct}_us"] = _unit_us(m.group(1)) if m else float("nan")
+    m = re.search(r"(\d+) requests in", out)
+    res["requests"] = float(m.group(1)) if m else 0.0
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    res["rps"] = float(m.group(1)) if m else 0.0
+    return res
+
+
+def _cpu_ticks(pid: int) -> int:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])  # utime + stime
+
+
+def _bpf_stats(pid: int) -> tuple[int, int]:
+    total_ns = total_cnt = 0
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        if "prog_type" not in text:
+            continue
+        for line in text.splitlines():
+            if line.startswith("run_time_ns:"):
+                total_ns += int(line.split()[1])
+            elif line.startswith("run_cnt:"):
+                total_cnt += int(line.split()[1])
+    return total_ns, total_cnt
+
+
+def dd_seconds(count: int) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t = time.monotonic()
+        subprocess.run(
+            ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", f"count={count}"],
+            capture_output=True,
+            check=True,
+        )
+        best = min(best, time.monotonic() - t)
+    return best
+
+
+class AgentProc:
+    def __init__(self, port: int, tmp: Path) -> None:
+        self.err = tmp / "agent.err"
+        with open(self.err, "w") as err:
+            self.p = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agent.cli",
+                    "run",
+                    "--port",
+                    str(port),
+                    "--jsonl",
+                    str(tmp / "agent.jsonl"),
+                    "--metrics-addr",
+                    f"127.0.0.1:{_free_port()}",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        for _ in range(600):
+            if "attached" in self.err.read_text():
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"agent did not start: {self.err.read_text()}")
+
+    def stop(self) -> None:
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.agent",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--rates", default="2000,5000")
+    ap.add_argument("--dd-count", type=int, default=1_000_000)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
+        print("bench.agent: needs root, wrk and nginx (make setup)", file=sys.stderr)
+        return 1
+    rates = [int(r) for r in a.rates.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="px-bench-"))
+    port = _free_port()
+    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port))
+    ngx = subprocess.Popen(
+        ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    conns = 10
+    luas = {}
+    for r in rates:
+        lua = tmp / f"paced{r}.lua"
+        lua.write_text(PACED_LUA.format(delay_ms=max(1, round(conns * 1000 / r))))
+        luas[r] = lua
+    prev_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
+    results: dict[str, dict[str, dict[str, float]]] = {"untraced": {}, "traced": {}}
+    extra: dict[str, float] = {}
+    try:
+        _wait_port(port)
+        wrk(port, 1, conns, None)  # warm-up
+        dd_base = dd_seconds(a.dd_count)
+        for mode in ("untraced", "traced"):
+            agent = AgentProc(port, tmp) if mode == "traced" else None
+            try:
+                if agent:
+                    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+                    time.sleep(1.5)  # the first rescan has picked up nginx
+                    dd_traced = dd_seconds(a.dd_count)
+                    extra["dd_ratio"] = dd_traced / dd_base
+                for r in rates:
+                    if agent:
+                        ns0, _ = _bpf_stats(agent.p.pid)
+                        cpu0 = _cpu_ticks(agent.p.pid)
+                    res = wrk(port, a.seconds, conns, luas[r])
+                    if agent:
+                        ns1, _ = _bpf_stats(agent.p.pid)
+                        cpu1 = _cpu_ticks(agent.p.pid)
+                        n = max(1.0, res["requests"])
+                        res["bpf_ns_per_req"] = (ns1 - ns0) / n
+                        res["cpu_us_per_req"] = (cpu1 - cpu0) / os.sysconf("SC_CLK_TCK") * 1e6 / n
+                    results[mode][str(r)] = res
+                results[mode]["sat"] = wrk(port, a.seconds, 50, None)
+                if agent:
+                    recs = (tmp / "agent.jsonl").read_text().count("\n")
+                    extra["records"] = recs
+            finally:
+                if agent:
+                    agent.stop()
+                    Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev_stats)
+    finally:
+        ngx.terminate()
+        ngx.wait(10)
+    u, t = results["untraced"], results["traced"]
+    lines = [
+        "## eBPF agent overhead",
+        "",
+        f"Machine: {report.machine()}. Commit {report.git_rev()}. "
+        f"Command: `make bench-agent` (`python -m bench.agent --seconds {a.seconds:g}"
+        f" --rates {a.rates}`).",
+        "",
+        "nginx (`return 200`, keep-alive, 1 worker) on loopback; wrk, 10 connections paced"
+        " with Lua `delay()` for the fixed loads, 50 unpaced for saturation. Latency is wrk's"
+        " (send → response).",
+        "",
+        "| Load | p50 untraced | p50 traced | p99 untraced | p99 traced | added p99 |"
+        " BPF ns/req | agent CPU µs/req |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rates:
+        uu, tt = u[str(r)], t[str(r)]
+        lines.append(
+            f"| {tt['rps']:.0f} req/s (target {r}) | {uu['p50_us']:.0f} µs | {tt['p50_us']:.0f} µs"
+            f" | {uu['p99_us']:.0f} µs | {tt['p99_us']:.0f} µs |"
+            f" {tt['p99_us'] - uu['p99_us']:+.0f} µs | {tt['bpf_ns_per_req']:.0f} |"
+            f" {tt['cpu_us_per_req']:.1f} |"
+        )
+    ratio = t["sat"]["rps"] / u["sat"]["rps"] if u["sat"]["rps"] else float("nan")
+    lines += [
+        "",
+        f"Saturation: {u['sat']['rps']:.0f} req/s untraced, {t['sat']['rps']:.0f} traced"
+        f" → ratio **{ratio:.2f}** (goal ≥ 0.90).",
+        f"Untraced process (1-byte `dd`, {a.dd_count} read+write pairs, best of 3):"
+        f" **{extra.get('dd_ratio', float('nan')):.2f}×** slower with the agent attached"
+        " (goal ≤ 1.3×).",
+        f"Records the agent wrote: {extra.get('records', 0):.0f}.",
+        "",
+        "Goals: BPF ≤ 2 µs/request, user space ≤ 30 µs CPU/request, added p99 ≤ 100 µs."
+        " Levers used: earliest exits (an untraced process costs one array and one hash"
+        " lookup per syscall; a traced one's non-socket fds stop at the exit without a"
+        " socket link), no-wakeup ring buffer drained on a 10 ms timer, body writes"
+        " aggregated in the kernel (≈3 events per request). Not yet used: raw tracepoints"
+        " (one raw_syscalls hook would cost every syscall, not just these); see docs/agent.md.",
+    ]
+    md = "\n".join(lines)
+    print(md)
+    if not a.no_write:
+        report.write_section("agent", md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
