@@ -26,7 +26,8 @@ export function hookFetch(w: W, p: Policy, href: () => string): void {
   if (typeof orig !== "function" || !nativeBody) return;
   w.fetch = function (this: unknown, input: RequestInfo | URL, init?: RequestInit): Promise<Response> {
     let r: Rec | undefined;
-    let args = [input, init] as const;
+    let args: unknown[] = [input, init];
+    let sent: RequestInit | Request | undefined;
     try {
       const req = input instanceof Request ? input : undefined;
       const url = new URL(req ? req.url : String(input), href());
@@ -37,19 +38,32 @@ export function hookFetch(w: W, p: Policy, href: () => string): void {
         const tp = formatTraceparent(tc);
         if (tp !== had) {
           // A plain object, not a Headers: OpenTelemetry's fetch instrumentation, when it runs
-          // inside us, merges its header *under* a plain object's (ours wins) but overwrites
-          // one in a Headers. Either load order then puts one id on the wire.
+          // inside us, merges its header *under* a plain object's (ours wins). A Request it
+          // overwrites: that case is read back below.
           const o: Record<string, string> = {};
           h.forEach((v, k) => (o[k] = v));
           o.traceparent = tp;
-          args = [input, { ...init, headers: o }];
+          const i2 = { ...init, headers: o };
+          args = req ? [(sent = new Request(req, i2))] : [input, (sent = i2)];
         }
         if (record) r = begin("fetch", url, tc, init?.method ?? req?.method ?? "GET", noHash(url));
       }
     } catch {
       args = [input, init];
     }
-    const res = orig.apply(this, args as unknown as Parameters<typeof fetch>);
+    const res = orig.apply(this, args as Parameters<typeof fetch>);
+    try {
+      // Instrumentation inside us may have replaced the header (synchronously, before the
+      // request left): report the id that went on the wire.
+      const got = r && sent && parseTraceparent(new Headers(sent.headers).get("traceparent"));
+      if (r && got) {
+        r.e.trace_id = got.traceId;
+        r.e.span_id = got.spanId;
+        r.e.sampled = (got.flags & 1) === 1;
+      }
+    } catch {
+      // keep ours
+    }
     const rec = r;
     return rec
       ? res.then(

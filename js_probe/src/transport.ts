@@ -61,9 +61,7 @@ export function transport(o: TransportOptions): Transport {
     backoff = Math.min(Math.max(backoff * 2, 1000), 60000);
     const wait = Math.max(backoff, Math.min(retryAfterMs || 0, 300000));
     until = now() + wait;
-    clearTimeout(timer);
-    timer = undefined;
-    schedule(wait);
+    flush(); // re-arms the timer for the end of the wait
   };
 
   const send = (body: string, size: number, hiding: boolean, batch: Entry[], d: number): boolean => {
@@ -125,6 +123,8 @@ export function transport(o: TransportOptions): Transport {
   };
 
   function flush(hiding = false): void {
+    clearTimeout(timer);
+    timer = undefined;
     const t = now();
     if (!hiding && t < until) return schedule(until - t);
     while (q.length) {
