@@ -1,0 +1,184 @@
+"""Alert lifecycle with a fake clock; a real HTTP server receives the Alertmanager calls."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from collector.sla.alerts import Alerts, Change
+from collector.sla.config import Receiver, SlaConfig, Thresholds
+from collector.sla.evaluate import Evaluation, MetricResult, RouteResult
+from collector.sla.notify import Notifier
+
+T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+
+
+class _Receiver:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.fail_first = fail_first
+        rec = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 — http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if rec.fail_first > 0:
+                    rec.fail_first -= 1
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                rec.calls.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, n: int, timeout: float = 10.0) -> list[tuple[str, Any]]:
+        end = time.monotonic() + timeout
+        while len(self.calls) < n and time.monotonic() < end:
+            time.sleep(0.02)
+        return self.calls
+
+
+@pytest.fixture
+def am() -> Iterator[_Receiver]:
+    r = _Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def _ev(verdict: str, div: float, lo: float | None, hi: float | None, now: datetime) -> Evaluation:
+    m = MetricResult(
+        service="app",
+        route="/v1/chat",
+        metric="ttft",
+        verdict=verdict,
+        severity="critical" if verdict == "out_of_band" else "none",
+        n=800,
+        band_ms=15,
+        min_samples=100,
+        divergence_ms=div,
+        ci_low_ms=lo,
+        ci_high_ms=hi,
+        user={"p50": 300.0, "p95": 341 + div, "p99": 500.0},
+        server={"p50": 250.0, "p95": 341.0, "p99": 400.0},
+        parts={},
+        ranked=[],
+        traps=[],
+        sentence=f"/v1/chat: users receive the first token … ({div:+.0f} ms)",
+    )
+    ev = Evaluation(now, timedelta(minutes=5), now - timedelta(minutes=5), now)
+    ev.routes.append(RouteResult("app", "/v1/chat", {"ttft": m}))
+    return ev
+
+
+OUT = ("out_of_band", 30.0, 22.0, 38.0)
+EDGE_OUT = ("out_of_band", 17.0, 15.5, 18.5)
+EDGE_UNCERTAIN = ("uncertain", 14.0, 11.0, 17.0)
+OK = ("ok", 2.0, -3.0, 7.0)
+
+
+def test_lifecycle_pending_firing_no_flap_resolved(am: _Receiver) -> None:
+    cfg = SlaConfig(
+        defaults=Thresholds(band_ms=15, for_s=120, hysteresis_ms=3),
+        alertmanager=Receiver(am.url, resend_s=60),
+    )
+    notifier = Notifier(cfg.alertmanager, None, first_backoff_s=0.05)
+    notifier.start()
+    stored: list[Change] = []
+    alerts = Alerts(cfg, record=lambda ch, who: stored.extend(ch), notify=notifier.submit)
+    now = T0
+    seq = [OUT] * 9 + [EDGE_UNCERTAIN, EDGE_OUT, EDGE_UNCERTAIN, EDGE_OUT, EDGE_UNCERTAIN] + [OK]
+    states = []
+    for step in seq:
+        ev = _ev(*step, now)
+        alerts.update(ev, now)
+        states.append(alerts.state_of("app", "/v1/chat", "ttft"))
+        now += timedelta(seconds=15)
+    # pending for `for` (2 min = 8 evaluations at 15 s), firing at 120 s, no flap, resolved
+    assert states[:8] == ["pending"] * 8
+    assert states[8:14] == ["firing"] * 6
+    assert states[14] == "resolved"
+    assert [(c.previous, c.state) for c in stored] == [
+        ("inactive", "pending"),
+        ("pending", "firing"),
+        ("firing", "resolved"),
+    ]
+    fired_at, resolved_at = T0 + timedelta(seconds=120), T0 + timedelta(seconds=14 * 15)
+    calls = am.wait(2)
+    notifier.stop()
+    assert all(path == "/api/v2/alerts" for path, _ in calls)
+    first, last = calls[0][1][0], calls[-1][1][0]
+    assert first["labels"] == {
+        "alertname": "ParallaxSLADivergence",
+        "service": "app",
+        "route": "/v1/chat",
+        "metric": "ttft",
+        "severity": "critical",
+    }
+    assert first["annotations"]["divergence_ms"] == "30.0"
+    assert "users receive the first token" in first["annotations"]["summary"]
+    assert datetime.fromisoformat(first["startsAt"]) == fired_at
+    assert datetime.fromisoformat(first["endsAt"]) > fired_at  # still firing
+    assert datetime.fromisoformat(last["startsAt"]) == fired_at
+    assert datetime.fromisoformat(last["endsAt"]) == resolved_at  # endsAt on resolve
+    # re-sent while firing: once every `resend` (60 s of the fake clock is not waited for
+    # here; the notifier uses its own monotonic clock), so exactly firing + resolve
+    assert len(calls) == 2
+
+
+def test_pending_that_clears_goes_back_to_inactive_without_notifying(am: _Receiver) -> None:
+    cfg = SlaConfig(defaults=Thresholds(for_s=120), alertmanager=Receiver(am.url))
+    notifier = Notifier(cfg.alertmanager, None)
+    notifier.start()
+    alerts = Alerts(cfg, notify=notifier.submit)
+    alerts.update(_ev(*OUT, T0), T0)
+    assert alerts.state_of("app", "/v1/chat", "ttft") == "pending"
+    alerts.update(_ev(*OK, T0 + timedelta(seconds=15)), T0 + timedelta(seconds=15))
+    assert alerts.state_of("app", "/v1/chat", "ttft") == "inactive"
+    time.sleep(0.3)
+    notifier.stop()
+    assert am.calls == []
+
+
+def test_failing_receiver_is_retried_and_never_blocks_evaluation() -> None:
+    flaky = _Receiver(fail_first=2)
+    cfg = SlaConfig(defaults=Thresholds(for_s=0), alertmanager=Receiver(flaky.url), webhook=Receiver("http://127.0.0.1:9"))
+    notifier = Notifier(cfg.alertmanager, cfg.webhook, max_attempts=4, first_backoff_s=0.05)
+    notifier.start()
+    alerts = Alerts(cfg, notify=notifier.submit)
+    t = time.perf_counter()
+    alerts.update(_ev(*OUT, T0), T0)
+    assert time.perf_counter() - t < 0.5  # delivery is off the evaluation path
+    assert alerts.state_of("app", "/v1/chat", "ttft") == "firing"
+    calls = flaky.wait(1)
+    assert len(calls) == 1 and calls[0][1][0]["labels"]["route"] == "/v1/chat"
+    end = time.monotonic() + 5
+    while notifier.failed < 1 and time.monotonic() < end:  # the dead webhook gives up
+        time.sleep(0.05)
+    notifier.stop()
+    flaky.server.shutdown()
+    assert notifier.failed == 1 and notifier.sent == 1
+
+
+def test_webhook_gets_the_same_alert_objects(am: _Receiver) -> None:
+    cfg = SlaConfig(defaults=Thresholds(for_s=0), webhook=Receiver(am.url + "/hook"))
+    notifier = Notifier(None, cfg.webhook)
+    notifier.start()
+    Alerts(cfg, notify=notifier.submit).update(_ev(*OUT, T0), T0)
+    calls = am.wait(1)
+    notifier.stop()
+    assert calls[0][0] == "/hook"
+    assert calls[0][1]["alerts"][0]["labels"]["metric"] == "ttft"

@@ -1,0 +1,102 @@
+"""Order-statistic bounds, the value grid, and the clock filter."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from collector.sla import quantize, stats
+from collector.sla.clock import clock_filter
+from collector.sla.source import SlaSource
+
+
+@pytest.mark.parametrize("n", [100, 300, 2000])
+def test_one_side_bounds_cover_the_p95_at_least_97_5_percent(n: int) -> None:
+    rng = np.random.default_rng(n)
+    lo, hi = stats.rank_bounds(n, 0.95, 0.025)
+    assert lo is not None and hi is not None
+    true = float(np.exp(1.6448536269514722 * 0.5))  # P95 of lognormal(0, 0.5)
+    trials = 4000
+    x = np.sort(rng.lognormal(0, 0.5, (trials, n)), axis=1)
+    covered = np.mean((x[:, lo - 1] <= true) & (true <= x[:, hi - 1]))
+    assert covered >= 0.975 - 3 * np.sqrt(0.975 * 0.025 / trials)
+    assert covered < 0.999  # and not absurdly wide
+
+
+def test_unbounded_when_the_sample_is_too_small() -> None:
+    assert stats.rank_bounds(40) == (34, None)
+    assert stats.rank_bounds(0) == (None, None)
+
+
+def test_grid_levels_round_outward() -> None:
+    for n in (100, 157, 1500, 49_999):
+        lo, hi = stats.rank_bounds(n)
+        assert lo is not None and hi is not None
+        ql, qh = stats.level_for_rank_at_most(lo, n), stats.level_for_rank_at_least(hi, n)
+        assert max(1, int(np.ceil(n * ql))) <= lo
+        assert int(np.ceil(n * qh)) >= hi
+
+
+def test_verdicts() -> None:
+    iv = stats.Interval
+    assert stats.verdict(99, iv(20, 30), 15, 100) == "insufficient_data"
+    assert stats.verdict(500, iv(16, 30), 15, 100) == "out_of_band"
+    assert stats.verdict(500, iv(-40, -16), 15, 100) == "out_of_band"
+    assert stats.verdict(500, iv(-14, 14), 15, 100) == "ok"
+    assert stats.verdict(500, iv(10, 20), 15, 100) == "uncertain"
+    assert stats.verdict(500, iv(16, None), 15, 100) == "out_of_band"
+    assert stats.verdict(500, iv(None, 10), 15, 100) == "uncertain"
+
+
+def test_sql_grid_matches_python(source: SlaSource) -> None:
+    rng = random.Random(3)
+    vals = [0.0, 0.05, -0.05, 51.19, 51.2, -51.2, 1e-3, 7.77, 400.0, 5000.0, 86_400_000.0]
+    vals += [rng.uniform(-2000, 2000) for _ in range(300)]
+    arr = ", ".join(repr(v) for v in vals)
+    got = source.rows(f"SELECT arrayMap(x -> {quantize.code_sql('x')}, [{arr}])")[0][0]
+    assert list(got) == [quantize.encode(v) for v in vals]
+    for v in vals:
+        assert abs(quantize.decode(quantize.encode(v)) - v) <= quantize.half_width_ms(v)
+
+
+def _exchanges(
+    rng: random.Random, theta: float, n: int, asym: float = 0.0, mean_q: float = 2.0
+) -> list[tuple[float, float]]:
+    """NTP samples for one session: t_arr − t0 = fwd + θ, t3 − t2 = back − θ."""
+    base = rng.uniform(1, 30)
+    out = []
+    for _ in range(n):
+        fwd = base / 2 + asym + rng.expovariate(1 / mean_q)
+        back = base / 2 + rng.expovariate(1 / mean_q)
+        out.append((((fwd + theta) - (back - theta)) / 2, fwd + back))
+    return out
+
+
+def test_clock_filter_symmetric_paths_within_1ms_after_20_exchanges() -> None:
+    for seed in range(300):
+        rng = random.Random(seed)
+        theta = rng.uniform(-5000, 5000)
+        est = clock_filter(_exchanges(rng, theta, 20))
+        assert est is not None
+        assert abs(est.theta_ms - theta) <= 1.0, (seed, est, theta)
+
+
+@pytest.mark.parametrize("asym", [4.0, 10.0, 40.0])
+def test_clock_filter_asymmetric_paths_within_half_asymmetry_plus_1ms(asym: float) -> None:
+    for seed in range(100):
+        rng = random.Random(seed)
+        theta = rng.uniform(-5000, 5000)
+        est = clock_filter(_exchanges(rng, theta, 20, asym=asym))
+        assert est is not None
+        assert abs(est.theta_ms - theta) <= asym / 2 + 1.0
+
+
+def test_clock_filter_prefers_low_delay_samples() -> None:
+    # one clean exchange among badly queued ones decides the estimate
+    samples = [(100.0 + 40, 90.0)] * 10 + [(100.2, 2.0)]
+    est = clock_filter(samples)
+    assert est is not None and abs(est.theta_ms - 100.2) < 0.5
+    assert clock_filter([]) is None
+    assert clock_filter([(float("nan"), 1.0)]) is None
