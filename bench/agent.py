@@ -257,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         " (goal ≤ 1.3×).",
         f"Records the agent wrote: {extra.get('records', 0):.0f}.",
         "",
+        "Caveat: measured on 2 cores shared with other jobs; the untraced and traced runs"
+        " are sequential, so the p99 and saturation columns carry that noise (compare the"
+        " BPF and CPU columns, which are per request).",
+        "",
         "Goals: BPF ≤ 2 µs/request, user space ≤ 30 µs CPU/request, added p99 ≤ 100 µs."
         " Levers used: earliest exits (an untraced process costs one array and one hash"
         " lookup per syscall; a traced one's non-socket fds stop at the exit without a"
