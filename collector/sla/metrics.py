@@ -19,7 +19,7 @@ def _f(v: float | None) -> float:
 
 class SlaMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
+        r = self.registry = registry
         self.divergence = Gauge(
             "parallax_sla_divergence_ms", "P95(user) − P95(server), ms", _L, registry=r
         )

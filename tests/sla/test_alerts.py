@@ -155,7 +155,11 @@ def test_pending_that_clears_goes_back_to_inactive_without_notifying(am: _Receiv
 
 def test_failing_receiver_is_retried_and_never_blocks_evaluation() -> None:
     flaky = _Receiver(fail_first=2)
-    cfg = SlaConfig(defaults=Thresholds(for_s=0), alertmanager=Receiver(flaky.url), webhook=Receiver("http://127.0.0.1:9"))
+    cfg = SlaConfig(
+        defaults=Thresholds(for_s=0),
+        alertmanager=Receiver(flaky.url),
+        webhook=Receiver("http://127.0.0.1:9"),
+    )
     notifier = Notifier(cfg.alertmanager, cfg.webhook, max_attempts=4, first_backoff_s=0.05)
     notifier.start()
     alerts = Alerts(cfg, notify=notifier.submit)

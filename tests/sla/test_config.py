@@ -46,7 +46,9 @@ alertmanager: {url: "http://am:9093", resend: 30s}
 
 
 def test_toml(tmp_path: Path) -> None:
-    cfg = load(_write(tmp_path, "sla.toml", 'band_ms = 12\n[[routes]]\nroute = "/a"\nmin_samples = 50\n'))
+    cfg = load(
+        _write(tmp_path, "sla.toml", 'band_ms = 12\n[[routes]]\nroute = "/a"\nmin_samples = 50\n')
+    )
     assert cfg.thresholds("s", "/a", "ttfb").min_samples == 50
     assert cfg.thresholds("s", "/b", "ttfb").band_ms == 12
 
@@ -55,7 +57,10 @@ def test_toml(tmp_path: Path) -> None:
     ("text", "key"),
     [
         ("band_ms: 15\nbandms: 3\n", "bandms: unknown key"),
-        ("routes:\n  - route: /a\n    metrics:\n      ttfb: {band_ms: -3}\n", "routes[0].metrics.ttfb.band_ms: must be ≥ 0"),
+        (
+            "routes:\n  - route: /a\n    metrics:\n      ttfb: {band_ms: -3}\n",
+            "routes[0].metrics.ttfb.band_ms: must be ≥ 0",
+        ),
         ("for: 2 minutes\n", "for: expected a duration"),
         ("interval: -5s\n", "interval: expected a duration"),
         ("metrics:\n  latency: {band_ms: 3}\n", "metrics.latency: unknown metric"),

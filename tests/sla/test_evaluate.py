@@ -116,7 +116,9 @@ def test_buffering_proxy_is_found_at_the_edge(ev: Evaluation) -> None:
     assert m.user["p95"] > 190
     gaps = m.parts["itl_gap_p50_ms"]
     assert gaps["server"] == pytest.approx(40, abs=0.5) and gaps["edge"] < 1
-    assert m.parts["hops"] == [{"index": 1, "service": "nginx", "added_p95_ms": pytest.approx(1, abs=0.1)}]
+    assert m.parts["hops"] == [
+        {"index": 1, "service": "nginx", "added_p95_ms": pytest.approx(1, abs=0.1)}
+    ]
     assert "a proxy buffers the stream" in m.sentence and "edge hop sends bursts" in m.sentence
 
 
@@ -143,8 +145,18 @@ def test_worst_route_first_and_json_shape(ev: Evaluation) -> None:
     assert doc["routes"][0]["route"] == "/v1/stream"  # +160 ms beyond the band
     assert doc["routes"][-1]["verdict"] == "ok"
     m = next(r for r in doc["routes"] if r["route"] == "/v1/net")["metrics"]["ttfb"]
-    for k in ("verdict", "divergence_ms", "ci_low_ms", "ci_high_ms", "n", "user_p95_ms",
-              "server_p95_ms", "parts", "sentence", "alert_state"):
+    for k in (
+        "verdict",
+        "divergence_ms",
+        "ci_low_ms",
+        "ci_high_ms",
+        "n",
+        "user_p95_ms",
+        "server_p95_ms",
+        "parts",
+        "sentence",
+        "alert_state",
+    ):
         assert k in m
     assert set(doc["window"]) >= {"start", "end", "duration_ms"}
 
@@ -165,13 +177,35 @@ def test_a_rewritten_pair_is_counted_once(
     re-summarized from pairs FINAL, so the pair counts once, with its new values."""
     client = scenario_store[0]
     t = scenario.NOW - timedelta(seconds=30)
-    names = ["time", "version", "paired_at", "site", "service", "route", "trace_id", "span_id",
-             "user_ttfb_ms", "server_ttfb_ms"]
+    names = [
+        "time",
+        "version",
+        "paired_at",
+        "site",
+        "service",
+        "route",
+        "trace_id",
+        "span_id",
+        "user_ttfb_ms",
+        "server_ttfb_ms",
+    ]
     for version, user in ((1, 90.0), (2, 70.0)):
         client.insert(
             "parallax.pairs",
-            [[t, version, scenario.NOW + timedelta(seconds=version), "test", "app", "/v1/rewrite",
-              "ab" * 16, "cd" * 8, user, 50.0]],
+            [
+                [
+                    t,
+                    version,
+                    scenario.NOW + timedelta(seconds=version),
+                    "test",
+                    "app",
+                    "/v1/rewrite",
+                    "ab" * 16,
+                    "cd" * 8,
+                    user,
+                    50.0,
+                ]
+            ],
             column_names=names,
         )
         ev = evaluate(source, SlaConfig(), scenario.NOW)
