@@ -1,0 +1,27 @@
+"""Test pages for the probe's browser tests: the probe from /parallax.min.js, one init call,
+then the page's own script."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def probe_page(
+    endpoint: str,
+    script: str,
+    head: str = "",
+    before_probe: str = "",
+    **options: Any,
+) -> bytes:
+    """An HTML page: ``before_probe`` (e.g. OpenTelemetry), the probe and its init with
+    ``options``, then ``script``; ``<div id=out>`` is there to render into."""
+    opts = json.dumps({"endpoint": endpoint, "site": "probe-test", **options})
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8">{head}<title>probe test</title><link rel="icon" href="data:,">
+{before_probe}
+<script src="/parallax.min.js"></script>
+<script>Parallax.init({opts});</script>
+</head><body><div id="out"></div>
+<script>{script}</script>
+</body></html>""".encode()
