@@ -42,8 +42,21 @@ class LlmServer:
     def __init__(self, log: Path) -> None:
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "demo.llm_app", "--host", "127.0.0.1", "--port", "0"]
-            + ["--timing-log", str(log), "--first-token-ms", "100", "--token-gap-ms", "30"],
+            [
+                sys.executable,
+                "-m",
+                "demo.llm_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--timing-log",
+                str(log),
+                "--first-token-ms",
+                "100",
+                "--token-gap-ms",
+                "30",
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -12,16 +12,19 @@ def probe_page(
     script: str,
     head: str = "",
     before_probe: str = "",
+    after_probe: str = "",
     **options: Any,
 ) -> bytes:
-    """An HTML page: ``before_probe`` (e.g. OpenTelemetry), the probe and its init with
-    ``options``, then ``script``; ``<div id=out>`` is there to render into."""
+    """An HTML page: ``before_probe`` (HTML, e.g. OpenTelemetry), the probe and its init with
+    ``options``, ``after_probe`` (HTML), then ``script``; ``<div id=out>`` is there to render
+    into."""
     opts = json.dumps({"endpoint": endpoint, "site": "probe-test", **options})
     return f"""<!doctype html>
 <html><head><meta charset="utf-8">{head}<title>probe test</title><link rel="icon" href="data:,">
 {before_probe}
 <script src="/parallax.min.js"></script>
 <script>Parallax.init({opts});</script>
+{after_probe}
 </head><body><div id="out"></div>
 <script>{script}</script>
 </body></html>""".encode()

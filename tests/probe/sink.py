@@ -138,7 +138,9 @@ class Sink:
             if len(got) >= n:
                 return got
             time.sleep(0.05)
-        raise AssertionError(f"fewer than {n} matching entries within {timeout_s}s: {self.entries()}")
+        raise AssertionError(
+            f"fewer than {n} matching entries within {timeout_s}s: {self.entries()}"
+        )
 
     def invalid(self) -> list[str]:
         with self.lock:

@@ -5,6 +5,7 @@ token."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
 
@@ -25,7 +26,7 @@ TOKENS = 8
 
 
 def _gaps(xs: list[float]) -> list[float]:
-    return [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(xs)]
 
 
 def _server_for(llm: LlmServer, entry: dict[str, Any], **match: Any) -> dict[str, Any]:
@@ -81,10 +82,7 @@ def test_fetch_sse_websocket_streams(browser: Browser, llm: LlmServer, sink: Sin
     _check_pacing(s, ss, TOKENS)
     assert s["first_chunk_ms"] <= s["rendered_ms"]
 
-    ws = {
-        e["seq"]: e
-        for e in sink.wait_entry_list(lambda e: e["kind"] == "websocket", 3)
-    }
+    ws = {e["seq"]: e for e in sink.wait_entry_list(lambda e: e["kind"] == "websocket", 3)}
     assert sorted(ws) == [0, 1, 2], ws
     assert len({e["trace_id"] for e in ws.values()}) == 1, "one socket, one trace"
     for seq in (1, 2):
