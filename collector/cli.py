@@ -92,6 +92,9 @@ def _serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # The driver logs every failed attempt; the collector says it once, in one line.
+    for noisy in ("urllib3.connectionpool", "clickhouse_connect"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     settings = Settings(
         listen=args.listen,
         admin_listen=args.admin_listen,

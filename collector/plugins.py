@@ -6,8 +6,9 @@ then, on the **query port** (never the public ingest port):
 - includes each of ``routers`` (FastAPI ``APIRouter``; the API bearer token, when set,
   applies to them too); a route reads the shared objects from
   ``request.app.state.parallax`` (a ``Context``);
-- enters ``lifespan(ctx)`` (an async context manager) once the store is migrated and leaves
-  it at shutdown: the place for a background evaluator thread or task;
+- enters ``lifespan(ctx)`` (an async context manager) once the store is migrated (which may
+  be long after start when the store is unreachable) and leaves it at shutdown: the place
+  for a background evaluator thread or task. An exception from it is logged, not fatal;
 - calls ``add_cli(subparsers)`` when building ``parallax-collector``'s parser, so a plugin
   adds its own subcommand (e.g. ``sla``); the subcommand sets ``func`` with
   ``set_defaults(func=...)`` taking the parsed args and returning the exit status.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ class Context:
     settings: Settings
     store: Store
     registry: CollectorRegistry
+    migrated: threading.Event = field(default_factory=threading.Event)  # schema in place
     extra: dict[str, Any] = field(default_factory=dict)
 
 

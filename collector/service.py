@@ -72,10 +72,10 @@ class Collector:
             recheck_s=settings.pairing_recheck_s,
         )
         self.metrics.pairer = self.pairer
-        self.migrated = threading.Event()
         self.migrate_error = "store not migrated yet"
         self._stop = threading.Event()
         self.ctx = Context(settings, self.store, self.metrics.registry)
+        self.migrated = self.ctx.migrated
         self.ingest_app: FastAPI = build_ingest_app(settings, self.ingest, self.pipeline)
         self.query_app: FastAPI = build_query_app(
             self.ctx, self.plugins, self.ready, self.refresh_metrics

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -22,6 +23,7 @@ from collector.plugins import Context, Plugin
 from parallax_contracts.trace_context import is_valid_trace_id
 
 TRACE_ID = r"^[0-9a-f]{32}$"
+log = logging.getLogger("parallax.collector")
 
 
 class Hop(BaseModel):
@@ -239,11 +241,31 @@ def build_query_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with AsyncExitStack() as stack:
+        # Plugins start once the store is migrated (it may be unreachable at start), and a
+        # plugin that fails to start is logged, never fatal to ingest or the query API.
+        stack = AsyncExitStack()
+        stopping = asyncio.Event()
+
+        async def start_plugins() -> None:
+            while not ctx.migrated.is_set():
+                if stopping.is_set():
+                    return
+                await asyncio.sleep(0.1)
             for p in plugins:
-                if p.lifespan is not None:
+                if p.lifespan is None:
+                    continue
+                try:
                     await stack.enter_async_context(p.lifespan(ctx))
+                except Exception as e:  # noqa: BLE001 — one line, keep serving
+                    log.error("plugin %s failed to start: %s", p.name, str(e).splitlines()[0])
+
+        task = asyncio.create_task(start_plugins())
+        try:
             yield
+        finally:
+            stopping.set()
+            await task
+            await stack.aclose()
 
     app = FastAPI(
         title="Parallax collector (query)",

@@ -9,8 +9,11 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from functools import cache, lru_cache
 from typing import Any
 from urllib.parse import urlparse
+
+import jsonschema_rs
 
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
 from parallax_contracts import beacon
@@ -43,7 +46,10 @@ def load(body: bytes) -> dict[str, Any]:
 def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
     """Rows for browser_entries (column order of schema.ENTRY_COLUMNS)."""
     bad_entries: dict[int, str] = {}
-    for err in beacon.errors(doc):
+    # The compiled validator answers "valid?" ~100x faster than jsonschema; the contract's
+    # own beacon.errors() then names what is wrong, only for the bodies that need it.
+    errors = [] if _fast_validator().is_valid(doc) else beacon.errors(doc)
+    for err in errors:
         m = _ENTRY_ERR.match(err)
         if m is None:
             raise BadRequestError(f"invalid beacon: {err}"[:300])
@@ -79,7 +85,7 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
                 int(e.get("seq") or 0),
                 str(e.get("method") or ""),
                 url,
-                route_template(urlparse(url).path or "/") if url else "",
+                _route_of_url(url) if url else "",
                 e.get("status"),
                 origin,
                 start,
@@ -106,6 +112,16 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
         )
         out.trace_ids.append(e["trace_id"])
     return out
+
+
+@lru_cache(maxsize=8192)
+def _route_of_url(url: str) -> str:
+    return route_template(urlparse(url).path or "/")
+
+
+@cache
+def _fast_validator() -> Any:
+    return jsonschema_rs.validator_for(beacon.schema())
 
 
 def _f(x: Any) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from functools import lru_cache
 from typing import Any
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
@@ -80,7 +81,34 @@ def _value(v: Any) -> Any:
     return getattr(v, which)
 
 
+def _attrs(kvs: Any) -> dict[str, Any]:
+    """Attributes as Python values; the common scalar and int-array cases inline (hot path)."""
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        v = kv.value
+        w = v.WhichOneof("value")
+        if w == "int_value":
+            out[kv.key] = v.int_value
+        elif w == "string_value":
+            out[kv.key] = v.string_value
+        elif w == "array_value":
+            vals = v.array_value.values
+            out[kv.key] = [
+                x.int_value if x.WhichOneof("value") == "int_value" else _value(x) for x in vals
+            ]
+        else:
+            out[kv.key] = _value(v)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _route(path: str, http_route: str | None) -> str:
+    return route_template(path, http_route)
+
+
 def _int(x: Any) -> int | None:
+    if type(x) is int:
+        return x
     if isinstance(x, bool) or x is None:
         return None
     if isinstance(x, int):
@@ -183,10 +211,8 @@ def _span_row(
     if start > now_ns + FUTURE_SLACK_NS:
         out.rejected["in_future"] += 1
         return None
-    attrs = {kv.key: _value(kv.value) for kv in sp.attributes}
-    us: dict[str, int | None] = {}
-    for name, col in _INT_US.items():
-        us[col] = _int(attrs.get(name))
+    attrs = _attrs(sp.attributes)
+    us = {col: _int(attrs.get(name)) for name, col in _INT_US.items()}
     dur = _int(attrs.get(sa.DURATION_US.name))
     for v in (*us.values(), dur):
         if v is not None and v < 0:
@@ -206,9 +232,7 @@ def _span_row(
     path = str(attrs.get(sa.URL_PATH.name) or attrs.get("http.target") or "")
     http_route = attrs.get(sa.HTTP_ROUTE.name)
     route = (
-        route_template(path, str(http_route) if http_route else None)
-        if (path or http_route)
-        else sp.name
+        _route(path, str(http_route) if http_route else None) if (path or http_route) else sp.name
     )
     method = str(attrs.get(sa.HTTP_REQUEST_METHOD.name) or attrs.get("http.method") or "")
     status = _int(attrs.get(sa.HTTP_RESPONSE_STATUS_CODE.name) or attrs.get("http.status_code"))
