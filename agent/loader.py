@@ -6,7 +6,6 @@ each missing optional one is logged once with what it degrades (agent.tracepoint
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
@@ -116,6 +115,7 @@ def load(opts: Options) -> Loaded:
         f"-DPX_RESP_WINDOW={_pow2(opts.resp_window)}",
         f"-DPX_MAX_CONNS={opts.max_conns}",
         f"-DPX_RINGBUF_PAGES={opts.ringbuf_pages}",
+        f"-DPX_PID_MAX={pid_max()}",
         *(f"-D{m}" for m in sorted(macros)),
     ]
     try:
@@ -144,17 +144,24 @@ def _configure(b: Any, opts: Options) -> None:
     set_pids(b, opts.pids)
 
 
-def set_pids(b: Any, pids: list[int]) -> None:
+def pid_max() -> int:
+    """Size of the traced-pid array (kernel.pid_max, at most 4M: 4 MiB of u8)."""
+    try:
+        return min(int(Path("/proc/sys/kernel/pid_max").read_text()), 1 << 22)
+    except (OSError, ValueError):
+        return 1 << 22
+
+
+def set_pids(b: Any, pids: list[int], on: bool = True) -> None:
     t = b["px_pids"]
+    limit = len(t)
     for p in pids:
-        t[t.Key(p)] = t.Leaf(1)
+        if 0 <= p < limit:
+            t[t.Key(p)] = t.Leaf(1 if on else 0)
 
 
 def remove_pids(b: Any, pids: list[int]) -> None:
-    t = b["px_pids"]
-    for p in pids:
-        with contextlib.suppress(KeyError):
-            del t[t.Key(p)]
+    set_pids(b, pids, on=False)
 
 
 def seed_fd(b: Any, tgid: int, fd: int, lport: int) -> None:

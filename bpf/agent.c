@@ -135,7 +135,9 @@ struct px_ev_wagg {
 };
 
 BPF_ARRAY(px_config, struct px_cfg, 1);
-BPF_HASH(px_pids, u32, u8, 1024);
+// Traced tgids as a flat array indexed by tgid: the verifier inlines array lookups, so an
+// untraced process pays a load and a compare per hook, not a hash helper call.
+BPF_ARRAY(px_pids, u8, PX_PID_MAX);
 BPF_HASH(px_ports, u16, u8, 256);
 BPF_HASH(px_active, u64, struct px_active, 16384);
 BPF_TABLE("lru_hash", u64, struct px_fd, px_fds, PX_MAX_CONNS);
@@ -172,14 +174,15 @@ static __always_inline struct px_cfg *px_cfg_get(void) {
     return px_config.lookup(&zero);
 }
 
-// The earliest exit: one array lookup plus one hash lookup for an untraced process.
+// The earliest exit: two inlined array lookups for an untraced process.
 static __always_inline int px_traced(u32 tgid) {
     struct px_cfg *cfg = px_cfg_get();
     if (!cfg)
         return 0;
     if (!cfg->filter_pids)
         return 1;
-    return px_pids.lookup(&tgid) != 0;
+    u8 *v = px_pids.lookup(&tgid);
+    return v && *v;
 }
 
 static __always_inline int px_port_ok(u16 lport) {
@@ -206,6 +209,8 @@ static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen)
 
 static __always_inline void px_link(void *sk) {
     u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;
     struct px_active *a = px_active.lookup(&id);
     if (a)
         a->sk = (u64)sk;
@@ -464,6 +469,8 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
 
 static __always_inline void px_exit(long ret) {
     u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;  // before the hash lookup: untraced processes stop here
     struct px_active *ap = px_active.lookup(&id);
     if (!ap)
         return;

@@ -12,7 +12,7 @@ import json
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,148 +138,191 @@ def _get(path: str, tp: str | None = None, extra: str = "") -> bytes:
     return (h + extra + "\r\n").encode()
 
 
+def _attempts(check: Callable[[], None], n: int = 3) -> None:
+    """Run a timing comparison up to n times. The servers read their clocks in user space,
+    after the syscall returns: on a loaded machine (2 cores shared by parallel jobs) a
+    preemption between the two can exceed the 1 ms tolerance. A systematic error in the
+    agent fails every attempt; scheduler noise in the server's clock does not."""
+    errors: list[str] = []
+    for _ in range(n):
+        try:
+            check()
+            return
+        except AssertionError as e:
+            errors.append(str(e).splitlines()[0][:300])
+    raise AssertionError(f"all {n} attempts failed: {errors}")
+
+
 def _gaps(xs: list[int]) -> list[int]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
 
 def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
-    s, agent = stack
-    port = s.ports["py"]
-    ctxs = [trace_context.generate() for _ in range(3)]
-    with socket.create_connection(("127.0.0.1", port), 5) as c:
-        for i, ctx in enumerate(ctxs):
-            resp = http_request(port, _get(f"/ka{i}?n=100&secret=1", ctx.header()), sock=c)
-            assert resp.startswith(b"HTTP/1.1 200")
-    recs = agent.wait_for(lambda r: r["local_port"] == port and r["path"].startswith("/ka"), 3)
-    assert [r["path"] for r in recs] == ["/ka0", "/ka1", "/ka2"]  # query dropped
-    for r, ctx in zip(recs, ctxs, strict=True):
-        assert r["trace_id"] == ctx.trace_id and r["parent_span_id"] == ctx.span_id
-        assert r["status"] == 200 and r["method"] == "GET"
-        srv = _server_rec(s.logs["py"], lambda x, c=ctx: x["traceparent"] == c.header())
-        want = (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000
-        assert abs(r["ttfb_us"] - want) <= TOL_US, (r, srv)
-        assert r["bytes_out"] > 100 and r["chunks"] == 1
-    # the connection's first request carries the accept-queue wait, later ones do not
-    assert recs[0]["accept_queue_us"] is not None
-    assert recs[1]["accept_queue_us"] is None and recs[2]["accept_queue_us"] is None
-    assert all(r["recv_queue_us"] is not None and r["arrival_unix_ns"] for r in recs)
+    def check() -> None:
+        s, agent = stack
+        port = s.ports["py"]
+        ctxs = [trace_context.generate() for _ in range(3)]
+        uid = ctxs[0].span_id[:8]
+        with socket.create_connection(("127.0.0.1", port), 5) as c:
+            for i, ctx in enumerate(ctxs):
+                resp = http_request(
+                    port, _get(f"/ka{i}-{uid}?n=100&secret=1", ctx.header()), sock=c
+                )
+                assert resp.startswith(b"HTTP/1.1 200")
+        recs = agent.wait_for(lambda r: r["local_port"] == port and r["path"].endswith(uid), 3)
+        assert [r["path"] for r in recs] == [f"/ka{i}-{uid}" for i in range(3)]  # query dropped
+        for r, ctx in zip(recs, ctxs, strict=True):
+            assert r["trace_id"] == ctx.trace_id and r["parent_span_id"] == ctx.span_id
+            assert r["status"] == 200 and r["method"] == "GET"
+            srv = _server_rec(s.logs["py"], lambda x, c=ctx: x["traceparent"] == c.header())
+            want = (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000
+            assert abs(r["ttfb_us"] - want) <= TOL_US, (r, srv)
+            assert r["bytes_out"] > 100 and r["chunks"] == 1
+        # the connection's first request carries the accept-queue wait, later ones do not
+        assert recs[0]["accept_queue_us"] is not None
+        assert recs[1]["accept_queue_us"] is None and recs[2]["accept_queue_us"] is None
+        assert all(r["recv_queue_us"] is not None and r["arrival_unix_ns"] for r in recs)
+
+    _attempts(check)
 
 
 def test_python_chunked_stream(stack: tuple[Stack, Agent]) -> None:
-    s, agent = stack
-    port = s.ports["py"]
-    ctx = trace_context.generate()
-    resp = http_request(port, _get("/stream?n=6&gap_ms=40", ctx.header(), "Connection: close\r\n"))
-    assert resp.endswith(b"0\r\n\r\n")
-    [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-    srv = _server_rec(s.logs["py"], lambda x: x["traceparent"] == ctx.header())
-    t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
-    assert abs(r["ttfb_us"] - (writes[0] - t_read) / 1000) <= TOL_US
-    body = writes[1:]  # the header write carries no body here
-    assert r["chunks"] == len(body) == 6
-    assert abs(r["ttft_us"] - (body[0] - t_read) / 1000) <= TOL_US
-    for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(body), strict=True):
-        assert abs(got - want / 1000) <= TOL_US
-    assert r["client_aborted"] is False and r["duration_us"] >= 5 * 40_000
+    def check() -> None:
+        s, agent = stack
+        port = s.ports["py"]
+        ctx = trace_context.generate()
+        resp = http_request(
+            port, _get("/stream?n=6&gap_ms=40", ctx.header(), "Connection: close\r\n")
+        )
+        assert resp.endswith(b"0\r\n\r\n")
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        srv = _server_rec(s.logs["py"], lambda x: x["traceparent"] == ctx.header())
+        t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
+        assert abs(r["ttfb_us"] - (writes[0] - t_read) / 1000) <= TOL_US
+        body = writes[1:]  # the header write carries no body here
+        assert r["chunks"] == len(body) == 6
+        assert abs(r["ttft_us"] - (body[0] - t_read) / 1000) <= TOL_US
+        for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(body), strict=True):
+            assert abs(got - want / 1000) <= TOL_US
+        assert r["client_aborted"] is False and r["duration_us"] >= 5 * 40_000
+
+    _attempts(check)
 
 
 def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
-    s, agent = stack
-    if "node" not in s.ports:
-        pytest.skip("node not installed")
-    port = s.ports["node"]
-    a, b = trace_context.generate(), trace_context.generate()
-    with socket.create_connection(("127.0.0.1", port), 5) as c:
-        http_request(port, _get("/plain?n=300", a.header()), sock=c)
-        http_request(port, _get("/stream?n=5&gap_ms=30", b.header()), sock=c)
-    for ctx, path in ((a, "/plain"), (b, "/stream")):
-        tid = ctx.trace_id
-        [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
-        assert r["path"] == path and r["service"] == "node"
-        srv = _server_rec(s.logs["node"], lambda x, c=ctx: x["traceparent"] == c.header())
-        writes = srv["t_writes_ns"]
-        # Node sends the head together with the first body bytes: t2 = t_tok
-        assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= TOL_US
-        assert r["ttft_us"] == r["ttfb_us"]
-        if path == "/stream":
-            assert r["chunks"] == len(writes) == 5
-            for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(writes), strict=True):
-                assert abs(got - want / 1000) <= TOL_US
+    def check() -> None:
+        s, agent = stack
+        if "node" not in s.ports:
+            pytest.skip("node not installed")
+        port = s.ports["node"]
+        a, b = trace_context.generate(), trace_context.generate()
+        with socket.create_connection(("127.0.0.1", port), 5) as c:
+            http_request(port, _get("/plain?n=300", a.header()), sock=c)
+            http_request(port, _get("/stream?n=5&gap_ms=30", b.header()), sock=c)
+        for ctx, path in ((a, "/plain"), (b, "/stream")):
+            tid = ctx.trace_id
+            [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
+            assert r["path"] == path and r["service"] == "node"
+            srv = _server_rec(s.logs["node"], lambda x, c=ctx: x["traceparent"] == c.header())
+            writes = srv["t_writes_ns"]
+            # Node sends the head together with the first body bytes: t2 = t_tok
+            assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= TOL_US
+            assert r["ttft_us"] == r["ttfb_us"]
+            if path == "/stream":
+                assert r["chunks"] == len(writes) == 5
+                for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(writes), strict=True):
+                    assert abs(got - want / 1000) <= TOL_US
+
+    _attempts(check)
 
 
 def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
-    s, agent = stack
-    port = s.ports["llm"]
-    ctx = trace_context.generate()
-    resp = http_request(port, _get("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n"))
-    assert b"text/event-stream" in resp
-    [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-    srv = _server_rec(s.logs["llm"], lambda x: x["traceparent"] == ctx.header())
-    assert r["path"] == "/v1/stream" and r["status"] == 200
-    assert abs(r["ttfb_us"] - (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
-    writes = srv["t_writes_ns"]
-    assert abs(r["ttft_us"] - (writes[0] - srv["t_start_ns"]) / 1000) <= TOL_US
-    assert r["chunks"] >= len(writes)
-    got = _gaps(r["chunk_offsets_us"][: len(writes)])
-    for g, w in zip(got, _gaps(writes), strict=True):
-        assert abs(g - w / 1000) <= TOL_US
-    assert r["ttft_us"] >= 55_000  # the first-token wait shows
+    def check() -> None:
+        s, agent = stack
+        port = s.ports["llm"]
+        ctx = trace_context.generate()
+        resp = http_request(port, _get("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n"))
+        assert b"text/event-stream" in resp
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        srv = _server_rec(s.logs["llm"], lambda x: x["traceparent"] == ctx.header())
+        assert r["path"] == "/v1/stream" and r["status"] == 200
+        assert abs(r["ttfb_us"] - (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
+        writes = srv["t_writes_ns"]
+        assert abs(r["ttft_us"] - (writes[0] - srv["t_start_ns"]) / 1000) <= TOL_US
+        assert r["chunks"] >= len(writes)
+        got = _gaps(r["chunk_offsets_us"][: len(writes)])
+        for g, w in zip(got, _gaps(writes), strict=True):
+            assert abs(g - w / 1000) <= TOL_US
+        assert r["ttft_us"] >= 55_000  # the first-token wait shows
+
+    _attempts(check)
 
 
 def test_uvicorn_websocket_exchanges(stack: tuple[Stack, Agent]) -> None:
     from websockets.sync.client import connect
 
-    s, agent = stack
-    port = s.ports["llm"]
-    ctx = trace_context.generate()
-    with connect(
-        f"ws://127.0.0.1:{port}/v1/ws?traceparent={ctx.header()}&tokens=3", open_timeout=5
-    ) as ws:
-        for _ in range(2):
-            ws.send("hello")
+    def check() -> None:
+        s, agent = stack
+        port = s.ports["llm"]
+        ctx = trace_context.generate()
+        with connect(
+            f"ws://127.0.0.1:{port}/v1/ws?traceparent={ctx.header()}&tokens=3", open_timeout=5
+        ) as ws:
+            for _ in range(2):
+                ws.send("hello")
+                while ws.recv(timeout=5) != "[DONE]":
+                    pass
+            ws.send("again")  # a third exchange, ended by the close
             while ws.recv(timeout=5) != "[DONE]":
                 pass
-        ws.send("again")  # a third exchange, ended by the close
-        while ws.recv(timeout=5) != "[DONE]":
-            pass
-    recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, 4)
-    up = [r for r in recs if not r["ws_seq"]]
-    ex = sorted((r for r in recs if r["ws_seq"]), key=lambda r: r["ws_seq"])
-    assert len(up) == 1 and up[0]["status"] == 101 and up[0]["path"] == "/v1/ws"
-    assert [r["ws_seq"] for r in ex] == [1, 2, 3]
-    logs = [x for x in timing_log(s.logs["llm"]) if x.get("traceparent") == ctx.header()]
-    for r in ex:
-        srv = next(x for x in logs if x["ws_seq"] == r["ws_seq"])
-        assert abs(r["ttft_us"] - (srv["t_writes_ns"][0] - srv["t_start_ns"]) / 1000) <= 2000
+        recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, 4)
+        up = [r for r in recs if not r["ws_seq"]]
+        ex = sorted((r for r in recs if r["ws_seq"]), key=lambda r: r["ws_seq"])
+        assert len(up) == 1 and up[0]["status"] == 101 and up[0]["path"] == "/v1/ws"
+        assert [r["ws_seq"] for r in ex] == [1, 2, 3]
+        logs = [x for x in timing_log(s.logs["llm"]) if x.get("traceparent") == ctx.header()]
+        for r in ex:
+            srv = next(x for x in logs if x["ws_seq"] == r["ws_seq"])
+            assert abs(r["ttft_us"] - (srv["t_writes_ns"][0] - srv["t_start_ns"]) / 1000) <= 2000
+
+    _attempts(check)
 
 
 def test_accept_queue_wait(stack: tuple[Stack, Agent]) -> None:
-    s, agent = stack
-    port = s.ports["acc"]
-    # the server is already blocked in accept(): the first connection is taken at once, the
-    # second waits in the accept queue while the server sleeps before its next accept()
-    with (
-        socket.create_connection(("127.0.0.1", port), 5) as c1,
-        socket.create_connection(("127.0.0.1", port), 5) as c2,
-    ):
-        c1.sendall(_get("/acc-first"))
-        c2.sendall(_get("/acc"))
-        http_request(port, b"", sock=c1)
-        http_request(port, b"", sock=c2)
-    [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == "/acc")
-    assert r["accept_queue_us"] >= 150_000, r  # the server slept ≤ 300 ms before accept()
-    srv = _server_rec(s.logs["acc"], lambda x: x["path"] == "/acc")
-    assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
-    assert r["ttfb_us"] < 50_000
+    def check() -> None:
+        s, agent = stack
+        port = s.ports["acc"]
+        path = "/acc-" + trace_context.new_span_id()
+        # the server is already blocked in accept(): the first connection is taken at once, the
+        # second waits in the accept queue while the server sleeps before its next accept()
+        with (
+            socket.create_connection(("127.0.0.1", port), 5) as c1,
+            socket.create_connection(("127.0.0.1", port), 5) as c2,
+        ):
+            c1.sendall(_get("/acc-first"))
+            c2.sendall(_get(path))
+            http_request(port, b"", sock=c1)
+            http_request(port, b"", sock=c2)
+        [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
+        assert r["accept_queue_us"] >= 150_000, r  # the server slept ≤ 300 ms before accept()
+        srv = _server_rec(s.logs["acc"], lambda x: x["path"] == path)
+        assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
+        assert r["ttfb_us"] < 50_000
+
+    _attempts(check)
 
 
 def test_receive_queue_wait_not_in_ttfb(stack: tuple[Stack, Agent]) -> None:
-    s, agent = stack
-    port = s.ports["rcv"]
-    http_request(port, _get("/rcv"))
-    [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == "/rcv")
-    assert r["recv_queue_us"] >= 250_000, r  # the app read 300 ms after the bytes arrived
-    assert r["ttfb_us"] < 50_000
-    srv = _server_rec(s.logs["rcv"], lambda x: x["path"] == "/rcv")
-    assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
-    assert json.dumps(r)  # a plain JSON object
+    def check() -> None:
+        s, agent = stack
+        port = s.ports["rcv"]
+        path = "/rcv-" + trace_context.new_span_id()
+        http_request(port, _get(path))
+        [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
+        assert r["recv_queue_us"] >= 250_000, r  # the app read 300 ms after the bytes arrived
+        assert r["ttfb_us"] < 50_000
+        srv = _server_rec(s.logs["rcv"], lambda x: x["path"] == path)
+        assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
+        assert json.dumps(r)  # a plain JSON object
+
+    _attempts(check)
