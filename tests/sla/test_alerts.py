@@ -27,7 +27,7 @@ class _Receiver:
         rec = self
 
         class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 — http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if rec.fail_first > 0:
                     rec.fail_first -= 1

@@ -163,7 +163,8 @@ def test_worst_route_first_and_json_shape(ev: Evaluation) -> None:
 
 def test_far_off_sessions_from_the_clock_filter(source: SlaSource) -> None:
     rows = source.rows(
-        "SELECT session, theta_ms FROM parallax.sla_sessions FINAL WHERE session LIKE 'far%' ORDER BY session"
+        "SELECT session, theta_ms FROM parallax.sla_sessions FINAL "
+        "WHERE session LIKE 'far%' ORDER BY session"
     )
     assert len(rows) == 12
     for s, theta in rows:

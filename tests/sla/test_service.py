@@ -84,8 +84,8 @@ def test_gauges(service: SlaService) -> None:
     )
     assert 24 < float(line.rsplit(" ", 1)[1]) < 26
     assert (
-        'parallax_sla_verdict{metric="ttfb",route="/v1/rare",service="app",verdict="insufficient_data"} 1.0'
-        in text
+        'parallax_sla_verdict{metric="ttfb",route="/v1/rare",service="app",'
+        'verdict="insufficient_data"} 1.0' in text
     )
     assert "parallax_sla_samples{" in text and "parallax_sla_is_evaluator 1.0" in text
 
