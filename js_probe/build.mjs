@@ -1,7 +1,8 @@
 // Builds dist/parallax.min.js (IIFE, global `Parallax`) and dist/parallax.esm.js, checks the
 // gzip size budget, and with --tests bundles test/*.test.ts for `node --test`.
 import { build } from "esbuild";
-import { readFileSync, readdirSync, mkdirSync } from "node:fs";
+import { minify } from "terser";
+import { readFileSync, readdirSync, mkdirSync, writeFileSync } from "node:fs";
 import { gzipSync } from "node:zlib";
 import { execFileSync } from "node:child_process";
 
@@ -24,6 +25,12 @@ if (process.argv.includes("--tests")) {
   // IIFE: src/global.ts assigns window.Parallax itself (smaller than esbuild's globalName).
   await build({ ...common, entryPoints: ["src/global.ts"], outfile: "dist/parallax.min.js",
     format: "iife" });
+  // A second pass with terser: ~4% smaller than esbuild alone, which counts against 5 KB.
+  const iife = await minify(readFileSync("dist/parallax.min.js", "utf8"), {
+    ecma: 2020, toplevel: true, compress: { passes: 3, pure_getters: true },
+    mangle: true, format: { comments: false },
+  });
+  writeFileSync("dist/parallax.min.js", iife.code ?? "");
   await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/parallax.esm.js",
     format: "esm" });
   execFileSync("node_modules/.bin/tsc", ["-p", "."], { stdio: "inherit" });

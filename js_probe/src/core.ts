@@ -201,10 +201,11 @@ export function mutated(): void {
   paint(awaiting.splice(0));
 }
 
-export function markRendered(traceId: string): void {
+export function markRendered(traceId?: string): void {
   cfg.render = true; // from now on, wait for the paint before sending
   const rs: Rec[] = [];
-  for (const r of live) if (r.e.trace_id === traceId && r.e.rendered_ms === undefined) rs.push(r);
+  for (const r of live)
+    if ((traceId ? r.e.trace_id === traceId : r.e.chunk_ms) && r.e.rendered_ms === undefined) rs.push(r);
   paint(rs);
 }
 

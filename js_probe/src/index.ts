@@ -143,9 +143,10 @@ export function init(o: Options): void {
   }
 }
 
-/** The app tells the probe it has shown the first chunk of the request with this trace id
- *  (when renderTarget cannot express where). */
-export function markRendered(traceId: string): void {
+/** The app tells the probe it has shown the first chunk of the request with this trace id —
+ *  or, without an id, of every request whose first chunk has arrived and is not yet painted
+ *  (for pages where renderTarget cannot say where answers appear). */
+export function markRendered(traceId?: string): void {
   try {
     mark(traceId);
   } catch {

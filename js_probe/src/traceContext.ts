@@ -28,14 +28,9 @@ export function formatTraceparent(tc: TraceContext): string {
 
 function randomHex(bytes: number): string {
   const a = new Uint8Array(bytes);
-  let zero = true;
-  while (zero) {
-    crypto.getRandomValues(a);
-    zero = a.every((b) => b === 0);
-  }
-  let s = "";
-  for (const b of a) s += (b < 16 ? "0" : "") + b.toString(16);
-  return s;
+  do crypto.getRandomValues(a);
+  while (a.every((b) => !b)); // all-zero ids are invalid
+  return Array.from(a, (b) => (b < 16 ? "0" : "") + b.toString(16)).join("");
 }
 
 export const newTraceId = (): string => randomHex(16);
