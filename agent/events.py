@@ -55,8 +55,13 @@ class ReadEv:
     data: bytes
     lport: int
     rport: int
-    laddr: str
-    raddr: str
+    family: int
+    laddr_raw: bytes
+    raddr_raw: bytes
+
+    def addrs(self) -> tuple[str, str]:
+        """(local, peer) as text; computed once per connection by the caller (slow)."""
+        return _addr(self.family, self.laddr_raw), _addr(self.family, self.raddr_raw)
 
 
 @dataclass(slots=True)
@@ -110,9 +115,7 @@ def decode(buf: bytes) -> Event | None:
         )
         start = off + _READ.size
         data = bytes(buf[start : start + caplen])
-        return ReadEv(
-            h, t_est, t_acc, t_arr, n, data, lport, rport, _addr(family, la), _addr(family, ra)
-        )
+        return ReadEv(h, t_est, t_acc, t_arr, n, data, lport, rport, family, la, ra)
     if h.type == EV_RESP:
         n, caplen = _RESP.unpack_from(buf, off)
         start = off + _RESP.size

@@ -54,13 +54,15 @@ def looks_like_request(data: bytes) -> bool:
     return len(data) < 11 and all(65 <= c <= 90 for c in data)
 
 
-def _headers(block: bytes) -> list[tuple[bytes, bytes]]:
-    out = []
-    for line in block.split(b"\r\n"):
-        name, sep, value = line.partition(b":")
-        if sep:
-            out.append((name.strip().lower(), value.strip(b" \t")))
-    return out
+def _header(block: bytes, lower: bytes, name: bytes) -> bytes | None:
+    """The value of one header (``name`` lowercase, with its colon), found in the lowercased
+    block: one scan per wanted header, no split of all the others (and nothing else read)."""
+    i = lower.find(b"\r\n" + name)
+    if i < 0:
+        return None
+    start = i + 2 + len(name)
+    end = block.find(b"\r\n", start)
+    return block[start : end if end >= 0 else len(block)].strip(b" \t")
 
 
 def parse_request(head: bytes) -> RequestHead | None:
@@ -73,18 +75,16 @@ def parse_request(head: bytes) -> RequestHead | None:
     path, _, query = target.partition("?")
     if "://" in path:  # absolute form (proxies): keep only the path
         path = "/" + path.split("://", 1)[1].partition("/")[2]
-    tp_value: str | None = None
-    content_length = 0
-    chunked = upgrade = False
-    for name, value in _headers(head[end + 2 :]):
-        if name == b"traceparent":
-            tp_value = value.decode("latin-1")
-        elif name == b"content-length" and value.isdigit():
-            content_length = int(value)
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
-        elif name == b"upgrade":
-            upgrade = value.lower() == b"websocket"
+    block = head[end:]  # starts with CRLF, so every header line is preceded by one
+    lower = block.lower()
+    tp = _header(block, lower, b"traceparent:")
+    tp_value = tp.decode("latin-1") if tp is not None else None
+    cl = _header(lower, lower, b"content-length:")
+    content_length = int(cl) if cl is not None and cl.isdigit() else 0
+    te = _header(lower, lower, b"transfer-encoding:")
+    chunked = te is not None and b"chunked" in te
+    up = _header(lower, lower, b"upgrade:")
+    upgrade = up == b"websocket"
     if tp_value is None and "traceparent" in query:
         # EventSource and WebSocket cannot send headers: the probe puts it in the query
         for k, v in parse_qsl(query, keep_blank_values=True):
@@ -113,12 +113,9 @@ def parse_response(data: bytes) -> ResponseHead | None:
         return None
     stop = data.find(b"\r\n\r\n")
     head_len = stop + 4 if stop >= 0 else None
-    block = data[end + 2 : stop] if stop >= 0 else data[end + 2 :]
-    content_length: int | None = None
-    chunked = False
-    for name, value in _headers(block):
-        if name == b"content-length" and value.isdigit():
-            content_length = int(value)
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
+    lower = (data[end:stop] if stop >= 0 else data[end:]).lower()
+    cl = _header(lower, lower, b"content-length:")
+    content_length = int(cl) if cl is not None and cl.isdigit() else None
+    te = _header(lower, lower, b"transfer-encoding:")
+    chunked = te is not None and b"chunked" in te
     return ResponseHead(int(m.group(2)), m.group(1).decode(), head_len, content_length, chunked)

@@ -8,11 +8,11 @@ them out. The queue is bounded: under overload records are shed and counted, nev
 from __future__ import annotations
 
 import logging
-import queue
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +59,14 @@ class Agent:
         self.clock = MonoClock()
         self.stats = Stats()
         self.conns: dict[tuple[int, int], ConnState] = {}
-        self.q: queue.Queue[dict[str, Any] | None] = queue.Queue(cfg.queue_size)
+        # a deque (append is atomic, no lock/condition per record) polled by the exporter
+        self.q: deque[dict[str, Any]] = deque()
+        self.n_events = 0
+        self.n_requests: dict[str, int] = {}
+        self.n_shed = 0
+        self._pushed: dict[str, int] = {}
         self.stop = threading.Event()
+        self.drained = threading.Event()
         self.exporters: list[Any] = []
         self._svc: dict[int, tuple[str, str]] = {}
         self._pids: set[int] = set(cfg.pids)
@@ -69,7 +75,7 @@ class Agent:
 
     # -- events ---------------------------------------------------------------------
     def on_event(self, raw: bytes) -> None:
-        self.m.events.inc()
+        self.n_events += 1  # plain ints on the hot path; Prometheus gets them each second
         ev = events.decode(raw)
         if ev is None:
             return
@@ -92,7 +98,8 @@ class Agent:
         st.cut.update_tcp(h.srtt_us, h.retrans)
         if isinstance(ev, events.ReadEv):
             if not st.lport:
-                st.lport, st.rport, st.laddr, st.raddr = ev.lport, ev.rport, ev.laddr, ev.raddr
+                st.lport, st.rport = ev.lport, ev.rport
+                st.laddr, st.raddr = ev.addrs()
             out = st.cut.on_read(h.t, ev.n, ev.data, ev.t_arr, ev.t_acc, ev.t_est)
             if st.cut.mode == "dead" and not st.unparsed_counted and st.cut.requests == 0:
                 st.unparsed_counted = True
@@ -130,12 +137,12 @@ class Agent:
             rec = build(ex, self._info(st), self.clock)
             if ex.traceparent_missed:
                 self.m.traceparent_missed.inc()
-            try:
-                self.q.put_nowait(rec)
-            except queue.Full:
-                self.m.shed.inc()
+            if len(self.q) >= self.cfg.queue_size:
+                self.n_shed += 1  # bounded: shed and count, never grow
                 continue
-            self.m.requests.labels(rec["service"]).inc()
+            self.q.append(rec)
+            svc = rec["service"]
+            self.n_requests[svc] = self.n_requests.get(svc, 0) + 1
 
     # -- the snapshot sweep -----------------------------------------------------------
     def sweep(self) -> None:
@@ -180,7 +187,17 @@ class Agent:
         for pid, fd, lport in procinfo.established(pids, ports):
             loader.seed_fd(self.bpf, pid, fd, lport)
 
+    def _push_counter(self, key: str, counter: Any, value: int) -> None:
+        delta = value - self._pushed.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+            self._pushed[key] = value
+
     def refresh_metrics(self) -> None:
+        self._push_counter("events", self.m.events, self.n_events)
+        self._push_counter("shed", self.m.shed, self.n_shed)
+        for svc, n in list(self.n_requests.items()):
+            self._push_counter("req:" + svc, self.m.requests.labels(svc), n)
         c = loader.counters(self.bpf)
         self.m.lost.set(c["lost_events"])
         for name, n in loader.map_fill(self.bpf).items():
@@ -196,14 +213,17 @@ class Agent:
 
     def exporter_loop(self) -> None:
         while True:
-            rec = self.q.get()
-            if rec is None:
+            stopping = self.stop.is_set()
+            while self.q:
+                rec = self.q.popleft()
+                for e in self.exporters:
+                    try:
+                        e.export(rec)
+                    except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
+                        log.warning("export failed: %s", exc)
+            if stopping and self.drained.is_set():
                 return
-            for e in self.exporters:
-                try:
-                    e.export(rec)
-                except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
-                    log.warning("export failed: %s", exc)
+            time.sleep(0.02)
 
     def run(self) -> int:
         cfg = self.cfg
@@ -268,7 +288,7 @@ class Agent:
         # SIGTERM/SIGINT: detach first (no new events), drain what is queued, flush, exit 0
         loader.drain(self.bpf)
         loader.detach(self.bpf)
-        self.q.put(None)
+        self.drained.set()
         t.join(timeout=10)
         for exp in self.exporters:
             exp.close()
