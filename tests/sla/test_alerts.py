@@ -186,3 +186,23 @@ def test_webhook_gets_the_same_alert_objects(am: _Receiver) -> None:
     notifier.stop()
     assert calls[0][0] == "/hook"
     assert calls[0][1]["alerts"][0]["labels"]["metric"] == "ttft"
+
+
+def test_firing_alert_is_re_sent_until_resolved(am: _Receiver) -> None:
+    cfg = SlaConfig(defaults=Thresholds(for_s=0), alertmanager=Receiver(am.url, resend_s=0.2))
+    notifier = Notifier(cfg.alertmanager, None)
+    notifier.start()
+    alerts = Alerts(cfg, notify=notifier.submit)
+    now = T0
+    for _ in range(4):  # four evaluations 0.25 s apart while firing: each one re-sends
+        alerts.update(_ev(*OUT, now), now)
+        now += timedelta(seconds=15)
+        time.sleep(0.25)
+    alerts.update(_ev(*OK, now), now)
+    calls = am.wait(5)
+    notifier.stop()
+    assert len(calls) == 5
+    ends = [datetime.fromisoformat(c[1][0]["endsAt"]) for c in calls]
+    starts = {c[1][0]["startsAt"] for c in calls}
+    assert starts == {T0.isoformat()}
+    assert all(e > T0 for e in ends[:4]) and ends[4] == now

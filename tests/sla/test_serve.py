@@ -1,0 +1,62 @@
+"""The SLA checker inside a real ``parallax-collector serve`` (plugin wiring, real HTTP)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.collector.helpers import start_collector
+from tests.sla.test_cli import _store
+
+
+def test_serve_evaluates_and_serves_sla_alerts_metrics_ui(tmp_path: Path) -> None:
+    d = _store(tmp_path, "/v1/ok,/v1/net")
+    cfg = tmp_path / "sla.yaml"
+    cfg.write_text("for: 0s\ninterval: 1s\n")
+    c = start_collector(d, env={"PARALLAX_SLA_CONFIG": str(cfg)})
+    try:
+        c.wait_ready(60)
+        doc: dict[str, object] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{c.query}/v1/sla", timeout=10)
+            if r.status_code == 200 and r.json()["routes"]:
+                doc = r.json()
+                break
+            time.sleep(0.5)
+        assert doc, c.tail()
+        routes = {r["route"]: r for r in doc["routes"]}  # type: ignore[attr-defined]
+        assert routes["/v1/net"]["metrics"]["ttfb"]["verdict"] == "out_of_band"
+        assert routes["/v1/ok"]["verdict"] == "ok"
+        deadline = time.monotonic() + 30
+        firing: list[dict[str, str]] = []
+        while time.monotonic() < deadline and not firing:
+            firing = httpx.get(f"{c.query}/v1/alerts", timeout=10).json()["current"]
+            time.sleep(0.5)
+        assert [(a["route"], a["state"]) for a in firing] == [("/v1/net", "firing")]
+        metrics = httpx.get(f"{c.query}/metrics", timeout=10).text
+        assert 'parallax_sla_divergence_ms{metric="ttfb",route="/v1/net",service="app"}' in metrics
+        assert httpx.get(f"{c.query}/ui", timeout=10).status_code == 200
+        assert httpx.get(f"{c.ingest}/v1/sla", timeout=10).status_code == 404  # not public
+    finally:
+        c.stop()
+    assert "sla alert pending → firing" in c.tail() or "sla alert inactive → firing" in c.tail()
+
+
+def test_bad_config_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    d.mkdir()
+    cfg = tmp_path / "sla.yaml"
+    cfg.write_text("routes:\n  - route: /x\n    band_ms: -2\n")
+    c = start_collector(d, env={"PARALLAX_SLA_CONFIG": str(cfg)})
+    try:
+        c.wait_ready(60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "routes[0].band_ms" not in c.tail():
+            time.sleep(0.2)
+    finally:
+        c.stop()
+    line = next(ln for ln in c.tail().splitlines() if "routes[0].band_ms" in ln)
+    assert "must be ≥ 0" in line and "Traceback" not in c.tail()
