@@ -14,6 +14,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -109,6 +110,37 @@ def _bpf_stats(pid: int) -> tuple[int, int]:
     return total_ns, total_cnt
 
 
+def _prog_ids(pid: int) -> set[int]:
+    ids: set[int] = set()
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("prog_id:"):
+                ids.add(int(line.split()[1]))
+    return ids
+
+
+def bpf_breakdown(pid: int) -> dict[str, tuple[int, int]]:
+    """name → (run_time_ns, run_cnt) of the agent's programs (bpftool, stats enabled)."""
+    ids = _prog_ids(pid)
+    p = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True)
+    out: dict[str, tuple[int, int]] = {}
+    try:
+        progs = json.loads(p.stdout or "[]")
+    except ValueError:
+        return out
+    for prog in progs:
+        if prog.get("id") not in ids:
+            continue
+        name = str(prog.get("name", "?")).replace("tracepoint__", "")
+        ns, cnt = out.get(name, (0, 0))
+        out[name] = (ns + prog.get("run_time_ns", 0), cnt + prog.get("run_cnt", 0))
+    return out
+
+
 def dd_seconds(count: int) -> float:
     best = float("inf")
     for _ in range(3):
@@ -188,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     prev_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     results: dict[str, dict[str, dict[str, float]]] = {"untraced": {}, "traced": {}}
     extra: dict[str, float] = {}
+    breakdown: list[tuple[float, str, float]] = []
     try:
         _wait_port(port)
         wrk(port, 1, conns, None)  # warm-up
@@ -212,7 +245,23 @@ def main(argv: list[str] | None = None) -> int:
                         res["bpf_ns_per_req"] = (ns1 - ns0) / n
                         res["cpu_us_per_req"] = (cpu1 - cpu0) / os.sysconf("SC_CLK_TCK") * 1e6 / n
                     results[mode][str(r)] = res
+                if agent:
+                    b0 = bpf_breakdown(agent.p.pid)
                 results[mode]["sat"] = wrk(port, a.seconds, 50, None)
+                if agent:
+                    b1 = bpf_breakdown(agent.p.pid)
+                    n = max(1.0, results[mode]["sat"]["requests"])
+                    breakdown = sorted(
+                        (
+                            (
+                                (b1[k][0] - b0.get(k, (0, 0))[0]) / n,
+                                k,
+                                (b1[k][1] - b0.get(k, (0, 0))[1]) / n,
+                            )
+                            for k in b1
+                        ),
+                        reverse=True,
+                    )
                 if agent:
                     recs = (tmp / "agent.jsonl").read_text().count("\n")
                     extra["records"] = recs
@@ -268,6 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         " aggregated in the kernel (≈3 events per request). Not yet used: raw tracepoints"
         " (one raw_syscalls hook would cost every syscall, not just these); see docs/agent.md.",
     ]
+    lines += [
+        "",
+        "BPF time per request at saturation, by program (top 8):",
+        "",
+        "| Program | ns/request | runs/request |",
+        "|---|---|---|",
+    ]
+    for ns, name, runs in breakdown[:8]:
+        lines.append(f"| `{name}` | {ns:.0f} | {runs:.2f} |")
     md = "\n".join(lines)
     print(md)
     if not a.no_write:
