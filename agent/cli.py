@@ -100,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
         help="service name for connections on PORT (default: the process's"
         " OTEL_SERVICE_NAME, else its executable name)",
     )
+    r.add_argument(
+        "--disable-tracepoint",
+        action="append",
+        default=[],
+        metavar="CAT:NAME",
+        help="treat this optional tracepoint as missing (degrade as on an older kernel; e.g."
+        " to test the fallbacks, or to drop tcp:tcp_probe's per-segment cost)",
+    )
     return ap
 
 
@@ -144,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 head_window=args.head_window,
                 stream_limit_s=args.stream_limit_s,
                 service_names=names,
+                disabled_tracepoints=args.disable_tracepoint,
             )
         )
     return 2

@@ -32,9 +32,10 @@ class Options:
     ports: list[int] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     head_window: int = 4096
-    resp_window: int = 1024
+    resp_window: int = 512  # status line + framing headers; larger heads parse up to it
     stream_limit_s: float = 60.0
     max_conns: int = 16384
+    disabled: list[str] = field(default_factory=list)  # tracepoint ids to treat as missing
     ringbuf_pages: int = 2048  # 8 MiB
 
 
@@ -46,12 +47,11 @@ class Loaded:
 
 
 def _macro(tp: Tracepoint) -> str:
-    name = tp.name.replace("sys_exit_", "sys_enter_") if tp.category == "syscalls" else tp.name
-    return f"PX_HAVE_{name.upper()}"
+    return f"PX_HAVE_{tp.name.upper()}"
 
 
-def available() -> tuple[list[Tracepoint], list[Tracepoint]]:
-    """(present, missing) tracepoints, fields checked."""
+def available(disabled: frozenset[str] = frozenset()) -> tuple[list[Tracepoint], list[Tracepoint]]:
+    """(present, missing) tracepoints, fields checked; ``disabled`` ids count as missing."""
     tfs, note = tracefs.ensure_mounted()
     if tfs is None:
         raise LoadError(f"tracefs {note}")
@@ -59,7 +59,8 @@ def available() -> tuple[list[Tracepoint], list[Tracepoint]]:
     missing: list[Tracepoint] = []
     for tp in TRACEPOINTS:
         f = tracefs.fields(tfs, tp.category, tp.name)
-        (have if f is not None and set(tp.fields) <= f else missing).append(tp)
+        ok = f is not None and set(tp.fields) <= f and tp.id not in disabled
+        (have if ok else missing).append(tp)
     return have, missing
 
 
@@ -73,7 +74,7 @@ def _pow2(n: int) -> int:
 def load(opts: Options) -> Loaded:
     if os.geteuid() != 0:
         raise LoadError("needs root (or CAP_BPF+CAP_PERFMON): run with sudo; see `doctor`")
-    have, missing = available()
+    have, missing = available(frozenset(opts.disabled))
     req_missing = [tp.id for tp in missing if tp.required]
     if req_missing:
         raise LoadError(f"required tracepoints missing: {', '.join(req_missing)}")
@@ -87,28 +88,22 @@ def load(opts: Options) -> Loaded:
     have_ids = {tp.id for tp in have}
     macros: set[str] = set()
     for tp in have:
-        if tp.category == "syscalls" and tp.name.startswith("sys_"):
-            # both halves of a syscall pair must exist to compile it
-            other = (
-                tp.name.replace("enter", "exit")
-                if "enter" in tp.name
-                else tp.name.replace("exit", "enter")
-            )
-            if f"syscalls:{other}" not in have_ids and other.replace("sys_enter_", "") not in (
-                "accept",
-                "accept4",
-            ):
-                continue
+        name = tp.name
+        paired = name.startswith("sys_enter_") and name not in (
+            "sys_enter_accept",
+            "sys_enter_accept4",
+        )
+        # a syscall is compiled only with both halves
+        if paired and f"syscalls:sys_exit_{name[len('sys_enter_') :]}" not in have_ids:
+            continue
         macros.add(_macro(tp))
-    if "syscalls:sys_exit_accept" in have_ids:
-        macros.add("PX_HAVE_SYS_EXIT_ACCEPT")
-    degraded: list[str] = []
-    seen: set[str] = set()
+    # one line per consequence, naming every tracepoint that causes it; logged once
+    by_effect: dict[str, list[str]] = {}
     for tp in missing:
-        if tp.degrade not in seen:
-            seen.add(tp.degrade)
-            degraded.append(f"{tp.id}: {tp.degrade}")
-            log.warning("degraded: %s missing → %s", tp.id, tp.degrade)
+        by_effect.setdefault(tp.degrade, []).append(tp.id)
+    degraded = [f"{', '.join(ids)}: {effect}" for effect, ids in by_effect.items()]
+    for line in degraded:
+        log.warning("degraded: %s", line)
     hw = _pow2(opts.head_window)
     cflags = [
         f"-DPX_HEAD_WINDOW={hw}",

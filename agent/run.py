@@ -36,6 +36,7 @@ class RunConfig:
     stream_limit_s: float = 60.0
     service_names: dict[int, str] = field(default_factory=dict)
     drain_ms: float = 10.0
+    disabled_tracepoints: list[str] = field(default_factory=list)
     queue_size: int = 20000
 
 
@@ -247,6 +248,7 @@ class Agent:
             pids=sorted(self._pids),
             head_window=cfg.head_window,
             stream_limit_s=cfg.stream_limit_s,
+            disabled=cfg.disabled_tracepoints,
         )
         # with only --port, pid filtering follows the owners of those listening ports
         try:

@@ -35,6 +35,18 @@ def _sys(name: str, fields: tuple[str, ...], required: bool, degrade: str) -> Tr
 TRACEPOINTS: tuple[Tracepoint, ...] = (
     _sys("sys_exit_accept4", ("ret",), True, "no new connections are followed"),
     _sys("sys_exit_accept", ("ret",), False, "servers using accept() (not accept4) are missed"),
+    _sys(
+        "sys_enter_accept4",
+        ("fd", "upeer_sockaddr"),
+        False,
+        "before Linux 6.3 only: no fd→socket fallback by the accept peer address",
+    ),
+    _sys(
+        "sys_enter_accept",
+        ("fd", "upeer_sockaddr"),
+        False,
+        "before Linux 6.3 only: no fd→socket fallback for accept()",
+    ),
     _sys("sys_enter_read", ("fd", "buf", "count"), True, _RW),
     _sys("sys_exit_read", ("ret",), True, _RW),
     _sys("sys_enter_readv", ("fd", "vec", "vlen"), False, f"readv: {_RW}"),

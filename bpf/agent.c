@@ -147,7 +147,21 @@ BPF_PERCPU_ARRAY(px_counters, u64, C_NCOUNTERS);
 BPF_PERCPU_ARRAY(px_scratch_read, struct px_ev_read, 1);
 BPF_PERCPU_ARRAY(px_scratch_resp, struct px_ev_resp, 1);
 BPF_PERCPU_ARRAY(px_agg_zero, struct px_agg, 1);  // never written: the zero value for inits
-BPF_HASH(px_synack, u16, u64, 256);  // SYN-ACK retransmits per listening port
+BPF_HASH(px_synack, u16, u64, 256);
+
+#if !defined(PX_HAVE_SOCK_RECV_LENGTH) || !defined(PX_HAVE_SOCK_SEND_LENGTH)
+// Before Linux 6.3 (no sock_*_length): link fd and socket by the peer address that accept()
+// writes to user memory and the 4-tuple inet_sock_set_state saw at the handshake. Servers
+// that pass no address buffer to accept() (libuv, Go) are not followed on these kernels.
+#define PX_LINK_BY_TUPLE 1
+struct px_tuple {
+    u8 raddr[16];
+    u16 rport;
+    u16 pad[3];
+};
+BPF_TABLE("lru_hash", struct px_tuple, u64, px_tuples, PX_MAX_CONNS);
+BPF_HASH(px_accept_args, u64, u64, 16384);
+#endif  // SYN-ACK retransmits per listening port
 BPF_RINGBUF_OUTPUT(px_events, PX_RINGBUF_PAGES);
 
 struct px_iovec {
@@ -199,6 +213,13 @@ static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen)
     if (!px_traced(id >> 32))
         return;
     struct px_active a = {};
+#ifdef PX_LINK_BY_TUPLE
+    u64 key = (id & 0xffffffff00000000ULL) | fd;
+    struct px_fd *f = px_fds.lookup(&key);
+    if (!f || !f->sk)
+        return;
+    a.sk = f->sk;
+#endif
     a.fd = fd;
     a.buf = buf;
     a.kind = kind;
@@ -496,8 +517,54 @@ static __always_inline void px_accept_exit(long ret) {
     u64 key = (id & 0xffffffff00000000ULL) | (u32)ret;
     struct px_fd f = {};
     f.t_acc = bpf_ktime_get_ns();
+#ifdef PX_LINK_BY_TUPLE
+    u64 *up = px_accept_args.lookup(&id);
+    if (up) {
+        u64 uaddr = *up;
+        px_accept_args.delete(&id);
+        u8 sa[24] = {};
+        if (uaddr && bpf_probe_read_user(sa, sizeof(sa), (void *)uaddr) == 0) {
+            struct px_tuple tk = {};
+            u16 fam = sa[0] | (sa[1] << 8);
+            tk.rport = (sa[2] << 8) | sa[3];  // network order in the sockaddr
+            if (fam == PX_AF_INET)
+                __builtin_memcpy(tk.raddr, &sa[4], 4);
+            else
+                __builtin_memcpy(tk.raddr, &sa[8], 16);
+            u64 *skp = px_tuples.lookup(&tk);
+            if (skp) {
+                f.sk = *skp;
+                px_tuples.delete(&tk);
+                struct px_conn *c = px_conns.lookup(skp);
+                if (c && !c->t_acc)
+                    c->t_acc = f.t_acc;
+            }
+        }
+    }
+#endif
     px_fds.update(&key, &f);
 }
+
+#ifdef PX_LINK_BY_TUPLE
+static __always_inline void px_accept_enter(u64 uaddr) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;
+    px_accept_args.update(&id, &uaddr);
+}
+#ifdef PX_HAVE_SYS_ENTER_ACCEPT4
+TRACEPOINT_PROBE(syscalls, sys_enter_accept4) {
+    px_accept_enter((u64)args->upeer_sockaddr);
+    return 0;
+}
+#endif
+#ifdef PX_HAVE_SYS_ENTER_ACCEPT
+TRACEPOINT_PROBE(syscalls, sys_enter_accept) {
+    px_accept_enter((u64)args->upeer_sockaddr);
+    return 0;
+}
+#endif
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { px_accept_exit(args->ret); return 0; }
 #ifdef PX_HAVE_SYS_EXIT_ACCEPT
@@ -635,6 +702,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         }
         px_conns.update(&sk, &c);
         px_count(C_CONNS);
+#ifdef PX_LINK_BY_TUPLE
+        struct px_tuple tk = {};
+        __builtin_memcpy(tk.raddr, c.raddr, 16);
+        tk.rport = args->dport;
+        px_tuples.update(&tk, &sk);
+#endif
         return 0;
     }
     // The peer is gone: its FIN (CLOSE_WAIT), or its RST while established (a client that
