@@ -77,10 +77,11 @@ class LlmServer:
             return []
         return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
 
-    def wait_record(self, pred: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+    def wait_record(self, pred: Any, timeout_s: float = 10.0, after: int = 0) -> dict[str, Any]:
+        """The first record matching ``pred`` among those from index ``after`` on."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for r in self.records():
+            for r in self.records()[after:]:
                 if pred(r):
                     return r
             time.sleep(0.05)

@@ -4,6 +4,8 @@ small bound (the probe keeps 256 chunk times and a count, and buffers no body)."
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser
@@ -30,6 +32,15 @@ fetch(url, {method: 'POST', body: 'go'})
     pump();
   });
 """
+
+
+@pytest.fixture
+def llm(tmp_path: Path) -> Iterator[LlmServer]:
+    """Its own server: an abandoned stream keeps it writing (paced) until the token cap, which
+    must not disturb the pacing the other tests measure."""
+    s = LlmServer(tmp_path / "timing.jsonl")
+    yield s
+    s.close()
 
 
 def test_endless_stream_keeps_the_heap_bounded(

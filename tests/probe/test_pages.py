@@ -74,7 +74,7 @@ def test_cross_origin_propagation_and_coarse_timing(
         q = "?tokens=2&first_token_ms=0&token_gap_ms=0"
         before = len(llm.records())
         page.evaluate("u => fetch(u).then(r => r.text())", other + "/v1/complete" + q)
-        llm.wait_record(lambda r: r["path"] == "/v1/complete")
+        llm.wait_record(lambda r: r["path"] == "/v1/complete", after=before)
         new = [r for r in llm.records()[before:] if r["path"] == "/v1/complete"]
         assert [r["traceparent"] for r in new] == [None], "not in propagateTo: no header"
 

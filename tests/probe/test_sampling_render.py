@@ -1,0 +1,93 @@
+"""Session sampling drives the traceparent sampled flag; the paint is measured only while the
+page is visible, through renderTarget or Parallax.markRendered()."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page
+
+from parallax_contracts.trace_context import parse
+from tests.probe.conftest import LlmServer
+from tests.probe.pages import probe_page
+from tests.probe.sink import Page as SinkPage
+from tests.probe.sink import Sink
+
+pytestmark = pytest.mark.browser
+
+# Read a short stream, showing each chunk in #out; optionally call markRendered after showing.
+READ = """
+window.ask = (api, mark) => fetch(api + '/v1/chat?tokens=3&first_token_ms=50&token_gap_ms=20',
+    {method: 'POST', body: 'q'}).then(r => {
+  const rd = r.body.getReader(), dec = new TextDecoder(), out = document.getElementById('out');
+  let text = '';
+  const pump = () => rd.read().then(x => {
+    if (x.done) return text;
+    const t = dec.decode(x.value); text += t; out.textContent += t;
+    if (mark) Parallax.markRendered();
+    return pump();
+  });
+  return pump();
+});
+"""
+HIDE = (
+    "() => { Object.defineProperty(document, 'visibilityState', {value: 'hidden',"
+    " configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"
+)
+SHOW = (
+    "() => { Object.defineProperty(document, 'visibilityState', {value: 'visible',"
+    " configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"
+)
+
+
+def _open(browser: Browser, sink: Sink, path: str, **options: Any) -> Page:
+    sink.pages[path] = SinkPage(probe_page(sink.url + "/v1/beacons", READ, **options))
+    page = browser.new_page()  # a new context: its own localStorage, so its own session
+    page.set_default_timeout(15_000)
+    page.goto(sink.url + path, wait_until="load")
+    return page
+
+
+def test_unsampled_session_sends_flag_00_and_no_beacons(
+    browser: Browser, llm: LlmServer, sink: Sink
+) -> None:
+    page = _open(browser, sink, "/s0.html", sampleRate=0, propagateTo=[llm.url])
+    before = len(llm.records())
+    page.evaluate("api => ask(api, false)", llm.url)
+    page.goto("about:blank")
+    llm.wait_record(lambda r: r["path"] == "/v1/chat" and r["method"] == "POST", after=before)
+    new = llm.records()[before:]
+    sent = [r["traceparent"] for r in new if r["path"] == "/v1/chat" and r["method"] == "POST"]
+    assert len(sent) == 1
+    tc = parse(sent[0])
+    assert tc is not None and not tc.sampled, "sampleRate 0: traced, but the sampled flag is off"
+    time.sleep(1.0)
+    assert sink.beacons == [], "an unsampled session sends no beacons"
+
+
+def test_render_only_while_visible(browser: Browser, llm: LlmServer, sink: Sink) -> None:
+    page = _open(browser, sink, "/r.html", propagateTo=[llm.url], renderTarget="#out")
+    page.evaluate(HIDE)
+    page.evaluate("api => ask(api, false)", llm.url)
+    page.evaluate(SHOW)
+    page.evaluate("api => ask(api, false)", llm.url)
+    page.goto("about:blank")
+    entries = sink.wait_entry_list(lambda e: e["kind"] == "fetch", 2)
+    hidden, shown = sorted(entries, key=lambda e: e["start_ms"])
+    assert hidden.get("hidden") is True and "rendered_ms" not in hidden, hidden
+    assert "hidden" not in shown
+    assert shown["first_chunk_ms"] <= shown["rendered_ms"] < shown["first_chunk_ms"] + 1000
+    assert sink.invalid() == []
+
+
+def test_mark_rendered(browser: Browser, llm: LlmServer, sink: Sink) -> None:
+    page = _open(browser, sink, "/m.html", propagateTo=[llm.url])  # no renderTarget
+    text = page.evaluate("api => ask(api, true)", llm.url)
+    assert len(text.split()) == 3
+    page.goto("about:blank")
+    e = sink.wait_entry(lambda e: e["kind"] == "fetch")
+    assert e["first_chunk_ms"] <= e["rendered_ms"] < e["first_chunk_ms"] + 1000
+    assert json.dumps(sink.invalid()) == "[]"
