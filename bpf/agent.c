@@ -69,6 +69,7 @@ struct px_fd {
 };
 
 struct px_conn {
+    u64 fdkey;       // (tgid << 32 | fd) last linked to this socket: skips the fd table
     u64 t_est;       // handshake complete (0: before the agent started)
     u64 ident;       // t_est, or the time the agent first saw the socket (socket reuse)
     u64 t_acc;
@@ -320,6 +321,8 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
 static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     struct px_conn *c = px_conns.lookup(&sk);
     u64 key = (id & 0xffffffff00000000ULL) | fd;
+    if (c && c->fdkey == key)
+        return c;  // the common case: one hash lookup per event
     struct px_fd *f = px_fds.lookup(&key);
     if (!c) {
         // A connection older than the agent: seeded from /proc by user space.
@@ -345,6 +348,7 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
         f->sk = sk;
     }
     c->tgid = id >> 32;
+    c->fdkey = key;
     return c;
 }
 

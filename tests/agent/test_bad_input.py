@@ -32,7 +32,9 @@ def env(
     old = socket.create_connection(("127.0.0.1", port), 5)
     http_request(port, b"GET /before HTTP/1.1\r\nHost: x\r\n\r\n", sock=old)
     try:
-        agent = Agent(tmp, [port], ["--service-name", f"{port}=bad-input-svc"])
+        agent = Agent(
+            tmp, [port], ["--service-name", f"{port}=bad-input-svc", "--stream-limit-s", "1"]
+        )
     except Exception:
         srv.stop()
         raise
@@ -180,3 +182,20 @@ def test_not_root_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "root" in lines[0], p.stderr
+
+
+def test_stream_over_the_limit_gives_a_partial_then_the_final_record(
+    env: tuple[int, Agent, socket.socket],
+) -> None:
+    port, agent, _ = env  # this module's agent runs with --stream-limit-s 1
+    ctx = trace_context.generate()
+    head = f"GET /stream?n=8&gap_ms=250 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n"
+    resp = http_request(port, (head + "Connection: close\r\n\r\n").encode())
+    assert resp.endswith(b"0\r\n\r\n")
+    recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, count=2)
+    partial = [r for r in recs if r["partial"]]
+    final = [r for r in recs if not r["partial"]]
+    assert len(partial) >= 1 and len(final) == 1, recs
+    assert 1 <= partial[0]["chunks"] < 8 and final[0]["chunks"] == 8
+    assert partial[0]["duration_us"] >= 1_000_000 > final[0]["duration_us"] - 1_700_000
+    assert partial[0]["span_id"] != final[0]["span_id"]
