@@ -74,8 +74,9 @@ def test_render_only_while_visible(browser: Browser, llm: LlmServer, sink: Sink)
     page.evaluate("api => ask(api, false)", llm.url)
     page.evaluate(SHOW)
     page.evaluate("api => ask(api, false)", llm.url)
-    page.goto("about:blank")
-    entries = sink.wait_entry_list(lambda e: e["kind"] == "fetch", 2)
+    page.wait_for_timeout(100)  # the paint (two frames)
+    page.evaluate(HIDE)  # visibilitychange → hidden sends the finished entries (flush 5 s)
+    entries = sink.wait_entry_list(lambda e: e["kind"] == "fetch", 2, timeout_s=3)
     hidden, shown = sorted(entries, key=lambda e: e["start_ms"])
     assert hidden.get("hidden") is True and "rendered_ms" not in hidden, hidden
     assert "hidden" not in shown
@@ -85,9 +86,12 @@ def test_render_only_while_visible(browser: Browser, llm: LlmServer, sink: Sink)
 
 def test_mark_rendered(browser: Browser, llm: LlmServer, sink: Sink) -> None:
     page = _open(browser, sink, "/m.html", propagateTo=[llm.url])  # no renderTarget
+    # init is idempotent: a second call (another endpoint) changes nothing.
+    page.evaluate("() => Parallax.init({endpoint: 'http://127.0.0.1:9/nowhere', site: 'x'})")
     text = page.evaluate("api => ask(api, true)", llm.url)
     assert len(text.split()) == 3
     page.goto("about:blank")
     e = sink.wait_entry(lambda e: e["kind"] == "fetch")
     assert e["first_chunk_ms"] <= e["rendered_ms"] < e["first_chunk_ms"] + 1000
+    assert len(sink.entries()) == 1, "one wrapper, one entry"
     assert json.dumps(sink.invalid()) == "[]"
