@@ -69,7 +69,7 @@ export const cfg = { render: false, sink: (_e: Entry): void => {} };
 export const isHidden = (): boolean =>
   typeof document !== "undefined" && document.visibilityState === "hidden";
 /** URL without query string or fragment (privacy: queries carry prompts and tokens). */
-export const bare = (u: URL): string => u.origin + u.pathname;
+export const bare = (u: URL): string => (u.origin + u.pathname).slice(0, 2048);
 
 export function begin(kind: Kind, url: URL, tc: TraceContext, method?: string, name?: string): Rec {
   const e: Entry = {
@@ -80,7 +80,8 @@ export function begin(kind: Kind, url: URL, tc: TraceContext, method?: string, n
     url: bare(url),
     start_ms: now(),
   };
-  if (method) e.method = method.toUpperCase();
+  // The contract's method pattern is ^[A-Z]{1,16}$: one odd value must not void a beacon.
+  if (method) e.method = method.toUpperCase().replace(/[^A-Z]/g, "").slice(0, 16) || "GET";
   if (isHidden()) e.hidden = true;
   const r: Rec = { e, n: name };
   live.add(r);
@@ -147,7 +148,7 @@ export function emit(r: Rec): void {
     if (t.nextHopProtocol) e.protocol = t.nextHopProtocol.slice(0, 16);
     const st = (t.serverTiming || []).slice(0, 16).map((s) => {
       const o: ServerTiming = { name: s.name.slice(0, 64) };
-      if (s.duration) o.dur_ms = s.duration;
+      if (s.duration > 0) o.dur_ms = s.duration;
       if (s.description) o.desc = s.description.slice(0, 256);
       return o;
     });
