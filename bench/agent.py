@@ -268,10 +268,11 @@ def main(argv: list[str] | None = None) -> int:
             agent = AgentProc(port, tmp) if mode == "traced" else None
             try:
                 if agent:
-                    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
                     time.sleep(1.5)  # the first rescan has picked up nginx
+                    # before bpf_stats: the stats' own clock reads would inflate it
                     dd_traced = dd_seconds(a.dd_count)
                     extra["dd_ratio"] = dd_traced / dd_base
+                    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
                 for r in rates:
                     if agent:
                         ns0, _ = _bpf_stats(agent.p.pid)
