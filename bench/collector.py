@@ -109,14 +109,24 @@ def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
             }
             for tid, parent in traces[i : i + ENTRIES_PER_REQ]
         ]
-        doc = {"v": 1, "site": "bench", "session": f"session-{seed}-{i}", "page": "/",
-               "time_origin": origin_ms, "entries": entries}
+        doc = {
+            "v": 1,
+            "site": "bench",
+            "session": f"session-{seed}-{i}",
+            "page": "/",
+            "time_origin": origin_ms,
+            "entries": entries,
+        }
         beacons_out.append(json.dumps(doc).encode())
     return spans_out, beacons_out
 
 
 async def _offer(
-    base: str, spans: list[bytes], beacons: list[bytes], span_rate: float, entry_rate: float,
+    base: str,
+    spans: list[bytes],
+    beacons: list[bytes],
+    span_rate: float,
+    entry_rate: float,
     seconds: float,
 ) -> dict[str, Any]:
     lat: list[float] = []
@@ -126,8 +136,9 @@ async def _offer(
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
 
         async def one(kind: str, body: bytes) -> None:
-            headers = {"content-type": "application/x-protobuf" if kind == "spans"
-                       else "text/plain"}
+            headers = {
+                "content-type": "application/x-protobuf" if kind == "spans" else "text/plain"
+            }
             path = "/v1/traces" if kind == "spans" else "/v1/beacons"
             t = time.perf_counter()
             try:
@@ -142,8 +153,10 @@ async def _offer(
                 errors[code] = errors.get(code, 0) + 1
 
         plan = []
-        for kind, rate, bodies, per in (("spans", span_rate, spans, SPANS_PER_REQ),
-                                        ("entries", entry_rate, beacons, ENTRIES_PER_REQ)):
+        for kind, rate, bodies, per in (
+            ("spans", span_rate, spans, SPANS_PER_REQ),
+            ("entries", entry_rate, beacons, ENTRIES_PER_REQ),
+        ):
             if rate <= 0:
                 continue
             n = int(rate * seconds / per)
@@ -164,9 +177,14 @@ async def _offer(
         elapsed = time.perf_counter() - start
     lat.sort()
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
-    return {"spans": sent["spans"], "entries": sent["entries"], "elapsed": elapsed,
-            "p99_ms": p99 * 1000, "p50_ms": lat[len(lat) // 2] * 1000 if lat else float("nan"),
-            "errors": errors}
+    return {
+        "spans": sent["spans"],
+        "entries": sent["entries"],
+        "elapsed": elapsed,
+        "p99_ms": p99 * 1000,
+        "p50_ms": lat[len(lat) // 2] * 1000 if lat else float("nan"),
+        "errors": errors,
+    }
 
 
 def _gen_main(conn: Any, base: str) -> None:
@@ -189,10 +207,25 @@ class Target:
         self.query = f"http://127.0.0.1:{qport}"
         self.log = (data_dir.parent / "collector.log").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "collector.cli", "serve", "--listen", f"127.0.0.1:{port}",
-             "--admin-listen", f"127.0.0.1:{qport}", "--data-dir", str(data_dir),
-             "--rate", "0", "--log-level", "WARNING"],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "collector.cli",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{qport}",
+                "--data-dir",
+                str(data_dir),
+                "--rate",
+                "0",
+                "--log-level",
+                "WARNING",
+                "--no-plugins",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -236,7 +269,7 @@ _DISK = (
     "c.command('OPTIMIZE TABLE parallax.server_spans FINAL')\n"
     "c.command('OPTIMIZE TABLE parallax.browser_entries FINAL')\n"
     "c.command('OPTIMIZE TABLE parallax.pairs FINAL')\n"
-    "r = c.query(\"SELECT table, sum(rows), sum(bytes_on_disk) FROM system.parts WHERE "
+    'r = c.query("SELECT table, sum(rows), sum(bytes_on_disk) FROM system.parts WHERE '
     "database = 'parallax' AND active GROUP BY table\").result_rows\n"
     "print(json.dumps({t: [int(n), int(b)] for t, n, b in r}))\n"
 )
@@ -245,8 +278,11 @@ _DISK = (
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step-seconds", type=float, default=8.0)
-    ap.add_argument("--rates", default="5000,10000,20000,30000,40000,50000",
-                    help="combined offered rates (rows/s, half spans, half entries)")
+    ap.add_argument(
+        "--rates",
+        default="5000,10000,20000,30000,40000,50000",
+        help="combined offered rates (rows/s, half spans, half entries)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print, do not edit docs")
     args = ap.parse_args()
     from tests.collector.helpers import free_port
@@ -287,8 +323,9 @@ def main() -> int:
         for rate in (float(r) for r in args.rates.split(",")):
             r = run(rate / 2, rate / 2, args.step_seconds)
             achieved = (r["spans"] + r["entries"]) / r["elapsed"]
-            sustained = achieved >= 0.95 * rate and r["queue_after"] <= 2 * 20_000 and not r[
-                "errors"]
+            sustained = (
+                achieved >= 0.95 * rate and r["queue_after"] <= 2 * 20_000 and not r["errors"]
+            )
             r.update(rate=rate, achieved=achieved, sustained=sustained)
             steps.append(r)
             print(json.dumps(r), flush=True)
@@ -300,8 +337,12 @@ def main() -> int:
         parent.send(None)
         gen.join(10)
         target.stop()
-    p = subprocess.run([sys.executable, "-c", _DISK, str((tmp / "data" / "chdb").resolve())],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", _DISK, str((tmp / "data" / "chdb").resolve())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     disk = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
     lines += [
         "Collector (`make bench-collector` = `python -m bench.collector`): a real collector "
@@ -320,17 +361,28 @@ def main() -> int:
     ]
     for t, (rows, b) in sorted(disk.items()):
         if rows:
-            lines.append(f"| bytes on disk per million rows, `{t}` | {b / rows * 1e6 / 2**20:.1f}"
-                         f" MiB ({rows:,} rows) | — |")
-    lines += ["", "| offered rows/s | delivered rows/s | p50 ingest ms | p99 ingest ms | "
-              "queue after step | collector CPU s | sustained |", "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| bytes on disk per million rows, `{t}` | {b / rows * 1e6 / 2**20:.1f}"
+                f" MiB ({rows:,} rows) | — |"
+            )
+    lines += [
+        "",
+        "| offered rows/s | delivered rows/s | p50 ingest ms | p99 ingest ms | "
+        "queue after step | collector CPU s | sustained |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in steps:
-        lines.append(f"| {r['rate']:,.0f} | {r['achieved']:,.0f} | {r['p50_ms']:.1f} | "
-                     f"{r['p99_ms']:.1f} | {r['queue_after']:,.0f} | {r['cpu_s']:.1f} | "
-                     f"{'yes' if r['sustained'] else 'no'} {r['errors'] or ''} |")
-    lines += ["", "The generator shares the 2 cores with the collector, so the highest rate is "
-              "a floor for a dedicated machine. CPU per row includes the HTTP server, parsing, "
-              "validation, the spool write, the column-oriented insert and the pairing round."]
+        lines.append(
+            f"| {r['rate']:,.0f} | {r['achieved']:,.0f} | {r['p50_ms']:.1f} | "
+            f"{r['p99_ms']:.1f} | {r['queue_after']:,.0f} | {r['cpu_s']:.1f} | "
+            f"{'yes' if r['sustained'] else 'no'} {r['errors'] or ''} |"
+        )
+    lines += [
+        "",
+        "The generator shares the 2 cores with the collector, so the highest rate is "
+        "a floor for a dedicated machine. CPU per row includes the HTTP server, parsing, "
+        "validation, the spool write, the column-oriented insert and the pairing round.",
+    ]
     md = "\n".join(lines)
     print(md)
     if not args.no_write:

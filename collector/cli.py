@@ -80,6 +80,9 @@ def _add_serve(sub: Any) -> None:
         "--spool-fsync", action="store_true", help="fsync every accepted request (power-loss safe)"
     )
     p.add_argument("--pairing-lookback", type=int, default=d.pairing_lookback_s, help="seconds")
+    p.add_argument(
+        "--no-plugins", action="store_true", help="serve without plugins (e.g. the SLA checker)"
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -114,7 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
         spool_fsync=args.spool_fsync,
         pairing_lookback_s=args.pairing_lookback,
     )
-    return run(settings)
+    return run(settings, [] if args.no_plugins else None)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ class Settings:
     rate_per_s: float = 50.0
     rate_burst: int = 100
     batch_rows: int = 20_000
-    flush_interval_s: float = 0.5
+    flush_interval_s: float = 1.0
     spool_max_bytes: int = 1 << 30
     spool_fsync: bool = False
     pairing_lookback_s: int = 900

@@ -15,7 +15,7 @@ class Metrics(Hooks):
         self.received = Counter(
             _P + "rows_received", "Records received, before validation", ["source"], registry=r
         )
-        self.rows_written = Counter(
+        self.written_rows = Counter(
             _P + "rows_written", "Rows written to the store", ["source"], registry=r
         )
         self.rejected = Counter(
@@ -66,7 +66,7 @@ class Metrics(Hooks):
 
     # Pipeline hooks
     def written(self, source: str, rows: int, seconds: float) -> None:
-        self.rows_written.labels(source).inc(rows)
+        self.written_rows.labels(source).inc(rows)
         self.batch_rows.labels(source).observe(rows)
         self.write_seconds.labels(source).observe(seconds)
 

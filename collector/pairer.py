@@ -51,9 +51,15 @@ _UNVERSIONED = [n for n in _PAIR_NAMES if n not in ("version", "paired_at")]
 
 
 def read_traces(
-    store: Store, trace_ids: list[str], lookback_s: int | None
+    store: Store,
+    trace_ids: list[str],
+    lookback_s: int | None,
+    want: tuple[bool, bool] = (True, True),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(spans, entries) of these traces; ``lookback_s`` None = any age."""
+    """(spans, entries) of these traces; ``lookback_s`` None = any age; ``want`` = which of
+    (spans, entries) to read."""
+    if not trace_ids:
+        return [], []
     db = store.database
     # Trace ids are checked 32-hex at ingest (and here): a literal list is safe, and much
     # cheaper than the driver's parameter formatting for thousands of ids.
@@ -63,12 +69,29 @@ def read_traces(
     if lookback_s is not None:
         where += " AND time >= now64() - toIntervalSecond({lb:UInt32})"
         params["lb"] = lookback_s
-    spans = store.rows(SPAN_SELECT.format(db=db) + where, params)
-    entries = store.rows(ENTRY_SELECT.format(db=db) + where, params)
+    spans = store.rows(SPAN_SELECT.format(db=db) + where, params) if want[0] else []
+    entries = store.rows(ENTRY_SELECT.format(db=db) + where, params) if want[1] else []
     # Client retries may have left copies that a merge has not collapsed yet.
     spans = list({(s["trace_id"], s["span_id"]): s for s in spans}.values())
     entries = list({(e["trace_id"], e["span_id"], e["seq"]): e for e in entries}.values())
     return spans, entries
+
+
+_SPAN_NAMES = schema.column_names(schema.SPAN_COLUMNS)
+_ENTRY_NAMES = schema.column_names(schema.ENTRY_COLUMNS)
+
+
+def span_dict(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A server_spans row tuple (as written) → the dict read_traces returns."""
+    d = dict(zip(_SPAN_NAMES, row, strict=True))
+    d["time_ns"], d["end_ns"], d["arrival_ns"] = d["time"], d["end_time"], d["arrival"]
+    return d
+
+
+def entry_dict(row: tuple[Any, ...]) -> dict[str, Any]:
+    d = dict(zip(_ENTRY_NAMES, row, strict=True))
+    d["time_us"] = d["time"]
+    return d
 
 
 def pairs_for(
@@ -101,6 +124,7 @@ class Pairer:
         interval_s: float = 0.5,
         max_batch: int = 2000,
         coverage_interval_s: float = 30.0,
+        memory_traces: int = 200_000,
     ):
         self.store = store
         self.metrics = metrics
@@ -115,13 +139,45 @@ class Pairer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
+        self.store_lookups = 0
+        # Rows this collector wrote recently, by trace id: most pairs complete from memory
+        # without reading both sides back from the store.
+        self._mem: OrderedDict[str, tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]] = (
+            OrderedDict()
+        )
+        self.memory_traces = memory_traces
+
+    def offer(self, spans: list[tuple[Any, ...]], entries: list[tuple[Any, ...]]) -> None:
+        """Rows just written: remember them and mark their traces. A span without a parent
+        cannot pair (no browser span) and marks nothing."""
+        now: list[str] = []
+        later: list[str] = []
+        with self._lock:
+            for r in entries:
+                t = r[5]
+                self._mem.setdefault(t, ([], []))[1].append(r)
+                now.append(t)
+            for r in spans:
+                t = r[3]
+                m = self._mem.setdefault(t, ([], []))
+                m[0].append(r)
+                if r[5]:
+                    # The beacon usually comes after the span (it is sent when the stream
+                    # has ended): look for it in the store only if it has not come here.
+                    (now if m[1] else later).append(t)
+            while len(self._mem) > self.memory_traces:
+                self._mem.popitem(last=False)
+        self.mark(now)
+        self.mark(later, delay_s=self.recheck_s, attempt=1)
 
     def mark(self, trace_ids: Iterable[str], delay_s: float = 0.0, attempt: int = 0) -> None:
+        """Pair these traces after ``delay_s`` (an earlier mark wins)."""
         due = time.monotonic() + delay_s
         with self._lock:
             for t in trace_ids:
-                if t not in self._due:
-                    self._due[t] = (due, attempt)
+                cur = self._due.get(t)
+                if cur is None or due < cur[0]:
+                    self._due[t] = (due, attempt if cur is None else min(attempt, cur[1]))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="parallax-pairer", daemon=True)
@@ -175,7 +231,7 @@ class Pairer:
         t = time.perf_counter()
         ids = [b[0] for b in batch]
         try:
-            spans, entries = read_traces(self.store, ids, self.lookback_s)
+            spans, entries = self._gather(ids)
             rows, one_sided = pairs_for(spans, entries)
             fresh = self._changed(rows)
             n_fresh = len(fresh)
@@ -194,6 +250,37 @@ class Pairer:
         self.rounds += 1
         self.metrics.pairing_seconds.observe(time.perf_counter() - t)
         return n_fresh
+
+    def _gather(self, ids: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Both sides of these traces: from memory when both are there, else the store."""
+        spans: list[dict[str, Any]] = []
+        entries: list[dict[str, Any]] = []
+        no_entries, no_spans, neither = [], [], []
+        with self._lock:
+            for t in ids:
+                m = self._mem.get(t)
+                if m and m[0] and m[1]:
+                    spans.extend(span_dict(r) for r in m[0])
+                    entries.extend(entry_dict(r) for r in m[1])
+                elif m and m[0]:
+                    no_entries.append(t)
+                elif m and m[1]:
+                    no_spans.append(t)
+                    entries.extend(entry_dict(r) for r in m[1])
+                else:
+                    neither.append(t)
+        lb = self.lookback_s
+        self.store_lookups += len(no_entries) + len(no_spans) + len(neither)
+        # Spans without a browser entry here: look for the entry only (usually nothing), and
+        # read the trace's spans (all hops, whoever wrote them) only where one exists.
+        _, e_found = read_traces(self.store, no_entries, lb, (False, True))
+        found = sorted({e["trace_id"] for e in e_found})
+        entries += e_found
+        s_found, _ = read_traces(self.store, found + no_spans, lb, (True, False))
+        s_all, e_all = read_traces(self.store, neither, lb)
+        spans += s_found + s_all
+        entries += e_all
+        return spans, entries
 
     @staticmethod
     def _key(r: dict[str, Any]) -> tuple[str, str, int]:

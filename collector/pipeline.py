@@ -74,7 +74,8 @@ class Hooks:
 
     def store_error(self, error: BaseException) -> None: ...
 
-    def traces_written(self, trace_ids: list[str]) -> None: ...
+    def rows_written(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
+        """After a segment is in the store: its rows by source (spans, entries)."""
 
 
 class Pipeline:
@@ -261,7 +262,7 @@ class Pipeline:
                     self.memory_pending_rows -= seg.nrows
                 self._cv.notify_all()
             if trace_ids:
-                self.hooks.traces_written(trace_ids)
+                self.hooks.rows_written(rows)
 
     def _rows_of(self, seg: Segment) -> tuple[dict[str, list[tuple[Any, ...]]], list[str]]:
         if seg.rows is not None:

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Generator, Sequence
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -23,7 +24,7 @@ from collector.api.query import build_query_app
 from collector.config import Settings, split_hostport
 from collector.metrics import Metrics
 from collector.pairer import Pairer
-from collector.pipeline import Pipeline, SpoolLockedError
+from collector.pipeline import ENTRIES, SPANS, Pipeline, SpoolLockedError
 from collector.plugins import Context, Plugin
 from collector.plugins import load as load_plugins
 from collector.store.client import Store, redact
@@ -40,9 +41,9 @@ class _Hooks(Metrics):
 
     pairer: Pairer | None = None
 
-    def traces_written(self, trace_ids: list[str]) -> None:
+    def rows_written(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         if self.pairer is not None:
-            self.pairer.mark(trace_ids)
+            self.pairer.offer(rows[SPANS], rows[ENTRIES])
 
 
 class Collector:
@@ -178,8 +179,9 @@ async def _serve(collector: Collector) -> None:
         for x in servers:
             x.should_exit = True
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _exit)
+    if threading.current_thread() is threading.main_thread():  # embedded runs have none
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _exit)
     tasks = [asyncio.create_task(x.serve()) for x in servers]
     while not all(x.started for x in servers):
         if any(t.done() for t in tasks):
