@@ -83,11 +83,21 @@ def _values_array() -> str:
     return "[" + ", ".join(items) + "]"
 
 
+N_FINE = 2 * len(METRICS)  # series 1…N_FINE (the metric sides) use the fine grid
+
+
+def grid_of(series: str) -> quantize.Grid:
+    return quantize.FINE if series in SERIES[:N_FINE] else quantize.COARSE
+
+
 def _packed_keys() -> str:
     """Per pair, (series index << 32) + (cell + 2^31) for every measured value: one UInt64
     grouping key instead of (series string, cell) — half the time of grouping by both."""
     vals = _values_array()
-    cell = quantize.code_sql("v")
+    cell = (
+        f"if(i <= {N_FINE}, {quantize.code_sql('v', quantize.FINE)}, "
+        f"{quantize.code_sql('v', quantize.COARSE)})"
+    )
     return (
         f"arrayFilter(k -> k != 0, arrayMap((v, i) -> if(isFinite(v), "
         f"bitShiftLeft(toUInt64(i), 32) + toUInt64({cell} + 2147483648), 0), "
@@ -126,10 +136,13 @@ class SeriesStats:
     nonzero: int
     levels: tuple[float, ...]
     codes: Sequence[int]
+    grid: quantize.Grid = quantize.FINE
 
     def at(self, q: float) -> float | None:
         i = _level_index(self.levels).get(q)
-        return None if i is None or not self.n else quantize.decode(int(self.codes[i]))
+        if i is None or not self.n:
+            return None
+        return quantize.decode(int(self.codes[i]), self.grid)
 
 
 @dataclass(slots=True)
@@ -149,6 +162,7 @@ class SlaSource:
         self._get = get_client
         self.db = db
         self._marks: dict[datetime, tuple[int, datetime]] | None = None
+        self._parts_sig: tuple[Any, ...] | None = None
 
     # -- plumbing ---------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -194,6 +208,17 @@ class SlaSource:
         version (one harmless re-summary). Returns how many minutes were summarized."""
         if self._marks is None:
             self._marks = self._load_marks()
+        # Nothing written or merged since the last look (same active parts): nothing to do.
+        # A Distributed table has no local parts: then always look.
+        sig = tuple(
+            self.rows(
+                "SELECT count(), sum(rows), max(modification_time), sum(cityHash64(name)) "  # noqa: S608
+                f"FROM system.parts WHERE database = '{self.db}' AND table = '{PAIRS}' "
+                "AND active"
+            )[0]
+        )
+        if sig[0] and sig == self._parts_sig:
+            return 0
         horizon = _minute(now - window - HORIZON_EXTRA)
         found = self.rows(
             f"SELECT toStartOfMinute(time) AS m, count(), max(paired_at) "  # noqa: S608
@@ -203,6 +228,7 @@ class SlaSource:
         current = {_as_utc(m): (int(n), _as_utc(p)) for m, n, p in found}
         dirty = sorted(m for m, mark in current.items() if self._marks.get(m) != mark)
         if not dirty:
+            self._parts_sig = sig
             return 0
         self.summarize_minutes(dirty)
         self.update_sessions(dirty)
@@ -210,6 +236,7 @@ class SlaSource:
         keep.update({m: current[m] for m in dirty})
         self._marks = keep
         self._store_marks(keep)
+        self._parts_sig = sig  # only once the summaries are written
         return len(dirty)
 
     def summarize_minutes(self, minutes: Sequence[datetime]) -> None:
@@ -241,7 +268,7 @@ FROM (
 GROUP BY minute, service, route, series"""  # noqa: S608
         )
         # what each hop before the origin adds (proxied pairs only; the service is a label)
-        cell = quantize.code_sql("h.2")
+        cell = quantize.code_sql("h.2", quantize.COARSE)
         self.command(
             f"""INSERT INTO {db}.{schema.MINUTES}
 (minute, service, route, series, n, cells, counts, version)
@@ -370,7 +397,7 @@ GROUP BY session"""  # noqa: S608
         for lv, sql in queries:
             for service, route, series, n, nz, qs in self.rows(sql):
                 w.series.setdefault((service, route), {})[series] = SeriesStats(
-                    int(n), int(nz), lv, qs
+                    int(n), int(nz), lv, qs, grid_of(series)
                 )
         for service, route, total, far in self.rows(
             f"""SELECT r.1, r.2, count(), countIf(abs(theta_ms) > 100)

@@ -50,15 +50,21 @@ def test_verdicts() -> None:
     assert stats.verdict(500, iv(None, 10), 15, 100) == "uncertain"
 
 
-def test_sql_grid_matches_python(source: SlaSource) -> None:
+@pytest.mark.parametrize("grid", [quantize.FINE, quantize.COARSE])
+def test_sql_grid_matches_python(source: SlaSource, grid: quantize.Grid) -> None:
     rng = random.Random(3)
-    vals = [0.0, 0.05, -0.05, 51.19, 51.2, -51.2, 1e-3, 7.77, 400.0, 5000.0, 86_400_000.0]
+    vals = [0.0, 0.05, -0.05, 25.59, 25.6, -25.6, 6.4, 1e-3, 7.77, 400.0, 5000.0, 86_400_000.0]
     vals += [rng.uniform(-2000, 2000) for _ in range(300)]
     arr = ", ".join(repr(v) for v in vals)
-    got = source.rows(f"SELECT arrayMap(x -> {quantize.code_sql('x')}, [{arr}])")[0][0]
-    assert list(got) == [quantize.encode(v) for v in vals]
+    got = source.rows(f"SELECT arrayMap(x -> {quantize.code_sql('x', grid)}, [{arr}])")[0][0]
+    assert list(got) == [quantize.encode(v, grid) for v in vals]
     for v in vals:
-        assert abs(quantize.decode(quantize.encode(v)) - v) <= quantize.half_width_ms(v)
+        assert abs(quantize.decode(quantize.encode(v, grid), grid) - v) <= quantize.half_width_ms(
+            v, grid
+        )
+    # monotone: a larger value never gets a smaller cell
+    codes = [quantize.encode(v, grid) for v in sorted(vals)]
+    assert codes == sorted(codes)
 
 
 def _exchanges(
