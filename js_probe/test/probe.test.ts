@@ -175,3 +175,43 @@ test("session: sampling decided once per session, rotated after inactivity", () 
   }
   assert.ok(n > 380 && n < 620, `${n}/2000 sampled at 0.25`);
 });
+
+test("Resource Timing fields: phases of new connections, Server-Timing, coarse without TAO", () => {
+  const url = new URL("https://api.example/v1/complete");
+  const got: Entry[] = [];
+  const sink = cfg.sink;
+  cfg.sink = (e) => got.push(e);
+  try {
+    const full = begin("fetch", url, generateTraceContext(true), "GET", url.href);
+    const hidden = begin("fetch", url, generateTraceContext(true), "GET", url.href);
+    full.e.start_ms = 10;
+    hidden.e.start_ms = 50;
+    const rt = (o: Record<string, unknown>) =>
+      ({ getEntries: () => [{ name: url.href, ...o } as unknown as PerformanceResourceTiming] }) as unknown as PerformanceObserverEntryList;
+    onResource(
+      rt({
+        startTime: 10.2, domainLookupStart: 10.3, domainLookupEnd: 12.34, connectStart: 12.4,
+        secureConnectionStart: 13, connectEnd: 20.04, requestStart: 20.1, responseStart: 80.55,
+        responseEnd: 90, transferSize: 300, nextHopProtocol: "h2",
+        serverTiming: [{ name: "app", duration: 41.5, description: "" }, { name: "cache", duration: -1, description: "hit" }],
+      }),
+    );
+    // Cross-origin without Timing-Allow-Origin: every phase is 0 except start and end.
+    onResource(rt({ startTime: 50.3, requestStart: 0, responseStart: 0, responseEnd: 99.5, domainLookupStart: 0, domainLookupEnd: 0, connectStart: 0, connectEnd: 0, secureConnectionStart: 0 }));
+    const [a, b] = got;
+    assert.deepEqual(
+      [a?.request_start_ms, a?.response_start_ms, a?.response_end_ms, a?.dns_ms, a?.connect_ms, a?.tls_ms, a?.coarse],
+      [20.1, 80.6, 90, 2, 7.6, 7, undefined],
+    );
+    assert.deepEqual(a?.server_timing, [{ name: "app", dur_ms: 41.5 }, { name: "cache", desc: "hit" }]);
+    assert.equal(a?.protocol, "h2");
+    assert.equal(b?.coarse, true);
+    assert.equal(b?.request_start_ms, 50, "the probe's own start");
+    assert.equal(b?.response_end_ms, 99.5);
+    assert.equal(b?.dns_ms, undefined);
+    for (const e of got)
+      assert.deepEqual(beaconErrors({ v: 1, site: "t", session: "sess_0123456789", time_origin: 1, entries: [e] }), []);
+  } finally {
+    cfg.sink = sink;
+  }
+});
