@@ -81,6 +81,12 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--pairing-lookback", type=int, default=d.pairing_lookback_s, help="seconds")
     p.add_argument(
+        "--coverage-interval",
+        type=float,
+        default=d.coverage_interval_s,
+        help="seconds between pairing-coverage updates [%(default)s]",
+    )
+    p.add_argument(
         "--no-plugins", action="store_true", help="serve without plugins (e.g. the SLA checker)"
     )
     p.add_argument("--log-level", default="INFO")
@@ -116,6 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
         spool_max_bytes=args.spool_max_mb << 20,
         spool_fsync=args.spool_fsync,
         pairing_lookback_s=args.pairing_lookback,
+        coverage_interval_s=args.coverage_interval,
     )
     return run(settings, [] if args.no_plugins else None)
 

@@ -40,6 +40,7 @@ class Settings:
     pairing_lookback_s: int = 900
     pairing_interval_s: float = 0.5
     pairing_recheck_s: float = 5.0
+    coverage_interval_s: float = 30.0
 
     @property
     def spool_dir(self) -> Path:

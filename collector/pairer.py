@@ -45,6 +45,10 @@ SELECT toUnixTimestamp64Micro(time) AS time_us, toUnixTimestamp64Milli(received)
        clock_drift_ms, sdk
 FROM {db}.browser_entries
 """
+COVERAGE_WINDOW_S = 300
+COVERAGE_LAG_S = 30
+COVERAGE_SAMPLE = 200_000
+LOOKUP_CHUNK = 256  # ids per store lookup: a bloom filter answers well for few ids only
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _PAIR_NAMES = schema.column_names(schema.PAIR_COLUMNS)
 _UNVERSIONED = [n for n in _PAIR_NAMES if n not in ("version", "paired_at")]
@@ -58,6 +62,14 @@ def read_traces(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(spans, entries) of these traces; ``lookback_s`` None = any age; ``want`` = which of
     (spans, entries) to read."""
+    if len(trace_ids) > LOOKUP_CHUNK:
+        out_s: list[dict[str, Any]] = []
+        out_e: list[dict[str, Any]] = []
+        for i in range(0, len(trace_ids), LOOKUP_CHUNK):
+            s, e = read_traces(store, trace_ids[i : i + LOOKUP_CHUNK], lookback_s, want)
+            out_s += s
+            out_e += e
+        return out_s, out_e
     if not trace_ids:
         return [], []
     db = store.database
@@ -215,7 +227,7 @@ class Pairer:
         return out
 
     def _run(self) -> None:
-        next_cov = time.monotonic() + 2.0
+        next_cov = time.monotonic() + min(2.0, self.coverage_interval_s)
         while not self._stop.wait(self.interval_s):
             try:
                 while (batch := self._take_due()) and not self._stop.is_set():
@@ -305,24 +317,42 @@ class Pairer:
             self._written.popitem(last=False)
 
     def update_coverage(self) -> None:
+        """Pairing coverage per route over the last ``COVERAGE_WINDOW_S`` seconds, ending
+        ``COVERAGE_LAG_S`` ago (so pairs still being made do not count as misses). Beyond
+        ``COVERAGE_SAMPLE`` rows, a hash sample of trace ids keeps the query's memory
+        bounded (both sides of a trace are in or out of the sample together)."""
         db = self.store.database
-        lb = {"lb": self.lookback_s}
+        window = (
+            "time >= now64() - toIntervalSecond({hi:UInt32}) "
+            "AND time < now64() - toIntervalSecond({lo:UInt32})"
+        )
+        p: dict[str, Any] = {"hi": COVERAGE_WINDOW_S + COVERAGE_LAG_S, "lo": COVERAGE_LAG_S}
+        n = self.store.query(
+            f"SELECT count() FROM {db}.browser_entries WHERE {window}",  # noqa: S608
+            p,
+        ).result_rows[0][0]
+        p["m"] = max(1, int(n) // COVERAGE_SAMPLE + 1)
+        sample = " AND cityHash64(trace_id) % {m:UInt64} = 0"
+        pw = f"{window}{sample}"
+        # Pairs are keyed by the browser's start time; the server's may be a little later.
+        pairs_where = (
+            "time >= now64() - toIntervalSecond({hi:UInt32}) - 600 "
+            "AND time < now64() - toIntervalSecond({lo:UInt32}) + 600" + sample
+        )
         spans = self.store.query(
             f"SELECT route, count(), countIf(span_id IN (SELECT arrayJoin(hop_span_ids) "  # noqa: S608
-            f"FROM {db}.pairs FINAL WHERE time >= now64() - toIntervalSecond({{lb:UInt32}}) "
-            f"- 3600)) FROM {db}.server_spans FINAL WHERE parent_span_id != '' AND "
-            "time >= now64() - toIntervalSecond({lb:UInt32}) GROUP BY route LIMIT 1000",
-            lb,
+            f"FROM {db}.pairs WHERE {pairs_where})) FROM {db}.server_spans "
+            f"WHERE parent_span_id != '' AND {pw} GROUP BY route LIMIT 1000",
+            p,
         ).result_rows
         entries = self.store.query(
             f"SELECT route, count(), countIf((trace_id, span_id, seq) IN (SELECT trace_id, "  # noqa: S608
-            f"span_id, seq FROM {db}.pairs FINAL WHERE time >= now64() - "
-            f"toIntervalSecond({{lb:UInt32}}) - 3600)) FROM {db}.browser_entries FINAL "
-            "WHERE time >= now64() - toIntervalSecond({lb:UInt32}) GROUP BY route LIMIT 1000",
-            lb,
+            f"span_id, seq FROM {db}.pairs WHERE {pairs_where})) FROM {db}.browser_entries "
+            f"WHERE {pw} GROUP BY route LIMIT 1000",
+            p,
         ).result_rows
         self.metrics.coverage.clear()
         for side, rows in (("spans", spans), ("entries", entries)):
-            for route, n, paired in rows:
-                if n:
-                    self.metrics.coverage.labels(route, side).set(paired / n)
+            for route, total, paired in rows:
+                if total:
+                    self.metrics.coverage.labels(route, side).set(min(1.0, paired / total))

@@ -71,6 +71,7 @@ class Collector:
             lookback_s=settings.pairing_lookback_s,
             interval_s=settings.pairing_interval_s,
             recheck_s=settings.pairing_recheck_s,
+            coverage_interval_s=settings.coverage_interval_s,
         )
         self.metrics.pairer = self.pairer
         self.migrate_error = "store not migrated yet"
