@@ -1,6 +1,7 @@
-"""The agent as on a kernel before 6.3: without sock:sock_{send,recv}_length and
-sock:sk_data_ready (forced off with --disable-tracepoint), the fd↔socket link falls back to
-the accept() peer address matched with the handshake's 4-tuple, and t_arr to tcp_probe."""
+"""An agent with non-default options: --head-window 256, and as on a kernel before 6.3:
+without sock:sock_{send,recv}_length and sock:sk_data_ready (forced off with
+--disable-tracepoint), the fd↔socket link falls back to the accept() peer address matched
+with the handshake's 4-tuple, and t_arr to tcp_probe."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent
     tmp = tmp_path_factory.mktemp("degraded")
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / "t.jsonl")])
     port = srv.port()
-    extra = [x for tp in OFF for x in ("--disable-tracepoint", tp)]
+    extra = [x for tp in OFF for x in ("--disable-tracepoint", tp)] + ["--head-window", "256"]
     try:
         agent = Agent(tmp, [port], extra)
     except Exception:
@@ -60,3 +61,16 @@ def test_requests_still_timed_by_the_tuple_link(setup: tuple[int, Agent]) -> Non
         assert r["path"] == "/deg" and r["status"] == 200
         assert r["ttfb_us"] is not None and r["accept_queue_us"] is not None
         assert r["arrival_unix_ns"]  # from tcp_probe segments with data
+
+
+def test_traceparent_beyond_the_window_is_missed_not_guessed(setup: tuple[int, Agent]) -> None:
+    port, agent = setup
+    ctx = trace_context.generate()
+    head = (
+        f"GET /wide HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * 400}\r\n"
+        f"traceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+    )
+    assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
+    [r] = agent.wait_for(lambda r: r["path"] == "/wide")
+    assert r["traceparent_missed"] is True
+    assert r["trace_id"] != ctx.trace_id and r["parent_span_id"] is None

@@ -258,6 +258,26 @@ def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
     _attempts(check)
 
 
+def test_uvicorn_chunked_post(stack: tuple[Stack, Agent]) -> None:
+    s, agent = stack
+    port = s.ports["llm"]
+    ctx = trace_context.generate()
+    body = b'{"prompt": "private words the agent must not keep"}'
+    head = (
+        f"POST /v1/chat HTTP/1.1\r\nHost: t\r\ntraceparent: {ctx.header()}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Authorization: Bearer secret-token\r\nCookie: session=secret\r\n\r\n"
+    ).encode()
+    resp = http_request(port, head + body)
+    assert resp.startswith(b"HTTP/1.1 200")
+    [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+    assert r["method"] == "POST" and r["path"] == "/v1/chat"
+    assert r["bytes_in"] == len(head) + len(body) and r["chunks"] >= 8
+    text = agent.jsonl.read_text() + agent.err.read_text()
+    for secret in ("secret-token", "session=secret", "private words"):
+        assert secret not in text  # privacy: never exported or logged
+
+
 def test_uvicorn_websocket_exchanges(stack: tuple[Stack, Agent]) -> None:
     from websockets.sync.client import connect
 
