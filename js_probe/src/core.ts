@@ -46,6 +46,7 @@ export interface Rec {
   h?: number; // when the probe saw the response headers
   x?: number; // when the probe saw the end (or failure)
   b?: boolean; // the app reads the body through the probe's pass-through stream
+  l?: number; // last chunk time
   w?: boolean; // waiting for the paint after the first chunk
   d?: boolean; // sent
 }
@@ -95,6 +96,7 @@ export function chunk(r: Rec, t = now()): void {
   const e = r.e;
   if (r.d) return;
   e.chunks = (e.chunks || 0) + 1;
+  r.l = t;
   if (!e.chunk_ms) {
     e.chunk_ms = [];
     e.first_chunk_ms = t;
@@ -211,12 +213,15 @@ export function markRendered(traceId?: string): void {
 }
 
 /** The page is being hidden: no render samples; send what is finished. On pagehide
- *  (`all`), also what is still open — a stream the user abandons is still a measurement. */
+ *  (`all`), also what is still open — a stream the user abandons is still a measurement; a
+ *  WebSocket exchange ends with its last message. */
 export function hide(all: boolean): void {
   awaiting.length = 0;
   for (const r of [...live]) {
-    if (r.x === undefined || r.w) r.e.hidden = true;
+    // `hidden` says why a request has no render sample; one painted before stays valid.
+    if ((r.x === undefined || r.w) && r.e.rendered_ms === undefined) r.e.hidden = true;
     r.w = false;
+    if (all && r.e.seq && r.l) end(r, undefined, r.l);
     if (all || r.x !== undefined) emit(r);
   }
 }

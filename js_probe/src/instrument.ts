@@ -264,7 +264,6 @@ interface WsState {
   tc: TraceContext;
   n: number;
   cur?: Rec | undefined;
-  last?: number | undefined;
 }
 
 export function hookWebSocket(w: W, p: Policy, href: () => string): void {
@@ -273,7 +272,7 @@ export function hookWebSocket(w: W, p: Policy, href: () => string): void {
   const sockets = new WeakMap<WebSocket, WsState>();
   const send = WS.prototype.send;
   const finish = (s: WsState): void => {
-    if (s.cur) end(s.cur, undefined, s.last ?? now());
+    if (s.cur) end(s.cur, undefined, s.cur.l ?? now());
     s.cur = undefined;
   };
   WS.prototype.send = function (this: WebSocket, data: string | ArrayBufferLike | Blob | ArrayBufferView) {
@@ -285,7 +284,6 @@ export function hookWebSocket(w: W, p: Policy, href: () => string): void {
         finish(s);
         s.cur = begin("websocket", new URL(s.r.e.url as string), s.tc);
         s.cur.e.seq = ++s.n;
-        s.last = undefined;
       }
     } catch {
       // untraced
@@ -303,10 +301,8 @@ export function hookWebSocket(w: W, p: Policy, href: () => string): void {
     ws.addEventListener("message", () => {
       const c = s.cur;
       if (!c) return; // server pushes before the page's first message: no exchange
-      const t = now();
       headers(c);
-      chunk(c, t);
-      s.last = t; // an exchange ends with its last message, not at the next send
+      chunk(c); // an exchange ends with its last message (Rec.l), not at the next send
     });
     ws.addEventListener("close", () => {
       end(r, "network"); // a no-op after a successful open

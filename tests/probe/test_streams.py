@@ -21,7 +21,7 @@ from tests.probe.sink import Sink
 pytestmark = pytest.mark.browser
 
 FIRST_MS = 150
-GAP_MS = 30
+GAP_MS = 60
 TOKENS = 8
 
 
@@ -45,17 +45,27 @@ def _server_for(llm: LlmServer, entry: dict[str, Any], **match: Any) -> dict[str
 
 
 def _check_pacing(entry: dict[str, Any], server: dict[str, Any], n: int) -> None:
-    browser_gaps = _gaps(entry["chunk_ms"][:n])
-    server_gaps = [g / 1e6 for g in _gaps(server["t_writes_ns"][:n])]
-    assert len(browser_gaps) == len(server_gaps) == n - 1, (entry, server)
-    diffs = [abs(b - s) for b, s in zip(browser_gaps, server_gaps, strict=True)]
-    # Loopback: what the user saw between tokens is what the server wrote, within a few ms.
-    # A busy main thread (two shared cores) can hold one message back, which lengthens one
-    # gap and shortens the next: the median and the whole stream's span stay exact.
-    assert statistics.median(diffs) <= 5, (browser_gaps, server_gaps)
-    assert abs(sum(browser_gaps) - sum(server_gaps)) <= 10, (browser_gaps, server_gaps)
+    """The user-side chunk times against the server's write times (one clock each: gaps)."""
+    got = entry["chunk_ms"]
+    writes = [w / 1e6 for w in server["t_writes_ns"][:n]]
+    assert len(writes) == n, server
     ttft = entry["first_chunk_ms"] - entry["request_start_ms"]
     assert ttft >= FIRST_MS - 2, f"user TTFT {ttft} ms < the server's first-token wait"
+    # The whole stream's span: first token to last, as written and as read.
+    span = (got[-1] - got[0]) - (writes[-1] - writes[0])
+    assert abs(span) <= 10, (got, writes)
+    if len(got) < n:
+        # A fetch body is a byte stream: when the page's main thread is busy for longer than
+        # a token gap, two writes arrive as one chunk (what the user saw, and what the probe
+        # reports). Only the span is comparable then.
+        assert entry["kind"] == "fetch" and entry["chunks"] == len(got), entry
+        return
+    assert len(got) == n, entry
+    diffs = [abs(b - s) for b, s in zip(_gaps(got), _gaps(writes), strict=True)]
+    # Loopback: what the user saw between tokens is what the server wrote, within a few ms.
+    # A busy main thread (two shared cores) can hold one message back, which lengthens one
+    # gap and shortens the next: the median and the span stay exact.
+    assert statistics.median(diffs) <= 5, (_gaps(got), _gaps(writes))
 
 
 def test_fetch_sse_websocket_streams(browser: Browser, llm: LlmServer, sink: Sink) -> None:
@@ -69,7 +79,7 @@ def test_fetch_sse_websocket_streams(browser: Browser, llm: LlmServer, sink: Sin
 
     f = sink.wait_entry(lambda e: e["kind"] == "fetch" and e["url"].endswith("/v1/chat"))
     sf = _server_for(llm, f, path="/v1/chat")
-    assert f["method"] == "POST" and f["status"] == 200 and f["chunks"] == TOKENS
+    assert f["method"] == "POST" and f["status"] == 200 and 2 <= f["chunks"] <= TOKENS
     assert not f.get("coarse"), "same origin: Resource Timing phases"
     assert f["response_start_ms"] >= f["request_start_ms"]
     _check_pacing(f, sf, TOKENS)
@@ -90,6 +100,11 @@ def test_fetch_sse_websocket_streams(browser: Browser, llm: LlmServer, sink: Sin
         assert ws[seq]["chunks"] == TOKENS + 1  # tokens, then "[DONE]"
         _check_pacing(ws[seq], srv, TOKENS + 1)
     assert ws[0]["status"] == 101
+    # Exchange 2 was still the current one at pagehide: it ends with its last message, and
+    # its paint (taken while visible) stands.
+    for seq in (1, 2):
+        assert ws[seq]["response_end_ms"] == ws[seq]["chunk_ms"][-1], ws[seq]
+        assert "hidden" not in ws[seq] and ws[seq]["rendered_ms"] >= ws[seq]["first_chunk_ms"]
 
     assert sink.invalid() == []
     assert {b.content_type.split(";")[0] for b in sink.beacons} == {"text/plain"}
