@@ -370,29 +370,31 @@ GROUP BY session"""  # noqa: S608
         w = Window(start=start, end=now)
         db = self.db
         metric_series = ", ".join(f"'{m}:{side}'" for m in METRICS for side in ("user", "server"))
-        levels = ", ".join(repr(q) for q in stats.LEVEL_GRID)
         cond = f"minute >= '{_sec(start)}' AND minute <= '{_sec(last)}' AND n > 0"
         # identifiers are ours, times formatted by us: nothing user-given in the SQL
         base = (
-            f"SELECT toString(service) AS svc, toString(route) AS rt, toString(series) AS ser, "  # noqa: S608
-            f"arrayJoin(arrayZip(cells, counts)) AS cc FROM {db}.{schema.MINUTES} FINAL "
-            f"WHERE {cond}"
+            f"SELECT toString(service), toString(route), toString(series), sum(cnt), "  # noqa: S608
+            "sumIf(cnt, cell != 0), quantilesExactWeighted({levels})(cell, cnt) "
+            f"FROM {db}.{schema.MINUTES} FINAL ARRAY JOIN cells AS cell, counts AS cnt "
+            f"WHERE {cond} AND series {{op}} ({metric_series}) GROUP BY service, route, series"
         )
+        # Ask only the grid levels some series needs (its bounds depend on its n): the
+        # answer is a few dozen numbers per series instead of the whole grid.
+        needed = {0.5, 0.95, 0.99}
+        for (n,) in self.rows(
+            f"SELECT sum(n) FROM {db}.{schema.MINUTES} FINAL WHERE {cond} "  # noqa: S608
+            f"AND series IN ({metric_series}) GROUP BY service, route, series"
+        ):
+            lo, hi = stats.rank_bounds(int(n))
+            if lo is not None:
+                needed.add(stats.level_for_rank_at_most(lo, int(n)))
+            if hi is not None:
+                needed.add(stats.level_for_rank_at_least(hi, int(n)))
+        grid = tuple(sorted(needed))
+        levels = ", ".join(repr(q) for q in grid)
         queries = [
-            (
-                stats.LEVEL_GRID,
-                f"SELECT svc, rt, ser, sum(cc.2), sumIf(cc.2, cc.1 != 0), "  # noqa: S608
-                f"quantilesExactWeighted({levels})(cc.1, cc.2) "
-                f"FROM ({base} AND series IN ({metric_series})) "
-                f"GROUP BY svc, rt, ser",
-            ),
-            (
-                (0.5, 0.95, 0.99),
-                f"SELECT svc, rt, ser, sum(cc.2), sumIf(cc.2, cc.1 != 0), "  # noqa: S608
-                f"quantilesExactWeighted(0.5, 0.95, 0.99)(cc.1, cc.2) "
-                f"FROM ({base} AND series NOT IN ({metric_series})) "
-                f"GROUP BY svc, rt, ser",
-            ),
+            (grid, base.format(levels=levels, op="IN")),
+            ((0.5, 0.95, 0.99), base.format(levels="0.5, 0.95, 0.99", op="NOT IN")),
         ]
         for lv, sql in queries:
             for service, route, series, n, nz, qs in self.rows(sql):

@@ -14,6 +14,7 @@ bounds need only a few order statistics, which the per-minute histograms give ex
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -76,23 +77,14 @@ LEVEL_GRID: tuple[float, ...] = tuple(
 
 def level_for_rank_at_most(k: int, n: int) -> float:
     """Largest grid level whose rank ceil(n·q) is ≤ k (rank 1 at worst)."""
-    want = (k - 0.001) / n
-    best = LEVEL_GRID[0]
-    for q in LEVEL_GRID:
-        if q <= want:
-            best = q
-        else:
-            break
-    return best
+    i = bisect.bisect_right(LEVEL_GRID, (k - 0.001) / n)
+    return LEVEL_GRID[max(0, i - 1)]
 
 
 def level_for_rank_at_least(k: int, n: int) -> float:
     """Smallest grid level whose rank ceil(n·q) is ≥ k."""
-    want = (k - 1 + 0.001) / n
-    for q in LEVEL_GRID:
-        if q >= want:
-            return q
-    return 1.0
+    i = bisect.bisect_left(LEVEL_GRID, (k - 1 + 0.001) / n)
+    return LEVEL_GRID[i] if i < len(LEVEL_GRID) else 1.0
 
 
 @dataclass(frozen=True, slots=True)
