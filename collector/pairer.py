@@ -89,6 +89,21 @@ def read_traces(
     return spans, entries
 
 
+def present(store: Store, table: str, trace_ids: list[str], lookback_s: int) -> set[str]:
+    """The trace ids that have a row in ``table`` (span_traces / entry_traces)."""
+    found: set[str] = set()
+    ids = [t for t in trace_ids if _HEX32.fullmatch(t)]
+    for i in range(0, len(ids), 2000):
+        lit = ",".join(f"'{t}'" for t in ids[i : i + 2000])
+        rows = store.query(
+            f"SELECT DISTINCT trace_id FROM {store.database}.{table} "  # noqa: S608 — hex ids
+            f"WHERE trace_id IN ({lit}) AND time >= now64() - toIntervalSecond({{lb:UInt32}})",
+            {"lb": lookback_s},
+        ).result_rows
+        found.update(r[0] for r in rows)
+    return found
+
+
 _SPAN_NAMES = schema.column_names(schema.SPAN_COLUMNS)
 _ENTRY_NAMES = schema.column_names(schema.ENTRY_COLUMNS)
 
@@ -283,15 +298,19 @@ class Pairer:
                     neither.append(t)
         lb = self.lookback_s
         self.store_lookups += len(no_entries) + len(no_spans) + len(neither)
-        # Spans without a browser entry here: look for the entry only (usually nothing), and
-        # read the trace's spans (all hops, whoever wrote them) only where one exists.
-        _, e_found = read_traces(self.store, no_entries, lb, (False, True))
-        found = sorted({e["trace_id"] for e in e_found})
-        entries += e_found
-        s_found, _ = read_traces(self.store, found + no_spans, lb, (True, False))
-        s_all, e_all = read_traces(self.store, neither, lb)
-        spans += s_found + s_all
-        entries += e_all
+        # Which of the missing sides exist at all (primary-key lookups in the small trace-id
+        # tables); only those traces are read. The usual answer is "none yet".
+        has_entry = present(self.store, schema.ENTRY_TRACES, no_entries + neither, lb)
+        has_span = present(self.store, schema.SPAN_TRACES, no_spans + neither, lb)
+        read_both = sorted(
+            {t for t in no_entries if t in has_entry}
+            | {t for t in neither if t in has_entry and t in has_span}
+        )
+        read_spans = [t for t in no_spans if t in has_span]
+        s1, e1 = read_traces(self.store, read_both, lb)
+        s2, _ = read_traces(self.store, read_spans, lb, (True, False))
+        spans += s1 + s2
+        entries += e1
         return spans, entries
 
     @staticmethod

@@ -38,6 +38,10 @@ SPANS = "server_spans"
 ENTRIES = "browser_entries"
 PAIRS = "pairs"
 MIGRATIONS = "schema_migrations"
+# Sorted by trace id (materialized views of the two tables above): "does this trace have a
+# span / an entry?" is a primary-key lookup, not a scan of bloom-filtered granules.
+SPAN_TRACES = "span_traces"
+ENTRY_TRACES = "entry_traces"
 
 
 class _Result(Protocol):
@@ -248,7 +252,28 @@ def migrations(db: str, retention_days: int) -> list[tuple[int, str, list[str]]]
         + f"\n{_ttl(r)}\n{_SETTINGS}",
         f"CREATE VIEW IF NOT EXISTS {db}.pairs_final AS SELECT * FROM {db}.{PAIRS} FINAL",  # noqa: S608
     ]
-    return [(1, "spans, browser entries, pairs", v1)]
+    v2 = [
+        stmt
+        for name, source in ((SPAN_TRACES, SPANS), (ENTRY_TRACES, ENTRIES))
+        for stmt in (
+            f"""CREATE TABLE IF NOT EXISTS {db}.{name}
+(
+    `trace_id` String CODEC(ZSTD(1)),
+    `time` DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = MergeTree
+PARTITION BY toDate(time)
+ORDER BY trace_id
+{_ttl(r)}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv TO {db}.{name} "  # noqa: S608
+            f"AS SELECT trace_id, time FROM {db}.{source}",
+            # Rows written before this version (a repeat after a crash only adds duplicates,
+            # harmless for an existence lookup).
+            f"INSERT INTO {db}.{name} SELECT trace_id, time FROM {db}.{source} "  # noqa: S608
+            f"WHERE time >= now64() - toIntervalDay({r})",
+        )
+    ]
+    return [(1, "spans, browser entries, pairs", v1), (2, "trace id lookup tables", v2)]
 
 
 _DB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -297,7 +322,7 @@ def migrate(client: Executor, db: str, retention_days: int = DEFAULT_RETENTION_D
 def _align_ttl(client: Executor, db: str, days: int) -> None:
     """A changed retention setting rewrites the TTL; old parts are not rewritten (cheap)."""
     want = f"toIntervalDay({days})"
-    for table in (SPANS, ENTRIES, PAIRS):
+    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES):
         rows = _scalar_rows(
             client,
             f"SELECT create_table_query FROM system.tables "  # noqa: S608
