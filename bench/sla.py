@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def generate(d: Path, pairs: int, routes: int) -> float:
     # lognormal-ish server times; user = server + network + queue (+ render for TTFT)
     ln = "exp({s} * sqrt(-2 * log(randCanonical())) * cos(2 * pi() * randCanonical()))"
     t = time.perf_counter()
+    # our own constants only in this SQL
     c.command(
         f"""INSERT INTO parallax.pairs (time, version, paired_at, site, session, service, route,
  method, kind, trace_id, span_id, user_ttfb_ms, server_ttfb_ms, user_ttft_ms, server_ttft_ms,
@@ -50,7 +52,7 @@ def generate(d: Path, pairs: int, routes: int) -> float:
  queue_ms, accept_queue_ms, recv_queue_ms, retransmits, hops, hop_services, hop_added_ms,
  theta_ms, theta_delay_ms)
 SELECT
-  toDateTime64('{start.strftime("%Y-%m-%d %H:%M:%S")}', 6, 'UTC') + (number * 7919 % {span_ms}) / 1000.0,
+  toDateTime64('{start:%Y-%m-%d %H:%M:%S}', 6, 'UTC') + (number * 7919 % {span_ms}) / 1000.0,
   1, toDateTime64('{NOW.strftime("%Y-%m-%d %H:%M:%S")}', 3, 'UTC'), 'bench',
   concat('s', toString(number % 50000)), 'app', concat('/r/', toString(number % {routes})),
   'POST', 'fetch', hex(number), hex(number * 31),
@@ -60,7 +62,7 @@ SELECT
 FROM (SELECT number, 40 * {ln.format(s="0.25")} AS st, 2 + 3 * randCanonical() AS net,
              0.5 * {ln.format(s="0.5")} AS q, 5 + 10 * randCanonical() AS rd
       FROM numbers({pairs}))
-SETTINGS max_insert_threads = 2"""
+SETTINGS max_insert_threads = 2"""  # noqa: S608
     )
     return time.perf_counter() - t
 
@@ -76,11 +78,16 @@ def evaluate_in_process(d: Path) -> dict[str, Any]:
     t = time.perf_counter()
     ev = evaluate(src, SlaConfig(), NOW, WINDOW)
     secs = time.perf_counter() - t
+    # the same evaluator 15 s later (nothing new: the parts check skips the change scan)
+    t = time.perf_counter()
+    evaluate(src, SlaConfig(), NOW, WINDOW)
+    again = time.perf_counter() - t
     cells = src.rows(
         "SELECT count(), sum(length(cells)) FROM parallax.sla_minutes FINAL WHERE n > 0"
     )[0]
     return {
         "seconds": secs,
+        "again_seconds": again,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "routes": len(ev.routes),
         "pairs_in_window": sum(r.metrics["ttfb"].n for r in ev.routes if "ttfb" in r.metrics),
@@ -133,22 +140,41 @@ def main() -> int:
         cold = _child(d)
         steady = [_child(d) for _ in range(3)]
     best = min(steady, key=lambda r: r["seconds"])
+    warm = min(r["again_seconds"] for r in steady)
     goal = "met" if best["seconds"] < 1.0 else "NOT met"
+    rows = [
+        (
+            "steady state, fresh process (window already summarized; best of 3)",
+            f"**{best['seconds']:.2f} s**",
+            best,
+        ),
+        ("steady state, running evaluator (next round, nothing new)", f"{warm:.2f} s", best),
+        (
+            f"cold (first run: summarizes all {cold['pairs_in_window']:,} pairs)",
+            f"{cold['seconds']:.1f} s",
+            cold,
+        ),
+    ]
+    table = "\n".join(
+        f"| {name} | {t} | {r['peak_rss_mib']:.0f} MiB | {r['summary_rows']:,} / {r['cells']:,} |"
+        for name, t, r in rows
+    )
+    load = os.getloadavg()[0]
     md = f"""## SLA checker (`make bench-sla`)
 
 One evaluation over a 5-minute window holding {args.pairs:,} pairs across {args.routes} routes
 in the embedded store (chDB), pairs generated with ClickHouse `numbers()` ({float(gen_s):.0f} s
 to insert). Each evaluation runs in a fresh process (time = `evaluate()`, memory = that
-process's peak RSS, chDB engine included).
+process's peak RSS, chDB engine included); load average at the end: {load:.1f}.
 
 | Evaluation | Time | Peak RSS | Summary rows / histogram cells read |
 |---|---|---|---|
-| steady state (window already summarized; best of 3) | **{best["seconds"]:.2f} s** | {best["peak_rss_mib"]:.0f} MiB | {best["summary_rows"]:,} / {best["cells"]:,} |
-| cold (first run: summarizes all {cold["pairs_in_window"]:,} pairs) | {cold["seconds"]:.1f} s | {cold["peak_rss_mib"]:.0f} MiB | {cold["summary_rows"]:,} / {cold["cells"]:,} |
+{table}
 
-Goal < 1 s per evaluation: **{goal}** (steady state). Steady-state cost follows the occupied
-histogram cells of the window's minutes, not the pairs; summarizing is paid once per
-minute of pairs as they arrive (the cold figure is that cost for the whole window at once).
+Goal < 1 s per evaluation: **{goal}** (steady state, fresh process). Steady-state cost
+follows the occupied histogram cells of the window's minutes, not the pairs; summarizing is
+paid once per minute of pairs as they arrive (the cold figure is that cost for the whole
+window at once, about {cold["pairs_in_window"] / max(cold["seconds"], 1e-9):,.0f} pairs/s).
 
 Machine: {report.machine()} · commit {report.git_rev()} · command `python -m bench.sla`
 """

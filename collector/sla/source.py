@@ -162,7 +162,7 @@ class SlaSource:
         self._get = get_client
         self.db = db
         self._marks: dict[datetime, tuple[int, datetime]] | None = None
-        self._parts_sig: tuple[Any, ...] | None = None
+        self._parts_sig: tuple[str, ...] | None = None
 
     # -- plumbing ---------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -176,22 +176,31 @@ class SlaSource:
 
     # -- change detection -------------------------------------------------------------
     def _load_marks(self) -> dict[datetime, tuple[int, datetime]]:
+        """The minutes' marks and the pairs table's parts signature they were taken at."""
         r = self.rows(
             f"SELECT argMax(value, version) FROM {self.db}.{schema.STATE} "  # noqa: S608
             "WHERE key = 'minute_marks'"
         )
         if not r or not r[0][0]:
             return {}
+        sig, _, body = str(r[0][0]).partition("|")
+        self._parts_sig = tuple(sig.split(",")) if sig else None
         out: dict[datetime, tuple[int, datetime]] = {}
-        for line in str(r[0][0]).split(";"):
+        for line in body.split(";"):
             if line:
                 m, n, p = line.split(",")
                 out[datetime.fromisoformat(m)] = (int(n), datetime.fromisoformat(p))
         return out
 
-    def _store_marks(self, marks: dict[datetime, tuple[int, datetime]]) -> None:
-        value = ";".join(
-            f"{m.isoformat()},{n},{p.isoformat()}" for m, (n, p) in sorted(marks.items())
+    def _store_marks(
+        self, marks: dict[datetime, tuple[int, datetime]], sig: tuple[str, ...]
+    ) -> None:
+        value = (
+            ",".join(sig)
+            + "|"
+            + ";".join(
+                f"{m.isoformat()},{n},{p.isoformat()}" for m, (n, p) in sorted(marks.items())
+            )
         )
         self._get().insert(
             f"{self.db}.{schema.STATE}",
@@ -211,23 +220,27 @@ class SlaSource:
         # Nothing written or merged since the last look (same active parts): nothing to do.
         # A Distributed table has no local parts: then always look.
         sig = tuple(
-            self.rows(
+            str(x)
+            for x in self.rows(
                 "SELECT count(), sum(rows), max(modification_time), sum(cityHash64(name)) "  # noqa: S608
                 f"FROM system.parts WHERE database = '{self.db}' AND table = '{PAIRS}' "
                 "AND active"
             )[0]
         )
-        if sig[0] and sig == self._parts_sig:
+        if sig[0] != "0" and sig == self._parts_sig:
             return 0
         horizon = _minute(now - window - HORIZON_EXTRA)
+        # no upper bound: pairs from a browser whose clock runs ahead land in future minutes,
+        # summarized now and read once the window reaches them
         found = self.rows(
             f"SELECT toStartOfMinute(time) AS m, count(), max(paired_at) "  # noqa: S608
-            f"FROM {self.db}.{PAIRS} WHERE time >= '{_ts(horizon)}' AND time <= '{_ts(now)}' "
-            "GROUP BY m"
+            f"FROM {self.db}.{PAIRS} WHERE time >= '{_ts(horizon)}' GROUP BY m"
         )
         current = {_as_utc(m): (int(n), _as_utc(p)) for m, n, p in found}
         dirty = sorted(m for m, mark in current.items() if self._marks.get(m) != mark)
         if not dirty:
+            if sig != self._parts_sig:
+                self._store_marks(self._marks, sig)
             self._parts_sig = sig
             return 0
         self.summarize_minutes(dirty)
@@ -235,7 +248,7 @@ class SlaSource:
         keep = {m: v for m, v in self._marks.items() if m >= horizon}
         keep.update({m: current[m] for m in dirty})
         self._marks = keep
-        self._store_marks(keep)
+        self._store_marks(keep, sig)
         self._parts_sig = sig  # only once the summaries are written
         return len(dirty)
 
