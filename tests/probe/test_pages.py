@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page
 
+from demo.browser import chat_url
 from parallax_contracts.trace_context import parse
 from tests.probe.conftest import LlmServer
 from tests.probe.pages import probe_page
@@ -162,3 +163,33 @@ def test_app_errors_stay_the_apps(browser: Browser, llm: LlmServer, sink: Sink) 
     sse = llm.wait_record(lambda r: r["path"] == "/v1/stream" and r["traceparent"])
     assert parse(sse["traceparent"]) is not None
     page.close()
+
+
+THREE = """u => {
+  // no-store: Chromium's HTTP cache would otherwise queue identical GETs one after another.
+  const one = () => fetch(u, {cache: 'no-store'}).then(r => r.text());
+  const wait = ms => new Promise(ok => setTimeout(ok, ms));
+  return Promise.all([one(), wait(40).then(one), wait(80).then(one)]);
+}"""
+
+
+def test_same_url_in_flight_matched_to_own_timing(
+    browser: Browser, llm: LlmServer, sink: Sink
+) -> None:
+    # Same origin (the demo chat page on the LLM server): no CORS preflight before the
+    # request, so requestStart follows the app's fetch() call within a few ms.
+    page = _open(browser, chat_url(llm.url, sink.url, flush_ms=300))
+    url = llm.url + "/v1/complete?tokens=1&first_token_ms=250&token_gap_ms=0"
+    page.evaluate(THREE, url)
+    es = sorted(
+        sink.wait_entry_list(lambda e: e["kind"] == "fetch", 3), key=lambda e: e["start_ms"]
+    )
+    assert len(es) == 3
+    # Started 40 ms apart, each in flight ~250 ms: a wrong match would shift request_start
+    # by ±40 ms from the request's own start.
+    for e in es:
+        assert not e.get("coarse"), e
+        assert 0 <= e["request_start_ms"] - e["start_ms"] < 20, e
+        assert e["response_end_ms"] - e["request_start_ms"] >= 240, e
+    page.close()
+    assert sink.invalid() == []
