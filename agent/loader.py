@@ -113,10 +113,17 @@ def load(opts: Options) -> Loaded:
         f"-DPX_PID_MAX={pid_max()}",
         *(f"-D{m}" for m in sorted(macros)),
     ]
+    text = BPF_SOURCE.read_bytes()
     try:
-        b = BPF(text=BPF_SOURCE.read_bytes(), cflags=cflags)
-    except Exception as e:  # bcc raises bare Exception; its compiler log went to stderr
-        raise LoadError(f"BPF program failed to compile or load: {e}") from e
+        # per-thread syscall state in task-local storage (no hash lookups); kernels without
+        # it for tracepoint programs get the hash-map variant
+        b = BPF(text=text, cflags=[*cflags, "-DPX_TASK_STORAGE"])
+    except Exception:  # noqa: BLE001  (bcc raises bare Exception; retried below)
+        log.warning("degraded: no task-local storage for tracepoints → per-thread hash map")
+        try:
+            b = BPF(text=text, cflags=cflags)
+        except Exception as e:  # its compiler log went to stderr
+            raise LoadError(f"BPF program failed to compile or load: {e}") from e
     _configure(b, opts)
     attached = (
         sorted(k.decode() if isinstance(k, bytes) else str(k) for k in b.tracepoint_fds)
@@ -181,7 +188,7 @@ def synack_retransmits(b: Any) -> dict[int, int]:
 
 
 def map_fill(b: Any) -> dict[str, int]:
-    return {name: len(b[name]) for name in ("px_conns", "px_fds", "px_aggs", "px_active")}
+    return {name: len(b[name]) for name in ("px_conns", "px_fds", "px_aggs")}
 
 
 def open_ring(b: Any, callback: Callable[[bytes], None]) -> None:

@@ -52,6 +52,7 @@ struct px_cfg {
 };
 
 struct px_active {
+    u64 busy;  // task storage is reused: 0 = no traced syscall in flight
     u64 buf;
     u64 sk;
     u32 fd;
@@ -69,6 +70,7 @@ struct px_fd {
 };
 
 struct px_conn {
+    u64 agg_pending;  // body writes sit in px_aggs: reads need not look there otherwise
     u64 fdkey;       // (tgid << 32 | fd) last linked to this socket: skips the fd table
     u64 t_est;       // handshake complete (0: before the agent started)
     u64 ident;       // t_est, or the time the agent first saw the socket (socket reuse)
@@ -139,8 +141,13 @@ BPF_ARRAY(px_config, struct px_cfg, 1);
 // Traced tgids as a flat array indexed by tgid: the verifier inlines array lookups, so an
 // untraced process pays a load and a compare per hook, not a hash helper call.
 BPF_ARRAY(px_pids, u8, PX_PID_MAX);
-BPF_HASH(px_ports, u16, u8, 256);
+BPF_ARRAY(px_ports, u8, 65536);  // traced local ports: an inlined lookup, like px_pids
+#ifdef PX_TASK_STORAGE
+// The syscall in flight, per thread: task-local storage (a pointer in the task, no hash)
+BPF_TASK_STORAGE(px_active, struct px_active);
+#else
 BPF_HASH(px_active, u64, struct px_active, 16384);
+#endif
 BPF_TABLE("lru_hash", u64, struct px_fd, px_fds, PX_MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct px_conn, px_conns, PX_MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct px_agg, px_aggs, PX_MAX_CONNS);
@@ -206,35 +213,58 @@ static __always_inline int px_port_ok(u16 lport) {
         return 0;
     if (!cfg->filter_ports)
         return 1;
-    return px_ports.lookup(&lport) != 0;
+    u32 k = lport;
+    u8 *v = px_ports.lookup(&k);
+    return v && *v;
 }
 
 static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
         return;
-    struct px_active a = {};
+    u64 sk = 0;
 #ifdef PX_LINK_BY_TUPLE
     u64 key = (id & 0xffffffff00000000ULL) | fd;
     struct px_fd *f = px_fds.lookup(&key);
     if (!f || !f->sk)
         return;
-    a.sk = f->sk;
+    sk = f->sk;
 #endif
-    a.fd = fd;
-    a.buf = buf;
-    a.kind = kind;
-    a.iov = iov;
-    a.vlen = vlen > 0xffff ? 0xffff : vlen;
+#ifdef PX_TASK_STORAGE
+    struct px_active *ap = px_active.task_storage_get(
+        (struct task_struct *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!ap)
+        return;
+#else
+    struct px_active a = {};
+    struct px_active *ap = &a;
+#endif
+    ap->busy = 1;
+    ap->sk = sk;
+    ap->fd = fd;
+    ap->buf = buf;
+    ap->kind = kind;
+    ap->iov = iov;
+    ap->vlen = vlen > 0xffff ? 0xffff : vlen;
+#ifndef PX_TASK_STORAGE
     px_active.update(&id, &a);
+#endif
+}
+
+static __always_inline struct px_active *px_active_get(u64 id) {
+#ifdef PX_TASK_STORAGE
+    return px_active.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, 0);
+#else
+    return px_active.lookup(&id);
+#endif
 }
 
 static __always_inline void px_link(void *sk) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
         return;
-    struct px_active *a = px_active.lookup(&id);
-    if (a)
+    struct px_active *a = px_active_get(id);
+    if (a && a->busy)
         a->sk = (u64)sk;
 }
 
@@ -297,6 +327,9 @@ static __always_inline void px_hdr_fill(struct px_hdr *h, u32 type, u64 id, u32 
 
 static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t,
                                       u32 extra_flags) {
+    if (!c || !c->agg_pending)
+        return;
+    c->agg_pending = 0;
     struct px_agg *a = px_aggs.lookup(&sk);
     if (!a || a->t_last == 0)
         return;
@@ -485,6 +518,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     }
     g->bytes += ret;
     g->t_last = t;
+    c->agg_pending = 1;
     struct px_cfg *cfg = px_cfg_get();
     if (!flags && cfg && cfg->stream_limit_ns && t - g->t_first >= cfg->stream_limit_ns)
         flags = WAGG_PARTIAL;
@@ -496,11 +530,15 @@ static __always_inline void px_exit(long ret) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
         return;  // before the hash lookup: untraced processes stop here
-    struct px_active *ap = px_active.lookup(&id);
-    if (!ap)
+    struct px_active *ap = px_active_get(id);
+    if (!ap || !ap->busy)
         return;
     struct px_active a = *ap;
+#ifdef PX_TASK_STORAGE
+    ap->busy = 0;
+#else
     px_active.delete(&id);
+#endif
     if (!a.sk)
         return;  // not a socket (or the link tracepoints are missing)
     u64 t = bpf_ktime_get_ns();

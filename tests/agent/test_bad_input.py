@@ -104,12 +104,9 @@ def test_garbage_non_http_and_huge_request_line_make_no_record(
         .read()
         .decode()
     )
-    unparsed = [
-        ln
-        for ln in metrics.splitlines()
-        if ln.startswith("parallax_agent_unparsed_connections_total")
-    ]
-    assert unparsed and float(unparsed[0].split()[-1]) >= 3
+    label = f'parallax_agent_unparsed_connections_total{{port="{port}"}}'
+    unparsed = [ln for ln in metrics.splitlines() if ln.startswith(label)]
+    assert unparsed and float(unparsed[0].split()[-1]) >= 3, metrics
 
 
 @pytest.mark.parametrize(
