@@ -47,13 +47,17 @@ def candidates(entry: Entry, spans: Sequence[Span]) -> list[Span]:
 
 def arrange(spans: Sequence[Span]) -> tuple[list[Span], list[str], int]:
     """(hops in arrival order, linked SDK span ids, reconnects)."""
+    if len(spans) == 1:  # the common case: one hop, nothing to fold or order
+        return [spans[0]], [], 0
     uniq = list({s["span_id"]: s for s in spans}.values())  # a retried span may be read twice
     agents = [s for s in uniq if s["source"] == SOURCE_EBPF]
     kept: list[Span] = []
     dup_of: dict[str, Span] = {}
     for s in uniq:
-        twin = next((a for a in agents if _same_hop(a, s)), None)
-        if s["source"] != SOURCE_EBPF and twin is not None:
+        twin = None
+        if s["source"] != SOURCE_EBPF:
+            twin = next((a for a in agents if _same_hop(a, s)), None)
+        if twin is not None:
             dup_of[s["span_id"]] = twin
         else:
             kept.append(s)
