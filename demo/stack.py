@@ -171,7 +171,9 @@ class Stack:
         line = self.wait_line(p, "relay: listening on")
         return int(line.split()[3].rsplit(":", 1)[1])
 
-    def collector(self, data_dir: Path, *extra: str) -> tuple[str, str]:
+    def collector(
+        self, data_dir: Path, *extra: str, env: dict[str, str] | None = None
+    ) -> tuple[str, str]:
         """Start the collector on the embedded store; return (ingest URL, query URL)."""
         ingest, admin = free_port(), free_port()
         p = self.spawn(
