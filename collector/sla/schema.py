@@ -5,6 +5,9 @@
                    ``version``: a minute is re-summarized whole when pairs in it change
                    (pairs are themselves rewritten when a late hop arrives), so a
                    materialized view on ``pairs`` would count a rewritten pair twice.
+- ``sla_blocks``   the complete minutes of the current window merged into one histogram
+                   per series (rebuilt once a minute, or when one of its minutes is
+                   re-summarized): an evaluation reads it plus the current minute.
 - ``sla_sessions`` per browser session: the 8 lowest-δ clock samples and the filtered θ.
 - ``sla_alerts``   one row per alert state change, with the numbers and the sentence.
 - ``sla_lease``    who evaluates (several collectors on one ClickHouse: one evaluator).
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Protocol
 
 MINUTES = "sla_minutes"
+BLOCKS = "sla_blocks"
 SESSIONS = "sla_sessions"
 ALERTS = "sla_alerts"
 LEASE = "sla_lease"
@@ -47,6 +51,22 @@ def statements(db: str) -> list[str]:
 PARTITION BY toDate(minute)
 ORDER BY (minute, service, route, series)
 TTL minute + toIntervalDay({RETENTION_DAYS})
+SETTINGS ttl_only_drop_parts = 1""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.{BLOCKS}
+(
+    start_minute DateTime('UTC'),
+    end_minute DateTime('UTC'),
+    service LowCardinality(String),
+    route LowCardinality(String),
+    series LowCardinality(String),
+    n UInt64,
+    cells Array(Int32) CODEC(ZSTD(1)),
+    counts Array(UInt64) CODEC(ZSTD(1)),
+    version UInt64
+) ENGINE = ReplacingMergeTree(version)
+PARTITION BY toDate(end_minute)
+ORDER BY (end_minute, start_minute, service, route, series)
+TTL end_minute + toIntervalDay(1)
 SETTINGS ttl_only_drop_parts = 1""",
         f"""CREATE TABLE IF NOT EXISTS {db}.{SESSIONS}
 (

@@ -163,6 +163,8 @@ class SlaSource:
         self.db = db
         self._marks: dict[datetime, tuple[int, datetime]] | None = None
         self._parts_sig: tuple[str, ...] | None = None
+        self._block: tuple[datetime, datetime] | None = None  # valid sla_blocks (start, end)
+        self._block_loaded = False
 
     # -- plumbing ---------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -245,6 +247,9 @@ class SlaSource:
             return 0
         self.summarize_minutes(dirty)
         self.update_sessions(dirty)
+        blk = self._current_block()
+        if blk is not None and any(blk[0] <= m <= blk[1] for m in dirty):
+            self._set_block(None)  # one of its minutes changed: rebuild on the next read
         keep = {m: v for m, v in self._marks.items() if m >= horizon}
         keep.update({m: current[m] for m in dirty})
         self._marks = keep
@@ -372,6 +377,66 @@ GROUP BY session"""  # noqa: S608
                 column_oriented=True,
             )
 
+    # -- the merged block of complete minutes -----------------------------------------
+    def _current_block(self) -> tuple[datetime, datetime] | None:
+        if not self._block_loaded:
+            r = self.rows(
+                f"SELECT argMax(value, version) FROM {self.db}.{schema.STATE} "  # noqa: S608
+                "WHERE key = 'window_block'"
+            )
+            v = str(r[0][0]) if r and r[0][0] else ""
+            if "|" in v:
+                a, b = v.split("|")
+                self._block = (datetime.fromisoformat(a), datetime.fromisoformat(b))
+            self._block_loaded = True
+        return self._block
+
+    def _set_block(self, blk: tuple[datetime, datetime] | None) -> None:
+        value = f"{blk[0].isoformat()}|{blk[1].isoformat()}" if blk else ""
+        self._get().insert(
+            f"{self.db}.{schema.STATE}",
+            [["window_block", value, _time.time_ns()]],
+            column_names=["key", "value", "version"],
+        )
+        self._block, self._block_loaded = blk, True
+
+    def _build_block(self, start: datetime, end: datetime) -> None:
+        """Merge the minutes start…end into one histogram per series (once a minute)."""
+        db = self.db
+        self.command(
+            f"""INSERT INTO {db}.{schema.BLOCKS}
+(start_minute, end_minute, service, route, series, n, cells, counts, version)
+SELECT toDateTime('{_sec(start)}', 'UTC'), toDateTime('{_sec(end)}', 'UTC'), service, route,
+       series, sum(c), groupArray(cell), groupArray(c), {_time.time_ns()}
+FROM (
+    SELECT service, route, series, cell, sum(cnt) AS c
+    FROM {db}.{schema.MINUTES} FINAL ARRAY JOIN cells AS cell, counts AS cnt
+    WHERE minute >= '{_sec(start)}' AND minute <= '{_sec(end)}' AND n > 0
+    GROUP BY service, route, series, cell
+)
+GROUP BY service, route, series"""  # noqa: S608
+        )
+        self._set_block((start, end))
+
+    def _window_rows_sql(self, start: datetime, last: datetime) -> str:
+        """The histograms making up the window: the merged block of its complete minutes
+        (built when missing) plus the current minute; per minute when there is no block."""
+        db = self.db
+        end = last - timedelta(minutes=1)
+        if end < start:
+            return (
+                f"SELECT service, route, series, n, cells, counts FROM {db}.{schema.MINUTES} "  # noqa: S608
+                f"FINAL WHERE minute >= '{_sec(start)}' AND minute <= '{_sec(last)}' AND n > 0"
+            )
+        if self._current_block() != (start, end):
+            self._build_block(start, end)
+        return (
+            f"SELECT service, route, series, n, cells, counts FROM {db}.{schema.BLOCKS} FINAL "  # noqa: S608
+            f"WHERE start_minute = '{_sec(start)}' AND end_minute = '{_sec(end)}' AND n > 0 "
+            f"UNION ALL SELECT service, route, series, n, cells, counts "
+            f"FROM {db}.{schema.MINUTES} FINAL WHERE minute = '{_sec(last)}' AND n > 0"
+        )
+
     # -- the window -------------------------------------------------------------------
     def window_minutes(self, now: datetime, window: timedelta) -> tuple[datetime, datetime]:
         """The minutes whose summaries make up the window: from the minute holding
@@ -383,20 +448,20 @@ GROUP BY session"""  # noqa: S608
         w = Window(start=start, end=now)
         db = self.db
         metric_series = ", ".join(f"'{m}:{side}'" for m in METRICS for side in ("user", "server"))
-        cond = f"minute >= '{_sec(start)}' AND minute <= '{_sec(last)}' AND n > 0"
+        rows_sql = self._window_rows_sql(start, last)
         # identifiers are ours, times formatted by us: nothing user-given in the SQL
         base = (
             f"SELECT toString(service), toString(route), toString(series), sum(cnt), "  # noqa: S608
             "sumIf(cnt, cell != 0), quantilesExactWeighted({levels})(cell, cnt) "
-            f"FROM {db}.{schema.MINUTES} FINAL ARRAY JOIN cells AS cell, counts AS cnt "
-            f"WHERE {cond} AND series {{op}} ({metric_series}) GROUP BY service, route, series"
+            f"FROM ({rows_sql}) ARRAY JOIN cells AS cell, counts AS cnt "
+            f"WHERE series {{op}} ({metric_series}) GROUP BY service, route, series"
         )
         # Ask only the grid levels some series needs (its bounds depend on its n): the
         # answer is a few dozen numbers per series instead of the whole grid.
         needed = {0.5, 0.95, 0.99}
         for (n,) in self.rows(
-            f"SELECT sum(n) FROM {db}.{schema.MINUTES} FINAL WHERE {cond} "  # noqa: S608
-            f"AND series IN ({metric_series}) GROUP BY service, route, series"
+            f"SELECT sum(n) FROM ({rows_sql}) "  # noqa: S608
+            f"WHERE series IN ({metric_series}) GROUP BY service, route, series"
         ):
             lo, hi = stats.rank_bounds(int(n))
             if lo is not None:

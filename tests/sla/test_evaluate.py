@@ -177,7 +177,8 @@ def test_a_rewritten_pair_is_counted_once(
     """pairs is rewritten (higher version) when a late hop arrives: the minute is
     re-summarized from pairs FINAL, so the pair counts once, with its new values."""
     client = scenario_store[0]
-    t = scenario.NOW - timedelta(seconds=30)
+    # a minute inside the window's merged block: the block must be rebuilt, not reused
+    t = scenario.NOW - timedelta(seconds=150)
     names = [
         "time",
         "version",
