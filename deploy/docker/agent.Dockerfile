@@ -1,0 +1,27 @@
+# parallax-agent: the node agent (run as a DaemonSet, deploy/k8s/agent-daemonset.yaml).
+# Debian 12 to match the bcc the agent is tested with (python3-bpfcc 0.26). Kernel headers:
+# the node's own, mounted at /lib/modules and /usr/src, are used when present; otherwise the
+# image's Debian generic headers feed the fallback tree (tracepoint programs only), built
+# at image build time so the agent starts without writing anything.
+FROM debian:12-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-bpfcc \
+      linux-headers-amd64 ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/parallax
+COPY requirements.lock pyproject.toml ./
+COPY agent ./agent
+COPY collector ./collector
+COPY parallax_contracts ./parallax_contracts
+COPY docs/contracts ./docs/contracts
+RUN python3 -m venv /opt/parallax/venv \
+ && /opt/parallax/venv/bin/pip install --no-cache-dir -r requirements.lock \
+ && /opt/parallax/venv/bin/pip install --no-cache-dir --no-deps . \
+ && ln -s /usr/lib/python3/dist-packages/bcc \
+      "$(/opt/parallax/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc" \
+ && PARALLAX_CACHE_DIR=/var/cache/parallax /opt/parallax/venv/bin/python -m agent.kernel_headers build
+ENV PATH=/opt/parallax/venv/bin:$PATH \
+    PARALLAX_CACHE_DIR=/var/cache/parallax \
+    PARALLAX_CONTRACTS_DIR=/opt/parallax/docs/contracts
+ENTRYPOINT ["parallax-agent"]
+CMD ["run", "--metrics-addr", "0.0.0.0:9464"]

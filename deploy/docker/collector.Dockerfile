@@ -1,0 +1,16 @@
+# parallax-collector: stateless behind a load balancer when PARALLAX_STORE points at a
+# ClickHouse server; with the embedded store (chDB) it owns /var/lib/parallax alone.
+FROM python:3.11-slim
+WORKDIR /opt/parallax
+COPY requirements.lock pyproject.toml ./
+COPY agent ./agent
+COPY collector ./collector
+COPY parallax_contracts ./parallax_contracts
+COPY docs/contracts ./docs/contracts
+RUN pip install --no-cache-dir -r requirements.lock && pip install --no-cache-dir --no-deps . \
+ && useradd --system --home /var/lib/parallax --create-home parallax
+ENV PARALLAX_CONTRACTS_DIR=/opt/parallax/docs/contracts
+USER parallax
+EXPOSE 4318 4319
+ENTRYPOINT ["parallax-collector"]
+CMD ["serve", "--listen", "0.0.0.0:4318", "--admin-listen", "0.0.0.0:4319", "--data-dir", "/var/lib/parallax"]

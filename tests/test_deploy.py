@@ -1,0 +1,79 @@
+"""The deployment files are valid and agree with the code they deploy."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from agent import cli as agent_cli
+from collector import cli as collector_cli
+from collector.sla import config as sla_config
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+DOCKERFILES = sorted((ROOT / "deploy" / "docker").glob("*.Dockerfile"))
+
+
+def _docs() -> list[dict[str, Any]]:
+    out = []
+    for f in K8S:
+        out += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return out
+
+
+def _containers(kind: str) -> list[dict[str, Any]]:
+    return [
+        c for d in _docs() if d["kind"] == kind for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+@pytest.mark.parametrize("version", ["1.30.0", "1.37.0"])
+def test_manifests_validate_strictly(version: str) -> None:
+    docs = _docs()
+    assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "Service", "ConfigMap"}
+    for d in docs:
+        kubernetes_validate.validate(d, version, strict=True)
+
+
+def test_agent_runs_with_least_privilege() -> None:
+    (agent,) = _containers("DaemonSet")
+    sc = agent["securityContext"]
+    assert sc["privileged"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert set(sc["capabilities"]["add"]) <= {"BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE"}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert mounts["/sys/kernel/tracing"]["readOnly"] is True
+
+
+def test_container_args_parse_with_the_real_clis() -> None:
+    (agent,) = _containers("DaemonSet")
+    agent_cli._parser().parse_args(agent["args"])
+    for c in _containers("Deployment"):
+        collector_cli._parser().parse_args(c["args"])
+
+
+def test_sla_configmap_loads(tmp_path: Path) -> None:
+    (cm,) = [
+        d for d in _docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "parallax-sla"
+    ]
+    f = tmp_path / "sla.yaml"
+    f.write_text(cm["data"]["sla.yaml"])
+    cfg = sla_config.load(f)
+    assert cfg is not None
+
+
+def test_dockerfiles_copy_what_exists_and_start_a_real_entry_point() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert DOCKERFILES
+    for f in DOCKERFILES:
+        text = f.read_text()
+        for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
+            for s in src.split():
+                assert (ROOT / s).exists(), f"{f.name}: COPY {s} does not exist"
+        (entry,) = re.findall(r'^ENTRYPOINT \["([^"]+)"\]', text, re.M)
+        assert entry in scripts, entry
