@@ -51,7 +51,6 @@ COVERAGE_SAMPLE = 200_000
 LOOKUP_CHUNK = 256  # ids per store lookup: a bloom filter answers well for few ids only
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _PAIR_NAMES = schema.column_names(schema.PAIR_COLUMNS)
-_UNVERSIONED = [n for n in _PAIR_NAMES if n not in ("version", "paired_at")]
 
 
 def read_traces(
@@ -319,7 +318,9 @@ class Pairer:
 
     @staticmethod
     def _hash(r: dict[str, Any]) -> int:
-        return hash(tuple(repr(r[n]) for n in _UNVERSIONED))
+        # A pair changes only when the spans it is made of change (the entry is immutable
+        # and the rest is derived from both).
+        return hash((tuple(r["hop_span_ids"]), tuple(r["linked_span_ids"]), r["reconnects"]))
 
     def _changed(self, rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
         out = []
