@@ -136,14 +136,15 @@ def load(opts: Options) -> Loaded:
 def _configure(b: Any, opts: Options) -> None:
     cfg = b["px_config"]
     v = cfg.Leaf()
-    v.filter_pids = 1 if (opts.pids or opts.ports) else 0
-    v.filter_ports = 1 if opts.ports else 0
+    v.all_pids = 0 if (opts.pids or opts.ports) else 1
+    v.all_ports = 0 if opts.ports else 1
     v.stream_limit_ns = int(opts.stream_limit_s * 1e9) if opts.stream_limit_s > 0 else 0
-    cfg[ctypes.c_int(0)] = v
+    # filters first, then the switch that may widen them (the programs are already live)
     ports = b["px_ports"]
     for p in opts.ports:
         ports[ports.Key(p)] = ports.Leaf(1)
     set_pids(b, opts.pids)
+    cfg[ctypes.c_int(0)] = v
 
 
 def pid_max() -> int:

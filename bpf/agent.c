@@ -45,9 +45,12 @@
 #define C_LINK_MISS 3
 #define C_NCOUNTERS 8
 
+// All-zero (as between attach and user space's first write) means "trace nothing": bcc
+// attaches the programs before the agent can fill its maps, and a filter that defaulted to
+// off would follow every process on the node for those milliseconds.
 struct px_cfg {
-    u32 filter_pids;   // 1: only tgids in px_pids
-    u32 filter_ports;  // 1: only connections whose local port is in px_ports
+    u32 all_pids;   // 1: every process (no --pid/--port given)
+    u32 all_ports;  // 1: every local port (no --port given)
     u64 stream_limit_ns;
 };
 
@@ -201,7 +204,7 @@ static __always_inline int px_traced(u32 tgid) {
     struct px_cfg *cfg = px_cfg_get();
     if (!cfg)
         return 0;
-    if (!cfg->filter_pids)
+    if (cfg->all_pids)
         return 1;
     u8 *v = px_pids.lookup(&tgid);
     return v && *v;
@@ -211,7 +214,7 @@ static __always_inline int px_port_ok(u16 lport) {
     struct px_cfg *cfg = px_cfg_get();
     if (!cfg)
         return 0;
-    if (!cfg->filter_ports)
+    if (cfg->all_ports)
         return 1;
     u32 k = lport;
     u8 *v = px_ports.lookup(&k);

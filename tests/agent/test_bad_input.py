@@ -41,6 +41,8 @@ def env(
     yield port, agent, old
     old.close()
     rc = agent.stop()
+    stray = [r for r in agent.records() if r["local_port"] != port]
+    assert not stray, stray[:3]  # only the traced server, nothing else on the node
     srv.stop()
     assert rc == 0, agent.err.read_text()[-2000:]
     assert "Traceback" not in agent.err.read_text()

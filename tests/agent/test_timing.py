@@ -117,6 +117,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Age
         raise
     yield s, agent
     rc = agent.stop()
+    # nothing from other processes on the node (tests of other parts run alongside),
+    # not even from the moment between attach and the filters being written
+    stray = [r for r in agent.records() if r["local_port"] not in s.ports.values()]
+    assert not stray, stray[:3]
     s.stop()
     assert rc == 0, f"agent exit {rc}: {agent.err.read_text()[-2000:]}"
 
