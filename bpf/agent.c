@@ -785,11 +785,14 @@ TRACEPOINT_PROBE(sock, sk_data_ready) {
 
 #ifdef PX_HAVE_TCP_PROBE
 TRACEPOINT_PROBE(tcp, tcp_probe) {
+    // the port first (an inlined array lookup): client-side segments stop here
+    if (!px_port_ok(args->sport))
+        return 0;
     u64 sk = (u64)args->skaddr;
     struct px_conn *c = px_conns.lookup(&sk);
     if (!c) {
         // A connection older than the agent, seen at its next segment with data.
-        if (args->data_len == 0 || !px_port_ok(args->sport))
+        if (args->data_len == 0)
             return 0;
         struct px_conn nc = {};
         nc.ident = bpf_ktime_get_ns();
