@@ -73,7 +73,7 @@ export function init(o: Options): void {
     const t = (transport = makeTransport({
       endpoint: ep.href,
       site: String(o.site).replace(/[^A-Za-z0-9._-]/g, "_").slice(0, 64) || "_",
-      page: location.pathname.slice(0, 2048),
+      page: () => location.pathname.slice(0, 2048),
       maxBatch: Math.min(500, Math.max(1, o.maxBatch ?? 50)),
       maxQueue: Math.max(1, o.maxQueue ?? 500),
       flushIntervalMs: Math.max(100, o.flushIntervalMs ?? 5000),

@@ -15,7 +15,7 @@ export const SDK = "parallax-js/0.1.0";
 export interface TransportOptions {
   endpoint: string;
   site: string;
-  page: string;
+  page: () => string; // the page path when the beacon is sent (single-page apps change it)
   maxBatch: number; // entries per beacon (schema: ≤ 500)
   maxQueue: number; // bounded queue: the oldest entries are dropped beyond it
   flushIntervalMs: number;
@@ -111,7 +111,7 @@ export function transport(o: TransportOptions): Transport {
       v: 1,
       site: o.site,
       session: o.session(),
-      page: o.page,
+      page: o.page(),
       time_origin: performance.timeOrigin,
       clock_drift_ms: qDrift,
       sent_ms: now(),

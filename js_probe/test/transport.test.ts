@@ -34,7 +34,7 @@ function rig(o: Partial<TransportOptions> & { beaconOk?: () => boolean; hold?: b
   const t = transport({
     endpoint: "https://collector.example/v1/beacons",
     site: "test-site",
-    page: "/chat",
+    page: () => "/chat",
     maxBatch: 50,
     maxQueue: 500,
     flushIntervalMs: 60_000,
@@ -140,7 +140,7 @@ test("429/503: keeps the entries, backs off while visible, sends on hide", async
   const t = transport({
     endpoint: "https://collector.example/v1/beacons",
     site: "s",
-    page: "/",
+    page: () => "/",
     maxBatch: 50,
     maxQueue: 500,
     flushIntervalMs: 60_000,
