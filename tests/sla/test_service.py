@@ -164,6 +164,7 @@ def test_ui_in_chromium(server: str, service: SlaService) -> None:
             assert "Inside the band" in ok.locator("summary").inner_text()
             rare = page.locator("details.route[data-route='/v1/rare']")
             assert "Too few requests" in rare.locator("summary").inner_text()
+            assert "40 paired requests (needs 100)" in rare.locator("summary").inner_text()
             alerts = page.locator("#alerts li.firing")
             assert alerts.count() == 5
             assert "/v1/net" in page.locator("#alerts").inner_text()

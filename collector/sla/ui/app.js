@@ -19,6 +19,13 @@ function el(tag, attrs, ...kids) {
 }
 const fmt = (v) => (v === null || v === undefined ? "—" : `${Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(1)} ms`);
 const sgn = (v) => (v === null || v === undefined ? "?" : `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(1)}`);
+// an interval bound that is null is unbounded (too few samples for that rank)
+const lo = (v) => (v === null || v === undefined ? "−∞" : sgn(v));
+const hi = (v) => (v === null || v === undefined ? "+∞" : sgn(v));
+function headline(name, m) {
+  if (m.verdict === "insufficient_data") return `${METRIC[name]}: ${m.n} paired requests (needs ${m.min_samples})`;
+  return `${METRIC[name]} ${sgn(m.divergence_ms)} ms (95% CI ${lo(m.ci_low_ms)}…${hi(m.ci_high_ms)})`;
+}
 
 function worstMetric(r) {
   const order = ["out_of_band", "uncertain", "insufficient_data", "ok"];
@@ -50,7 +57,7 @@ function routeBlock(r) {
   const summary = el("summary", {},
     el("span", { class: "route-name" }, r.route),
     el("span", {}, el("span", { class: `verdict v-${r.verdict}` }, WORDS[r.verdict]), " ",
-      `${METRIC[wname]} ${sgn(wm.divergence_ms)} ms (95% CI ${sgn(wm.ci_low_ms)}…${sgn(wm.ci_high_ms)})`),
+      headline(wname, wm)),
     el("span", { class: "service" }, r.service));
   d.append(summary);
   const body = el("div", { class: "body" });
@@ -60,7 +67,7 @@ function routeBlock(r) {
       el("td", {}, METRIC[name]),
       el("td", { class: "verdict-cell" }, el("span", { class: `verdict v-${m.verdict}` }, WORDS[m.verdict])),
       el("td", { class: "div" }, `${sgn(m.divergence_ms)} ms`),
-      el("td", {}, `${sgn(m.ci_low_ms)}…${sgn(m.ci_high_ms)}`),
+      el("td", {}, `${lo(m.ci_low_ms)}…${hi(m.ci_high_ms)}`),
       el("td", {}, fmt(m.user_p95_ms)), el("td", {}, fmt(m.server_p95_ms)),
       el("td", {}, m.n), el("td", {}, m.alert_state)));
   }
@@ -116,7 +123,7 @@ async function refresh() {
   const ul = document.getElementById("alerts");
   ul.textContent = "";
   for (const a of alerts.current) {
-    ul.append(el("li", { class: a.state, "data-route": a.route, "data-metric": a.metric },
+    ul.append(el("li", { class: `${a.state} sev-${a.severity}`, "data-route": a.route, "data-metric": a.metric },
       el("strong", {}, `${a.state === "firing" ? "Firing" : "Pending"}: ${a.route} ${METRIC[a.metric]} ${sgn(a.divergence_ms)} ms`),
       el("div", {}, a.sentence)));
   }
