@@ -22,7 +22,12 @@ def add_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sla",
         help="evaluate the user-vs-server SLA now and print the verdicts",
-        description=__doc__,
+        description=(
+            "Evaluate the user-vs-server SLA now (one evaluation; `for` does not apply) and "
+            "print the verdicts with the stored alert state. Exit 0 when no route is "
+            "out_of_band, 1 when any is, 2 on error. --json prints the document of "
+            "docs/sla.md (the same as GET /v1/sla)."
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--once", action="store_true", help="evaluate once and exit (required)")
