@@ -163,6 +163,7 @@ class SlaSource:
         self.db = db
         self._marks: dict[datetime, tuple[int, datetime]] | None = None
         self._parts_sig: tuple[str, ...] | None = None
+        self._covered: datetime | None = None  # the scan with these parts reached back to
         self._block: tuple[datetime, datetime] | None = None  # valid sla_blocks (start, end)
         self._block_loaded = False
 
@@ -186,7 +187,10 @@ class SlaSource:
         if not r or not r[0][0]:
             return {}
         sig, _, body = str(r[0][0]).partition("|")
-        self._parts_sig = tuple(sig.split(",")) if sig else None
+        parts = sig.split(",") if sig else []
+        if len(parts) == 5:
+            self._parts_sig = tuple(parts[:4])
+            self._covered = datetime.fromisoformat(parts[4])
         out: dict[datetime, tuple[int, datetime]] = {}
         for line in body.split(";"):
             if line:
@@ -195,10 +199,10 @@ class SlaSource:
         return out
 
     def _store_marks(
-        self, marks: dict[datetime, tuple[int, datetime]], sig: tuple[str, ...]
+        self, marks: dict[datetime, tuple[int, datetime]], sig: tuple[str, ...], covered: datetime
     ) -> None:
         value = (
-            ",".join(sig)
+            ",".join([*sig, covered.isoformat()])
             + "|"
             + ";".join(
                 f"{m.isoformat()},{n},{p.isoformat()}" for m, (n, p) in sorted(marks.items())
@@ -229,9 +233,19 @@ class SlaSource:
                 "AND active"
             )[0]
         )
-        if sig[0] != "0" and sig == self._parts_sig:
-            return 0
         horizon = _minute(now - window - HORIZON_EXTRA)
+        if (
+            sig[0] != "0"
+            and sig == self._parts_sig
+            and self._covered is not None
+            and horizon >= self._covered
+        ):
+            return 0
+        covered = (
+            min(horizon, self._covered)
+            if sig == self._parts_sig and self._covered is not None
+            else horizon
+        )
         # no upper bound: pairs from a browser whose clock runs ahead land in future minutes,
         # summarized now and read once the window reaches them
         found = self.rows(
@@ -241,9 +255,9 @@ class SlaSource:
         current = {_as_utc(m): (int(n), _as_utc(p)) for m, n, p in found}
         dirty = sorted(m for m, mark in current.items() if self._marks.get(m) != mark)
         if not dirty:
-            if sig != self._parts_sig:
-                self._store_marks(self._marks, sig)
-            self._parts_sig = sig
+            if sig != self._parts_sig or covered != self._covered:
+                self._store_marks(self._marks, sig, covered)
+            self._parts_sig, self._covered = sig, covered
             return 0
         self.summarize_minutes(dirty)
         self.update_sessions(dirty)
@@ -253,8 +267,8 @@ class SlaSource:
         keep = {m: v for m, v in self._marks.items() if m >= horizon}
         keep.update({m: current[m] for m in dirty})
         self._marks = keep
-        self._store_marks(keep, sig)
-        self._parts_sig = sig  # only once the summaries are written
+        self._store_marks(keep, sig, covered)
+        self._parts_sig, self._covered = sig, covered  # only once the summaries are written
         return len(dirty)
 
     def summarize_minutes(self, minutes: Sequence[datetime]) -> None:

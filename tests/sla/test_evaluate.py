@@ -214,3 +214,33 @@ def test_a_rewritten_pair_is_counted_once(
         m = _m(ev, "/v1/rewrite", "ttfb")
         assert m.n == 1
         assert m.user["p95"] == pytest.approx(user, abs=_tol(user))
+
+
+def test_a_wider_window_reaches_minutes_never_summarized(
+    source: SlaSource, scenario_store: tuple[Any, Path, dict[str, scenario.RouteData]]
+) -> None:
+    """Nothing new in pairs, but a longer window than before: its older minutes must be
+    summarized, not skipped because the pairs table did not change."""
+    client = scenario_store[0]
+    t = scenario.NOW - timedelta(minutes=20)
+    client.insert(
+        "parallax.pairs",
+        [[t, 1, t, "test", "app", "/v1/old", "ef" * 16, "01" * 8, 60.0, 50.0]],
+        column_names=[
+            "time",
+            "version",
+            "paired_at",
+            "site",
+            "service",
+            "route",
+            "trace_id",
+            "span_id",
+            "user_ttfb_ms",
+            "server_ttfb_ms",
+        ],
+    )
+    short = evaluate(source, SlaConfig(), scenario.NOW)
+    assert "/v1/old" not in {r.route for r in short.routes}
+    wide = evaluate(source, SlaConfig(), scenario.NOW, timedelta(minutes=30))
+    assert _m(wide, "/v1/old", "ttfb").n == 1
+    assert _m(wide, "/v1/net", "ttfb").n == 1500
