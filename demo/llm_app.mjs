@@ -74,7 +74,11 @@ const server = createServer((req, res) => {
   const p = pacing(url.searchParams);
   req.resume();
   req.on("end", async () => {
-    res.on("finish", () => { rec.status = res.statusCode; log(rec); });
+    res.on("close", () => {
+      rec.status = res.statusCode;
+      if (!res.writableFinished) rec.client_gone = true; // the client went away mid-stream
+      log(rec);
+    });
     if (req.method === "OPTIONS") {
       res.writeHead(204, { ...baseHeaders(req, "text/plain"), "access-control-allow-methods": "GET, POST, OPTIONS",
         "access-control-allow-headers": "traceparent, content-type", "access-control-max-age": "86400" });

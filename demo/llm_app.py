@@ -161,9 +161,9 @@ class LlmApp:
         if method == "OPTIONS":
             await self._respond(send, rec, 204, b"", "text/plain", origin, preflight=True)
         elif path == "/v1/chat" and method == "POST":
-            await self._stream(send, rec, pacing, origin, sse=False)
+            await self._stream(send, receive, rec, pacing, origin, sse=False)
         elif path == "/v1/stream" and method == "GET":
-            await self._stream(send, rec, pacing, origin, sse=True)
+            await self._stream(send, receive, rec, pacing, origin, sse=True)
         elif path == "/v1/complete" and method == "GET":
             await asyncio.sleep((pacing.first_token_ms + pacing.token_gap_ms * pacing.tokens) / 1e3)
             body = json.dumps({"text": "".join(token(i) for i in range(pacing.tokens))}).encode()
@@ -233,7 +233,13 @@ class LlmApp:
         await send({"type": "http.response.body", "body": body})
 
     async def _stream(
-        self, send: Send, rec: dict[str, Any], pacing: Pacing, origin: str | None, sse: bool
+        self,
+        send: Send,
+        receive: Receive,
+        rec: dict[str, Any],
+        pacing: Pacing,
+        origin: str | None,
+        sse: bool,
     ) -> None:
         ctype = "text/event-stream" if sse else "text/plain; charset=utf-8"
         rec["status"] = 200
@@ -246,14 +252,21 @@ class LlmApp:
                 "headers": self._headers(ctype, origin, []),
             }
         )
+        # After the request, the only message left is the client going away: stop
+        # generating then, as a real backend cancels the model call.
+        gone = asyncio.ensure_future(_until_disconnect(receive))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + pacing.first_token_ms / 1000
         for i in range(pacing.tokens):
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            await asyncio.wait([gone], timeout=max(0.0, deadline - loop.time()))
+            if gone.done():
+                rec["client_gone"] = True
+                return
             piece = f"data: {token(i)}\n\n" if sse else token(i)
             rec["t_writes_ns"].append(time.monotonic_ns())
             await send({"type": "http.response.body", "body": piece.encode(), "more_body": True})
             deadline += pacing.token_gap_ms / 1000
+        gone.cancel()
         tail = b"event: done\ndata: [DONE]\n\n" if sse else b""
         if tail:
             rec["t_writes_ns"].append(time.monotonic_ns())
@@ -295,6 +308,11 @@ class LlmApp:
             rec["t_writes_ns"].append(time.monotonic_ns())
             await send({"type": "websocket.send", "text": "[DONE]"})
             self.log.write(rec)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def bind(host: str, port: int) -> socket.socket:

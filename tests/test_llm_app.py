@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -92,3 +93,17 @@ def test_websocket_exchanges_are_numbered(app: tuple[str, Path]) -> None:
     recs = _records(log, n0 + 2)[n0:]
     assert [r["ws_seq"] for r in recs] == [1, 2]
     assert all(r["traceparent"] == TP for r in recs)
+
+
+def test_stream_stops_when_the_client_goes_away(app: tuple[str, Path]) -> None:
+    base, log = app
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /v1/stream?tokens=1000&token_gap_ms=10 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(0.3)
+    rec = _records(log, n0 + 1)[n0]
+    writes = rec["t_writes_ns"]
+    assert isinstance(writes, list)
+    assert len(writes) < 100 and rec.get("client_gone") is True, len(writes)
