@@ -115,7 +115,9 @@ def sink() -> Iterator[Sink]:
     s.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(probe_built: None) -> Iterator[Browser]:
+    # Module scope: Playwright's sync API runs an event loop in this thread while it is
+    # open, which would break every later test that uses asyncio or its own Playwright.
     with chromium() as b:
         yield b
