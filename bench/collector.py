@@ -466,6 +466,7 @@ def main() -> int:
         "materialized views), chDB's background merges, and pairing: in memory for a trace "
         "whose both sides came to this collector, store look-ups for a missing side — the "
         "spans-only and entries-only figures are that worst case (no row pairs).",
+        "",
         f"Load average of the machine (other work running): {load0} at start, "
         f"{_load()} at the end. CPU figures are marginal: the collector's idle CPU "
         f"({idle * 1000:.0f} ms/s, measured before the load) times each step's duration "
