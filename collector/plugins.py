@@ -9,6 +9,8 @@ then, on the **query port** (never the public ingest port):
 - enters ``lifespan(ctx)`` (an async context manager) once the store is migrated (which may
   be long after start when the store is unreachable) and leaves it at shutdown: the place
   for a background evaluator thread or task. An exception from it is logged, not fatal;
+- calls ``check(settings)`` before serving: an exception there stops ``serve`` with one
+  line (use it for configuration errors, which must not leave a half-working collector);
 - calls ``add_cli(subparsers)`` when building ``parallax-collector``'s parser, so a plugin
   adds its own subcommand (e.g. ``sla``); the subcommand sets ``func`` with
   ``set_defaults(func=...)`` taking the parsed args and returning the exit status.
@@ -61,6 +63,9 @@ class Plugin:
     routers: Sequence[APIRouter] = ()
     lifespan: Callable[[Context], AbstractAsyncContextManager[None]] | None = None
     add_cli: Callable[[Any], None] | None = None  # argparse subparsers action
+    # Called once before anything is served (e.g. validate a config file). An exception
+    # stops ``serve`` with its message as the one line printed (exit status 2).
+    check: Callable[[Settings], None] | None = None
 
 
 def load(modules: Sequence[str] = PLUGIN_MODULES) -> list[Plugin]:

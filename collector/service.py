@@ -201,6 +201,13 @@ async def _serve(collector: Collector) -> None:
 
 def run(settings: Settings, plugins: Sequence[Plugin] | None = None) -> int:
     collector = Collector(settings, plugins)
+    for p in collector.plugins:
+        if p.check is not None:
+            try:
+                p.check(settings)
+            except Exception as e:  # noqa: BLE001 — the plugin's message is the one line
+                log.error("%s: %s", p.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                return 2
     try:
         collector.start()
     except (StartupError, SpoolLockedError) as e:
