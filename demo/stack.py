@@ -189,6 +189,7 @@ class Stack:
                 str(data_dir),
                 *extra,
             ],
+            env=env,
         )
         self.wait_http(p, f"http://127.0.0.1:{ingest}/healthz")
         self.wait_http(p, f"http://127.0.0.1:{admin}/readyz")

@@ -58,8 +58,9 @@ def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack
     # δ ≈ 2 × one-way + the two legs' jitter (uniform 0…4 ms each, mean 4 ms in all):
     # the median within 2D … 2D + 2J + 6 ms (loopback and scheduling).
     assert 2 * one_way <= delta_median <= 2 * (one_way + jitter) + 6, delta_median
-    # The P95 adds the tail of a busy 2-core machine's scheduling: a looser upper bound.
-    assert 2 * one_way <= delta_p95 <= 2 * (one_way + jitter) + 30, ttfb["parts"]
+    # The P95 adds the tail of a busy 2-core machine's scheduling (Chromium, the relay, the
+    # app, the agent and the collector share two cores): a looser upper bound.
+    assert 2 * one_way <= delta_p95 <= 2 * (one_way + jitter) + 50, ttfb["parts"]
     assert ttfb["verdict"] == "out_of_band", ttfb
     assert "network" in ttfb["sentence"], ttfb["sentence"]
 
@@ -67,8 +68,12 @@ def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack
 @pytest.mark.parametrize(("render_ms", "expect"), [(40, "out_of_band"), (2, "ok")])
 def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, expect: str) -> None:
     ingest, query = collector
+    # 300 chats: a P95 interval from ~120 samples is too wide to clear a 50 ms band.
     sc = Scenario(
-        f"e2e-render-{render_ms}", app_args=FAST, page_params={"render_delay_ms": render_ms}
+        f"e2e-render-{render_ms}",
+        app_args=FAST,
+        page_params={"render_delay_ms": render_ms},
+        requests=300,
     )
     out = run(sc, stack, ingest, query)
     vis = out.route("/v1/chat")["metrics"]["visible_ttft"]
@@ -76,7 +81,7 @@ def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, ex
     # Double rAF after the DOM change: the next frame plus the one that presents it, so on
     # headless Chromium's 60 Hz clock R + 16.7 … R + 33.3 ms (P95 near the top), + 6 ms slack.
     assert render_ms + 16 <= render <= render_ms + 2 * 16.7 + 6, vis["parts"]
-    assert vis["verdict"] == expect, vis
+    assert vis["verdict"] == expect, {k: v for k, v in vis.items() if k != "parts"}
     if expect == "out_of_band":
         assert "render" in vis["sentence"], vis["sentence"]
 
@@ -91,11 +96,11 @@ def test_event_loop_lag_shows_as_server_queue(collector: tuple[str, str], stack:
     ttfb = out.route("/v1/chat")["metrics"]["ttfb"]
     recv = ttfb["parts"]["recv_queue_p95_ms"]
     # A request arriving during a 50 ms stall waits the rest of it in the receive queue: the
-    # longest waits approach B (≥ 60 % of it: arrivals synchronise with the loop), and the
-    # P99 never exceeds B + 15 ms (scheduling on a busy 2-core machine).
+    # longest waits approach B (≥ 60 % of it), and the P99 stays under 1.5 B + 10 ms
+    # (a stall can be stretched by scheduling on a busy 2-core machine, not doubled).
     waits = sorted(p["queue_ms"] for p in out.pairs if p["queue_ms"] is not None)
     assert waits[-1] >= block * 0.6, waits[-5:]
-    assert waits[int(len(waits) * 0.99) - 1] <= block + 15, waits[-5:]
+    assert waits[int(len(waits) * 0.99) - 1] <= 1.5 * block + 10, waits[-5:]
     # ... and enough requests hit a stall that the P95 alone leaves the band.
     assert recv > 15, ttfb["parts"]
     assert ttfb["verdict"] == "out_of_band", ttfb
