@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collector.sla.config import ConfigError, SlaConfig, load, parse_duration
+from collector.sla.config import ConfigError, SlaConfig, load, locate, parse_duration
 
 
 def add_cli(subparsers: Any) -> None:
@@ -36,7 +36,12 @@ def add_cli(subparsers: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--store", default=None, help="store DSN (chdb:///path or http(s)://…)")
     g.add_argument("--data-dir", default=None, help="a stopped collector's data directory")
-    p.add_argument("--config", default=None, help="SLA config file (YAML or TOML)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="SLA config file, YAML or TOML (default: $PARALLAX_SLA_CONFIG, else sla.yaml "
+        "in --data-dir)",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         print("sla: only --once is supported here; `serve` runs the evaluator", file=sys.stderr)
         return 2
     try:
-        cfg = load(args.config) if args.config else SlaConfig()
+        path = locate(args.config, args.data_dir)
+        cfg = load(path) if path else SlaConfig()
         window = (
             timedelta(seconds=parse_duration(args.window, "--window"))
             if args.window

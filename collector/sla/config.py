@@ -28,6 +28,7 @@ names the key, e.g. ``routes[1].metrics.ttfb.band_ms: must be ≥ 0, got -3``. E
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -220,6 +221,23 @@ def from_mapping(raw: Any) -> SlaConfig:
         alertmanager=_receiver(d["alertmanager"], "alertmanager") if "alertmanager" in d else None,
         webhook=_receiver(d["webhook"], "webhook") if "webhook" in d else None,
     )
+
+
+CONFIG_ENV = "PARALLAX_SLA_CONFIG"
+DATA_DIR_CONFIG = "sla.yaml"
+
+
+def locate(explicit: str | Path | None, data_dir: str | Path | None) -> Path | None:
+    """The config file to use: the one given, else $PARALLAX_SLA_CONFIG, else ``sla.yaml``
+    in the data directory (so ``sla --once --data-dir D`` judges with the thresholds the
+    collector serving D used), else none (the defaults)."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    if data_dir is not None and (Path(data_dir) / DATA_DIR_CONFIG).is_file():
+        return Path(data_dir) / DATA_DIR_CONFIG
+    return None
 
 
 def load(path: str | Path) -> SlaConfig:

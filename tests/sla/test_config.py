@@ -76,3 +76,20 @@ def test_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
         load(p)
     assert key in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_locate_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collector.sla.config import CONFIG_ENV, locate
+
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    assert locate(None, data) is None  # nothing anywhere: the defaults
+    (data / "sla.yaml").write_text("band_ms: 20\n")
+    assert locate(None, data) == data / "sla.yaml"  # the data directory's own
+    env_file = tmp_path / "env.yaml"
+    monkeypatch.setenv(CONFIG_ENV, str(env_file))
+    assert locate(None, data) == env_file  # the environment beats the data directory
+    assert locate("given.toml", data) == Path("given.toml")  # an explicit file beats all
+    monkeypatch.delenv(CONFIG_ENV)
+    assert load(locate(None, data)).defaults.band_ms == 20  # type: ignore[arg-type]
