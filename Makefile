@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla
+bench: bench-agent bench-collector bench-sla bench-accuracy
 
 bench-agent: setup
 	$(PY) -m bench.agent
@@ -38,6 +38,11 @@ bench-collector: setup
 
 bench-sla: setup
 	$(PY) -m bench.sla
+
+# Accuracy against injected ground truth (~4 min). The demo plot (docs/img/demo-p95.png) is
+# drawn from the store a `DEMO_EXIT=1 make demo` run leaves: `$(PY) -m bench.demo_plot`.
+bench-accuracy: setup
+	$(PY) -m bench.accuracy
 
 # Re-pin requirements.lock from pyproject.toml (maintainers; needs the package registry).
 lock:
