@@ -12,24 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from demo.browser import chromium
 from parallax_contracts import trace_context
 from tests.agent.helpers import PY, Proc
 
 pytestmark = pytest.mark.browser
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def test_chromium_header_order(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     dump = tmp_path / "heads.jsonl"
     srv = Proc(
         [
@@ -45,18 +35,14 @@ def test_chromium_header_order(tmp_path: Path) -> None:
     try:
         port = srv.port()
         ctx = trace_context.generate()
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS, timeout=30000)
-            try:
-                page = b.new_page()
-                page.goto(f"http://127.0.0.1:{port}/page", timeout=15000)
-                status = page.evaluate(
-                    "async (tp) => (await fetch('/api', {headers: {traceparent: tp}})).status",
-                    ctx.header(),
-                )
-                assert status == 200
-            finally:
-                b.close()
+        with chromium() as b:
+            page = b.new_page()
+            page.goto(f"http://127.0.0.1:{port}/page", timeout=15000)
+            status = page.evaluate(
+                "async (tp) => (await fetch('/api', {headers: {traceparent: tp}})).status",
+                ctx.header(),
+            )
+            assert status == 200
     finally:
         srv.stop()
     heads = [json.loads(x) for x in dump.read_text().splitlines()]

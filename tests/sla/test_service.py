@@ -127,60 +127,43 @@ def server(app: FastAPI) -> Iterator[str]:
 
 @pytest.mark.browser
 def test_ui_in_chromium(server: str, service: SlaService) -> None:
-    from playwright.sync_api import sync_playwright
+    from demo.browser import chromium
 
     errors: list[str] = []
     bad: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1200, "height": 1400})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on(
+            "response", lambda r: bad.append(f"{r.status} {r.url}") if r.status >= 400 else None
         )
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on(
-                "response", lambda r: bad.append(f"{r.status} {r.url}") if r.status >= 400 else None
-            )
-            page.goto(f"{server}/ui", timeout=15000)
-            page.wait_for_selector("body[data-loaded='1']", timeout=15000)
-            routes = page.locator("details.route").evaluate_all(
-                "els => els.map(e => e.dataset.route)"
-            )
-            assert routes[0] == "/v1/stream"  # worst first
-            assert set(routes) >= set(scenario.ROUTES)
-            net = page.locator("details.route[data-route='/v1/net']")
-            assert "Out of band" in net.locator("summary").inner_text()
-            ok = page.locator("details.route[data-route='/v1/ok']")
-            assert "Inside the band" in ok.locator("summary").inner_text()
-            rare = page.locator("details.route[data-route='/v1/rare']")
-            assert "Too few requests" in rare.locator("summary").inner_text()
-            assert "40 paired requests (needs 100)" in rare.locator("summary").inner_text()
-            alerts = page.locator("#alerts li.firing")
-            assert alerts.count() == 5
-            assert "/v1/net" in page.locator("#alerts").inner_text()
-            # one click away: the interval, the parts and the chart
-            net.locator("summary").click()
-            m = service.latest.routes  # type: ignore[union-attr]
-            ttfb = next(r for r in m if r.route == "/v1/net").metrics["ttfb"]
-            row = net.locator("tr[data-metric='ttfb']").inner_text()
-            assert f"{ttfb.divergence_ms:+.1f}".replace("-", "−") in row
-            assert f"{ttfb.ci_low_ms:+.1f}" in row
-            assert "network δ" in net.locator(".parts").inner_text()
-            net.locator("svg.chart polyline").first.wait_for(timeout=10000)
-            assert net.locator("svg.chart polyline").count() == 2
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "sla-ui.png"), full_page=True)
-        finally:
-            browser.close()
+        page.goto(f"{server}/ui", timeout=15000)
+        page.wait_for_selector("body[data-loaded='1']", timeout=15000)
+        routes = page.locator("details.route").evaluate_all("els => els.map(e => e.dataset.route)")
+        assert routes[0] == "/v1/stream"  # worst first
+        assert set(routes) >= set(scenario.ROUTES)
+        net = page.locator("details.route[data-route='/v1/net']")
+        assert "Out of band" in net.locator("summary").inner_text()
+        ok = page.locator("details.route[data-route='/v1/ok']")
+        assert "Inside the band" in ok.locator("summary").inner_text()
+        rare = page.locator("details.route[data-route='/v1/rare']")
+        assert "Too few requests" in rare.locator("summary").inner_text()
+        assert "40 paired requests (needs 100)" in rare.locator("summary").inner_text()
+        alerts = page.locator("#alerts li.firing")
+        assert alerts.count() == 5
+        assert "/v1/net" in page.locator("#alerts").inner_text()
+        # one click away: the interval, the parts and the chart
+        net.locator("summary").click()
+        m = service.latest.routes  # type: ignore[union-attr]
+        ttfb = next(r for r in m if r.route == "/v1/net").metrics["ttfb"]
+        row = net.locator("tr[data-metric='ttfb']").inner_text()
+        assert f"{ttfb.divergence_ms:+.1f}".replace("-", "−") in row
+        assert f"{ttfb.ci_low_ms:+.1f}" in row
+        assert "network δ" in net.locator(".parts").inner_text()
+        net.locator("svg.chart polyline").first.wait_for(timeout=10000)
+        assert net.locator("svg.chart polyline").count() == 2
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "sla-ui.png"), full_page=True)
     assert errors == []
     assert bad == []
