@@ -300,11 +300,12 @@ def render(m: Measured, requests: int, wall_s: float) -> str:
         "app's `t_start_ns` is when its framework hands it the request, so the framework's "
         "parsing and dispatch (uvicorn, Node's http) is a systematic part of the TTFB/TTFT "
         "error; chunk gaps cancel it. Signed medians (agent − app): "
-        + ", ".join(f"{k} {v:+.0f} µs" for k, v in signed.items())
-        + ". The maxima are scheduling on a shared 2-core machine (the app preempted "
-        "between its stamp and its write), not the probes.",
+        + "; ".join(f"{k} {round(v) or 0:+d} µs" for k, v in signed.items())
+        + ". The maxima come from scheduling on a shared 2-core machine: a process preempted "
+        "between the app's stamp and its syscall shows the whole preemption as error.",
         "- network δ: the relay adds D each way on top of loopback, so δ − 2D is the "
-        "relay's own forwarding and the scheduling of a busy 2-core machine (always ≥ 0).",
+        "relay's own forwarding (a Python asyncio process) and the scheduling of a busy "
+        "2-core machine.",
         "- θ: S is applied to `Date` and `performance.timeOrigin` only (libfaketime under "
         "Chromium made page loads 100× slower). θ = server − browser ≈ −S; the NTP-style "
         "estimate is exact when the two legs are symmetric, so its error is half the "
