@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla clean lock
+.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy clean lock
 
 setup:
 	@./scripts/setup.sh

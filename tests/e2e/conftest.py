@@ -16,8 +16,8 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     d = tmp_path_factory.mktemp("e2e-collector")
     # Evaluate often so a scenario need not wait for the production 15 s interval.
     config = d / "sla.yaml"
-    # visible TTFT includes the display: double rAF at 60 Hz adds 16.7–33 ms to every paint,
-    # so its band is ±15 ms plus two frames (docs/sla.md).
+    # visible TTFT includes the display: the double rAF that dates a paint adds up to two
+    # 60 Hz frames (33 ms), so its band is ±15 ms plus two frames (docs/sla.md).
     config.write_text("interval: 2s\nmetrics:\n  visible_ttft: {band_ms: 50}\n")
     with Stack(d) as stack:
         yield stack.collector(d, env={"PARALLAX_SLA_CONFIG": str(config)})

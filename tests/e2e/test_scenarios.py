@@ -80,9 +80,11 @@ def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, ex
     out = run(sc, stack, ingest, query)
     vis = out.route("/v1/chat")["metrics"]["visible_ttft"]
     render = vis["parts"]["render_delay_p95_ms"]
-    # Double rAF after the DOM change: the next frame plus the one that presents it, so on
-    # headless Chromium's 60 Hz clock R + 16.7 … R + 33.3 ms (P95 near the top), + 6 ms slack.
-    assert render_ms + 16 <= render <= render_ms + 2 * 16.7 + 6, vis["parts"]
+    # The chunk is shown R ms after it arrives, and the paint is dated by a double rAF after
+    # that DOM change: up to two 16.7 ms frames more (headless Chromium draws the first frame
+    # after an idle pause sooner: bench.accuracy measured a bare double rAF at median 11 ms,
+    # P95 28 ms). So R ≤ P95 ≤ R + 2 frames + 8 ms of scheduling.
+    assert render_ms <= render <= render_ms + 2 * 16.7 + 8, vis["parts"]
     assert vis["verdict"] == expect, {k: v for k, v in vis.items() if k != "parts"}
     if expect == "out_of_band":
         assert "render" in vis["sentence"], vis["sentence"]
