@@ -87,39 +87,49 @@ export function hookFetch(w: W, p: Policy, href: () => string): void {
 }
 
 /** Time each chunk as the app reads `response.body`, through a pass-through stream over the
- *  original body. No tee: nothing is buffered beyond the one chunk a ReadableStream pulls
- *  ahead, so an endless stream costs nothing. The body is taken when the app first asks for
- *  it (after a clone() the native getter returns a tee branch). */
+ *  original body. No tee and no read-ahead (highWaterMark 0): an endless stream costs
+ *  nothing. The native body is locked only when the app first reads the wrapper, so code that
+ *  merely looks at `res.body` and then calls json(), text() or clone() works as without the
+ *  probe. (After a clone() the native getter returns a tee branch.) */
 function streamBody(resp: Response, r: Rec, nativeBody: (this: Response) => ReadableStream | null): void {
   let s: ReadableStream | undefined;
   const body = (): ReadableStream | null => {
     if (s) return s;
     const b = nativeBody.call(resp);
     if (!b || b.locked) return b; // a used body: the app gets the native error
-    r.b = true;
-    const rd = b.getReader();
-    return (s = new ReadableStream({
-      async pull(c) {
-        let v: ReadableStreamReadResult<unknown>;
-        try {
-          v = await rd.read();
-        } catch (err) {
-          end(r, failure(err));
-          throw err; // the app's read() rejects with the original error
-        }
-        if (v.done) {
-          end(r);
-          c.close();
-        } else {
-          chunk(r);
-          c.enqueue(v.value);
-        }
+    let rd: ReadableStreamDefaultReader<unknown> | undefined;
+    return (s = new ReadableStream(
+      {
+        async pull(c) {
+          // The app's first read: take the native body now (it throws, as natively, if
+          // json()/text() consumed it meanwhile; the record is left alone then).
+          if (!rd) {
+            rd = b.getReader();
+            r.b = true;
+          }
+          let v: ReadableStreamReadResult<unknown>;
+          try {
+            v = await rd.read();
+          } catch (err) {
+            end(r, failure(err));
+            throw err; // the app's read() rejects with the original error
+          }
+          if (v.done) {
+            end(r);
+            c.close();
+          } else {
+            chunk(r);
+            c.enqueue(v.value);
+          }
+        },
+        cancel(reason) {
+          if (!rd) return b.cancel(reason);
+          end(r, "abort");
+          return rd.cancel(reason);
+        },
       },
-      cancel(reason) {
-        end(r, "abort");
-        return rd.cancel(reason);
-      },
-    }));
+      { highWaterMark: 0 },
+    ));
   };
   // Only the stream is timed: text()/json()/… read the native body (the app's own code path
   // stays native), and their end comes from Resource Timing.

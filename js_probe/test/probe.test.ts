@@ -95,6 +95,25 @@ test("same-origin stream: header on the wire, body unchanged, chunk gaps follow 
   assert.deepEqual(beaconErrors({ v: 1, site: "t", session: "sess_0123456789", time_origin: performance.timeOrigin, entries: [e] }), []);
 });
 
+test("looking at res.body leaves json()/text()/clone() to the app, as without the probe", async () => {
+  const expected = Array.from({ length: CHUNKS }, (_, i) => `tok${i} `).join("");
+  const a = await f(`${origin}/lazy1`);
+  assert.ok(a.body, "the app checks that there is a body …");
+  assert.equal(await a.text(), expected, "… and then reads it with text()");
+  const b = await f(`${origin}/lazy2`);
+  assert.ok(b.body);
+  const copy = b.clone();
+  assert.equal(await copy.text(), expected);
+  assert.equal(await b.text(), expected);
+  // the stream, once read, is timed as before
+  const c = await f(`${origin}/lazy3`);
+  const tp = parseTraceparent(wire("/lazy3")[0]);
+  assert.ok(tp);
+  const reader = (c.body as ReadableStream<Uint8Array>).getReader();
+  while (!(await reader.read()).done);
+  assert.equal((await entryFor(tp.traceId)).chunks, CHUNKS);
+});
+
 test("an existing traceparent is kept and reported", async () => {
   const mine = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
   const res = await f(`${origin}/s2`, { headers: { traceparent: mine } });
