@@ -31,9 +31,14 @@ _TIMES = (
 )
 
 
+def _no_constants(name: str) -> Any:
+    # Python's json accepts NaN and Infinity; JSON does not, and no time can be either.
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def load(body: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequestError(f"malformed JSON: {e}") from None
     if not isinstance(doc, dict):

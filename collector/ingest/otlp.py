@@ -43,6 +43,9 @@ _INT_COUNT = {
     sa.BYTES_OUT.name: "bytes_out",
     sa.RETRANSMITS.name: "retransmits",
 }
+# Column limits (collector/store/schema.py): durations Int64, counts UInt32/UInt64.
+_I64 = 2**63 - 1
+_COUNT_LIMIT = {"chunks": 2**32, "bytes_in": 2**64, "bytes_out": 2**64, "retransmits": 2**32}
 _CONSUMED = {
     *_INT_US,
     *_INT_COUNT,
@@ -229,6 +232,15 @@ def _span_row(
         else []
     )
     arrival = _int(attrs.get(sa.ARRIVAL_UNIX_NS.name))
+    # A value its column cannot hold would make the whole batch's insert fail for ever (and
+    # block every later one behind it): reject the span here, where it entered.
+    if (
+        any(v is not None and v > _I64 for v in (*us.values(), dur, arrival))
+        or any(not 0 <= v <= _I64 for v in offsets)
+        or any(v is not None and v >= _COUNT_LIMIT[col] for col, v in counts.items())
+    ):
+        out.rejected["out_of_range"] += 1
+        return None
     path = str(attrs.get(sa.URL_PATH.name) or attrs.get("http.target") or "")
     http_route = attrs.get(sa.HTTP_ROUTE.name)
     route = (

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -259,3 +260,32 @@ def test_rate_limit_429_with_retry_after(tmp_path: Path) -> None:
         assert 'parallax_collector_requests_refused_total{code="429",endpoint="beacons"}' in m
     finally:
         c.stop()
+
+
+def test_values_a_column_cannot_hold_are_rejected_at_the_edge() -> None:
+    """A span whose count overflows its UInt32 column, or a beacon with NaN, must be turned
+    away where it enters: written, it would fail its batch's insert for ever."""
+    from collector.ingest import beacons
+    from collector.ingest.common import BadRequestError
+
+    with pytest.raises(BadRequestError, match="NaN"):
+        beacons.load(b'{"v": 1, "site": "s", "session": "abcdefgh", "time_origin": NaN}')
+    parsed = _otlp_with_attrs({"parallax.chunks": 5_000_000_000})
+    assert parsed.rejected["out_of_range"] == 1 and not parsed.rows
+    parsed = _otlp_with_attrs({"parallax.ttfb_us": 1e20})  # a double beyond Int64
+    assert parsed.rejected["out_of_range"] == 1
+    parsed = _otlp_with_attrs({"parallax.chunks": 12})
+    assert len(parsed.rows) == 1
+
+
+def _otlp_with_attrs(attrs: dict[str, float]) -> Any:
+    from collector.ingest import otlp
+
+    now = time.time_ns()
+    span = json_span(now - 2_000_000_000, 50_000_000)
+    span["attributes"] = [
+        {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"doubleValue": v}}
+        for k, v in attrs.items()
+    ]
+    body = json.dumps(otlp_json([span])).encode()
+    return otlp.parse(body, True, now, now - 86_400 * 10**9, now)
