@@ -131,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor.main(as_json=args.json)
     if args.command == "run":
-        from agent import run  # noqa: PLC0415
+        try:
+            from agent import run  # noqa: PLC0415
+        except KeyboardInterrupt:  # Ctrl-C while starting: nothing attached yet
+            return 0
 
         names: dict[int, str] = {}
         for item in args.service_name:

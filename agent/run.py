@@ -230,15 +230,24 @@ class Agent:
         cfg = self.cfg
         from agent import export  # noqa: PLC0415
 
-        if cfg.jsonl:
-            self.exporters.append(export.JsonlExporter(cfg.jsonl))
-        if cfg.otlp:
-            self.exporters.append(export.OtlpExporter(cfg.otlp))
+        # SIGTERM/SIGINT from here on: the ~1 s compile below must not end in a traceback.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        try:
+            if cfg.jsonl:
+                self.exporters.append(export.JsonlExporter(cfg.jsonl))
+            if cfg.otlp:
+                self.exporters.append(export.OtlpExporter(cfg.otlp))
+        except OSError as e:
+            print(f"parallax-agent: cannot write {cfg.jsonl}: {e.strerror}", file=sys.stderr)
+            return 1
         try:
             srv = metrics.serve(self.m, cfg.metrics_addr)
-        except OSError as e:
+        except (OSError, ValueError) as e:
+            why = "expected HOST:PORT" if isinstance(e, ValueError) else str(e)
             print(
-                f"parallax-agent: cannot serve metrics on {cfg.metrics_addr}: {e}", file=sys.stderr
+                f"parallax-agent: cannot serve metrics on {cfg.metrics_addr}: {why}",
+                file=sys.stderr,
             )
             return 1
         if cfg.ports:
@@ -258,12 +267,14 @@ class Agent:
             srv.shutdown()
             return 1
         self.bpf = loaded.bpf
+        if self.stop.is_set():  # signalled while compiling: detach and leave quietly
+            loader.detach(self.bpf)
+            srv.shutdown()
+            return 0
         loader.open_ring(self.bpf, self.on_event)
         self._seed(self._pids)
         t = threading.Thread(target=self.exporter_loop, name="export", daemon=True)
         t.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
         self.m.ready = True
         what = (f"ports {','.join(map(str, cfg.ports))}" if cfg.ports else "all ports") + (
             f", pids {','.join(map(str, cfg.pids))}" if cfg.pids else ""
