@@ -85,7 +85,7 @@ struct px_conn {
     u16 lport;
     u16 rport;
     u16 family;
-    u16 pad;
+    u16 ws;          // 1 after a "101 Switching Protocols" response: WebSocket frames follow
     u8 laddr[16];
     u8 raddr[16];
 };
@@ -448,14 +448,18 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         return;
     u64 seglen = 0;
     u64 buf = 0;
-    char head[8] = {};
+    char head[16] = {};
     if (a->kind != KIND_SENDFILE) {
         buf = px_first_buf(a, &seglen);
-        if (buf && seglen >= 5)
-            bpf_probe_read_user(head, 5, (void *)buf);
+        if (buf && seglen >= 12 && ret >= 12)
+            bpf_probe_read_user(head, 12, (void *)buf);
+        else if (buf && seglen >= 2 && ret >= 2)
+            bpf_probe_read_user(head, 2, (void *)buf);
     }
     if (head[0] == 'H' && head[1] == 'T' && head[2] == 'T' && head[3] == 'P' &&
         head[4] == '/') {
+        // "HTTP/1.x 101": from now on the server writes WebSocket frames
+        c->ws = head[9] == '1' && head[10] == '0' && head[11] == '1';
         px_flush(id, a->fd, sk, c, t, 0);
         u32 zero = 0;
         struct px_ev_resp *e = px_scratch_resp.lookup(&zero);
@@ -484,6 +488,10 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
             px_count(C_EVENTS);
         return;
     }
+    // WebSocket control frames (close, ping, pong: opcodes 8-10) carry no tokens; counted,
+    // a keepalive ping would stretch whichever exchange it follows to the idle time.
+    if (c->ws && (head[0] & 0x0f) >= 8)
+        return;
     struct px_agg *g = px_aggs.lookup(&sk);
     if (!g) {
         u32 zero = 0;

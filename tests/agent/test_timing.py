@@ -296,9 +296,14 @@ def test_uvicorn_websocket_exchanges(stack: tuple[Stack, Agent]) -> None:
                 ws.send("hello")
                 while ws.recv(timeout=5) != "[DONE]":
                     pass
+                # idle, with a client ping: the server's pong (a control frame) must not
+                # stretch the exchange that came before it
+                time.sleep(0.3)
+                ws.ping().wait(5)
             ws.send("again")  # a third exchange, ended by the close
             while ws.recv(timeout=5) != "[DONE]":
                 pass
+            time.sleep(0.3)  # idle before the close: the close reply is no token either
         recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, 4)
         up = [r for r in recs if not r["ws_seq"]]
         ex = sorted((r for r in recs if r["ws_seq"]), key=lambda r: r["ws_seq"])
@@ -308,6 +313,10 @@ def test_uvicorn_websocket_exchanges(stack: tuple[Stack, Agent]) -> None:
         for r in ex:
             srv = next(x for x in logs if x["ws_seq"] == r["ws_seq"])
             assert abs(r["ttft_us"] - (srv["t_writes_ns"][0] - srv["t_start_ns"]) / 1000) <= 2000
+            # the exchange ends at its last data frame ([DONE]), not at a pong or the close
+            last_us = (srv["t_writes_ns"][-1] - srv["t_start_ns"]) / 1000
+            assert abs(r["duration_us"] - last_us) <= 2000, (r["duration_us"], last_us)
+            assert r["chunks"] == len(srv["t_writes_ns"]), r
 
     _attempts(check)
 
