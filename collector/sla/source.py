@@ -22,6 +22,9 @@ from collector.sla import quantize, schema, stats
 from collector.sla.clock import clock_filter
 
 PAIRS = "pairs"
+# A WebSocket handshake (seq 0) is connection set-up, not an exchange: mixed into the route's
+# message exchanges it would pull TTFB and duration towards the open time.
+EXCHANGES_ONLY = "NOT (kind = 'websocket' AND seq = 0)"
 HORIZON_EXTRA = timedelta(minutes=2)
 
 # metric → (user expression, server expression, extra condition); both sides must be
@@ -295,6 +298,7 @@ FROM (
     FROM {db}.{PAIRS} FINAL
     ARRAY JOIN {_packed_keys()} AS k
     WHERE time >= '{lo}' AND time < '{hi}' AND toStartOfMinute(time) IN ({mins})
+      AND {EXCHANGES_ONLY}
     GROUP BY minute, service, route, k
 )
 GROUP BY minute, service, route, series"""  # noqa: S608
@@ -313,7 +317,7 @@ FROM (
         toString(hop_services[i])), hop_added_ms[i]),
         arrayEnumerate(arrayPopBack(hop_added_ms))) AS h
     WHERE time >= '{lo}' AND time < '{hi}' AND toStartOfMinute(time) IN ({mins})
-      AND hops > 1 AND isFinite(h.2)
+      AND hops > 1 AND isFinite(h.2) AND {EXCHANGES_ONLY}
     GROUP BY minute, service, route, series, cell
 )
 GROUP BY minute, service, route, series"""  # noqa: S608
