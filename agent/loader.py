@@ -32,7 +32,7 @@ class Options:
     ports: list[int] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     head_window: int = 4096
-    resp_window: int = 512  # status line + framing headers; larger heads parse up to it
+    resp_window: int = 4096  # whole heads (Set-Cookie, CSP run long) and the first body bytes
     stream_limit_s: float = 60.0
     max_conns: int = 16384
     disabled: list[str] = field(default_factory=list)  # tracepoint ids to treat as missing
