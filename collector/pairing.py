@@ -149,7 +149,8 @@ def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
     out["srtt_ms"] = None if srtt is None else srtt / 1000.0
     theta = None
     if t0 is not None and t3 is not None:
-        origin_ms = float(entry["time_origin_ms"])
+        # the browser's wall clock at t0/t3: time origin + relative time + its reported drift
+        origin_ms = float(entry["time_origin_ms"]) + float(entry.get("clock_drift_ms") or 0.0)
         t_arr_ms = _arrival(edge) / 1e6
         t2_ms = _t2_ns(edge) / 1e6
         theta = ((t_arr_ms - (origin_ms + t0)) + (t2_ms - (origin_ms + t3))) / 2.0

@@ -63,6 +63,10 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
     origin = float(doc["time_origin"])
     received_ms = received_ns // 1_000_000
     drift = doc.get("clock_drift_ms")
+    # The page's monotonic clock drifts from the wall clock across sleep/resume; the probe
+    # says by how much (wall = time_origin + t + drift). time_origin_ms and the relative times
+    # are kept as sent; the absolute entry time is the wall-clock one.
+    wall = origin + (float(drift) if isinstance(drift, int | float) else 0.0)
     common = (
         str(doc["site"]),
         str(doc["session"]),
@@ -71,7 +75,7 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
     sdk = str(doc.get("sdk") or "")
     oldest_ms, newest_ms = oldest_ns / 1e6, (now_ns + FUTURE_SLACK_NS) / 1e6
     for i, e in enumerate(doc["entries"]):
-        reason = bad_entries.get(i) or _check(e, origin, oldest_ms, newest_ms)
+        reason = bad_entries.get(i) or _check(e, wall, oldest_ms, newest_ms)
         if reason:
             out.rejected[reason] += 1
             continue
@@ -81,7 +85,7 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
         st = e.get("server_timing")
         out.rows.append(
             (
-                round((origin + start) * 1000),  # DateTime64(6): µs ticks
+                round((wall + start) * 1000),  # DateTime64(6): µs ticks
                 received_ms,
                 *common,
                 e["trace_id"],

@@ -379,3 +379,26 @@ def test_websocket_exchanges_pair_by_sequence(collector: Running, sender: Sender
     d = wait_for(both)
     got = {x["browser"]["seq"]: x["parts"]["server_ttfb_ms"] for x in d["exchanges"]}
     assert got == pytest.approx(ttfbs)
+
+
+def test_clock_drift_reported_by_the_probe_is_applied(collector: Running, sender: Sender) -> None:
+    """After sleep/resume the page's monotonic clock lags the wall clock by D and the probe
+    says so (wall = time_origin + t + clock_drift_ms): θ and the entry's time must use it."""
+    tid, bspan = new_trace_id(), new_span_id()
+    drift = 120_000.0  # the laptop slept two minutes since the page loaded
+    origin_ms = float(int(time.time() * 1000) - 10_000) + 0.25  # wall clock at t = 0, now
+    theta_true, up, down = 7.0, 10.0, 10.0
+    t0_abs = origin_ms + 101.0
+    t_arr_ms = t0_abs + up + theta_true
+    t1_ms = t_arr_ms + 1.0
+    t2_ms = origin_ms + 150.0 + theta_true - down
+    attrs = agent_attrs(round(t_arr_ms * MS), t2_ms - t1_ms, 8000)
+    server_span(
+        sender.tracer("app"), tid, bspan, round(t1_ms * MS), round(t1_ms * MS) + 60 * MS, attrs
+    )
+    doc = beacon([entry(tid, bspan)], time_origin=origin_ms - drift)
+    doc["clock_drift_ms"] = drift
+    r = post_beacon(collector.ingest, doc)
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    (ex,) = get_detail(collector, tid)["exchanges"]
+    assert ex["parts"]["theta_ms"] == pytest.approx(theta_true, abs=0.01)  # not θ + 2 min
