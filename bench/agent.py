@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from bench import report
+from demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NGINX_CONF = """
@@ -44,12 +45,6 @@ http {{
 }}
 """
 PACED_LUA = "function delay() return {delay_ms} end\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int) -> None:
@@ -222,7 +217,7 @@ class AgentProc:
                     "--jsonl",
                     str(tmp / "agent.jsonl"),
                     "--metrics-addr",
-                    f"127.0.0.1:{_free_port()}",
+                    f"127.0.0.1:{free_port()}",
                 ],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
@@ -257,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rates = [int(r) for r in a.rates.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-"))
-    port = _free_port()
+    port = free_port()
     (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port))
     ngx = subprocess.Popen(
         ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],

@@ -338,7 +338,7 @@ def main() -> int:
     )
     ap.add_argument("--no-write", action="store_true", help="print, do not edit docs")
     args = ap.parse_args()
-    from tests.collector.helpers import free_port
+    from demo.stack import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="parallax-bench-"))
     target = Target(tmp / "data", free_port(), free_port())

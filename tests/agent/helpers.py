@@ -13,14 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from demo.stack import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Proc:

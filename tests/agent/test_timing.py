@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from demo.stack import free_port
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, free_port, http_request, timing_log, wait_port
+from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log, wait_port
 
 pytestmark = pytest.mark.ebpf
 TOL_US = 1000

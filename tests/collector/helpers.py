@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,10 @@ from typing import Any
 
 import httpx
 
+from demo.stack import free_port
 from parallax_contracts.trace_context import new_span_id, new_trace_id
 
 BIN = Path(sys.executable).parent / "parallax-collector"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -24,8 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from demo.stack import free_port
 from parallax_contracts.trace_context import new_span_id, new_trace_id
-from tests.collector.helpers import beacon, entry, free_port, post_beacon, start_collector
+from tests.collector.helpers import beacon, entry, post_beacon, start_collector
 
 _COUNT = (
     "import json, sys, clickhouse_connect\n"

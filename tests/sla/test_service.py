@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collector.sla.config import SlaConfig, Thresholds
 from collector.sla.service import SlaService, router
+from demo.stack import free_port
 from tests.sla import scenario
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -105,15 +105,9 @@ def test_one_evaluator_per_store(
     assert service.is_evaluator is True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(app: FastAPI) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()
