@@ -11,6 +11,11 @@ inverse-variance weighting around the best sample (simulated with exponential qu
 for NTP's single lowest-δ sample). With symmetric paths the remaining error is the residual
 queueing difference; a path asymmetry a biases every sample by a/2, which no filter can see
 (NTP has the same limit).
+
+Samples age as in NTP: a clock that drifts makes an old sample's θ wrong by up to φ·age, so a
+sample's delay counts φ·age more when samples are chosen and weighted, and samples older than
+``MAX_AGE_S`` (before the session's newest) are dropped. Without it a session's best samples
+from an hour ago would fix θ for ever, through a laptop's clock step or sleep.
 """
 
 from __future__ import annotations
@@ -32,6 +37,25 @@ class Offset:
 
 
 WEIGHT_FLOOR_MS = 0.5
+PHI_MS_PER_S = 0.015  # NTP's frequency tolerance of a computer clock: 15 ppm
+MAX_AGE_S = 3600.0
+
+Sample = tuple[float, float, str, int]  # (δ_ms, θ_ms, exchange key, sample time in Unix ms)
+
+
+def best_samples(samples: Iterable[Sample]) -> tuple[list[Sample], list[tuple[float, float]]]:
+    """The ``MAX_KEEP`` samples to keep (deduplicated by key, aged against the newest) and
+    their (θ_ms, aged δ_ms) for ``clock_filter``."""
+    by_key = {s[2]: s for s in samples}
+    if not by_key:
+        return [], []
+    newest = max(s[3] for s in by_key.values())
+    aged = sorted(
+        (d + PHI_MS_PER_S * (newest - t) / 1000.0, (d, th, k, t))
+        for d, th, k, t in by_key.values()
+        if newest - t <= MAX_AGE_S * 1000.0 and math.isfinite(d)
+    )[:MAX_KEEP]
+    return [s for _, s in aged], [(s[1], a) for a, s in aged]
 
 
 def clock_filter(samples: Iterable[tuple[float, float]]) -> Offset | None:

@@ -8,7 +8,9 @@
 - ``sla_blocks``   the complete minutes of the current window merged into one histogram
                    per series (rebuilt once a minute, or when one of its minutes is
                    re-summarized): an evaluation reads it plus the current minute.
-- ``sla_sessions`` per browser session: the 8 lowest-δ clock samples and the filtered θ.
+- ``sla_sessions`` per browser session: the 8 best clock samples (``best``; their times in
+                   ``best_ms``, added by an ALTER for tables made before it) and the
+                   filtered θ.
 - ``sla_alerts``   one row per alert state change, with the numbers and the sentence.
 - ``sla_lease``    who evaluates (several collectors on one ClickHouse: one evaluator).
 - ``sla_state``    small key/values (the summarizer's watermark).
@@ -74,6 +76,7 @@ SETTINGS ttl_only_drop_parts = 1""",
     site LowCardinality(String),
     routes Array(Tuple(String, String)),
     best Array(Tuple(Float64, Float64, String)),
+    best_ms Array(Int64),
     theta_ms Float64,
     delay_ms Float64,
     used UInt8,
@@ -82,6 +85,7 @@ SETTINGS ttl_only_drop_parts = 1""",
 ) ENGINE = ReplacingMergeTree(version)
 ORDER BY session
 TTL toDateTime(last_seen) + toIntervalDay({RETENTION_DAYS})""",
+        f"ALTER TABLE {db}.{SESSIONS} ADD COLUMN IF NOT EXISTS best_ms Array(Int64) AFTER best",
         f"""CREATE TABLE IF NOT EXISTS {db}.{ALERTS}
 (
     time DateTime64(3, 'UTC'),

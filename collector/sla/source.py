@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from collector.sla import quantize, schema, stats
-from collector.sla.clock import clock_filter
+from collector.sla.clock import Sample, best_samples, clock_filter
 
 PAIRS = "pairs"
 # A WebSocket handshake (seq 0) is connection set-up, not an exchange: mixed into the route's
@@ -333,7 +333,8 @@ GROUP BY minute, service, route, series"""  # noqa: S608
         new = self.rows(
             f"""SELECT session, any(site), groupUniqArray(64)((toString(service), toString(route))),
     arraySlice(arraySort(x -> x.1, groupArray((assumeNotNull(theta_delay_ms),
-        assumeNotNull(theta_ms), concat(trace_id, ':', span_id, ':', toString(seq))))), 1, 8),
+        assumeNotNull(theta_ms), concat(trace_id, ':', span_id, ':', toString(seq)),
+        toUnixTimestamp64Milli(time)))), 1, 8),
     max(time)
 FROM {db}.{PAIRS} FINAL
 WHERE time >= '{lo}' AND time < '{hi}' AND toStartOfMinute(time) IN ({mins})
@@ -342,25 +343,28 @@ GROUP BY session"""  # noqa: S608
         )
         if not new:
             return
-        old: dict[str, tuple[list[Any], list[Any], datetime]] = {}
+        old: dict[str, tuple[list[Any], list[Sample], datetime]] = {}
         names = [r[0] for r in new]
         for i in range(0, len(names), 1000):
             chunk = names[i : i + 1000]
             quoted = ", ".join(
                 "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'" for s in chunk
             )
-            for s, routes, best, last in self.rows(
-                f"SELECT session, routes, best, last_seen FROM {db}.{schema.SESSIONS} FINAL "  # noqa: S608
-                f"WHERE session IN ({quoted})"
+            for s, routes, best, best_ms, last_seen in self.rows(
+                f"SELECT session, routes, best, best_ms, last_seen FROM {db}.{schema.SESSIONS} "  # noqa: S608
+                f"FINAL WHERE session IN ({quoted})"
             ):
-                old[s] = (list(routes), list(best), _as_utc(last))
-        out_cols: list[list[Any]] = [[] for _ in range(9)]
+                seen = _as_utc(last_seen)
+                # rows written before best_ms existed: date their samples last_seen
+                times = list(best_ms) or [int(seen.timestamp() * 1000)] * len(best)
+                samples = [(d, t, k, ms) for (d, t, k), ms in zip(best, times, strict=False)]
+                old[s] = (list(routes), samples, seen)
+        out_cols: list[list[Any]] = [[] for _ in range(10)]
         v = _time.time_ns()
         for session, site, routes, best, last in new:
             prev_routes, prev_best, prev_last = old.get(session, ([], [], _as_utc(last)))
-            merged = {k: (d, t, k) for d, t, k in [*prev_best, *best]}
-            kept = sorted(merged.values())[:8]
-            off = clock_filter((t, d) for d, t, _ in kept)
+            kept, weighed = best_samples([*prev_best, *(tuple(x) for x in best)])
+            off = clock_filter(weighed)
             if off is None:
                 continue
             rts = sorted({tuple(x) for x in [*prev_routes, *routes]})[:64]
@@ -368,7 +372,8 @@ GROUP BY session"""  # noqa: S608
                 session,
                 site,
                 rts,
-                kept,
+                [(d, t, k) for d, t, k, _ in kept],
+                [ms for *_, ms in kept],
                 off.theta_ms,
                 off.delay_ms,
                 off.used,
@@ -386,6 +391,7 @@ GROUP BY session"""  # noqa: S608
                     "site",
                     "routes",
                     "best",
+                    "best_ms",
                     "theta_ms",
                     "delay_ms",
                     "used",

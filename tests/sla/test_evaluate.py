@@ -244,3 +244,68 @@ def test_a_wider_window_reaches_minutes_never_summarized(
     wide = evaluate(source, SlaConfig(), scenario.NOW, timedelta(minutes=30))
     assert _m(wide, "/v1/old", "ttfb").n == 1
     assert _m(wide, "/v1/net", "ttfb").n == 1500
+
+
+def test_session_offsets_age_and_old_tables_are_migrated(
+    scenario_store: tuple[Any, Path, dict[str, scenario.RouteData]],
+) -> None:
+    """sla_sessions made before best_ms existed gains the column at start; a session's
+    θ follows its clock's step once the fresh samples outweigh the aged ones."""
+    from collector.store import schema as store_schema
+
+    client, db = scenario_store[0], "clockage"
+    store_schema.migrate(client, db)
+    client.command(
+        f"CREATE TABLE {db}.sla_sessions (session String, site LowCardinality(String), "
+        "routes Array(Tuple(String, String)), best Array(Tuple(Float64, Float64, String)), "
+        "theta_ms Float64, delay_ms Float64, used UInt8, last_seen DateTime64(3, 'UTC'), "
+        "version UInt64) ENGINE = ReplacingMergeTree(version) ORDER BY session"
+    )
+    src = SlaSource(lambda: client, db)
+    src.ensure_schema()
+    src.ensure_schema()  # idempotent
+    cols = [r[0] for r in client.query(f"DESCRIBE TABLE {db}.sla_sessions").result_rows]
+    assert "best_ms" in cols
+    names = [
+        "time",
+        "version",
+        "paired_at",
+        "site",
+        "service",
+        "route",
+        "trace_id",
+        "span_id",
+        "session",
+        "theta_ms",
+        "theta_delay_ms",
+    ]
+
+    def exchanges(t: Any, theta: float, delay: float, tag: str) -> None:
+        rows = [
+            [
+                t + timedelta(seconds=i),
+                1,
+                t,
+                "test",
+                "app",
+                "/v1/clock",
+                f"{tag}{i:02d}" * 8,
+                "cd" * 8,
+                "s1",
+                theta,
+                delay,
+            ]
+            for i in range(8)
+        ]
+        client.insert(f"{db}.pairs", rows, column_names=names)
+        src.update_sessions([t.replace(second=0, microsecond=0)])
+
+    def theta() -> float:
+        r = client.query(f"SELECT theta_ms FROM {db}.sla_sessions FINAL").result_rows
+        return float(r[0][0])
+
+    start = scenario.NOW - timedelta(minutes=30)
+    exchanges(start, 0.0, 1.0, "a")
+    assert theta() == pytest.approx(0.0, abs=0.01)
+    exchanges(start + timedelta(minutes=20), 40.0, 4.0, "b")  # the clock stepped 40 ms
+    assert theta() == pytest.approx(40.0, abs=1.0)

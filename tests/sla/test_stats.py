@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from collector.sla import quantize, stats
-from collector.sla.clock import clock_filter
+from collector.sla.clock import MAX_AGE_S, best_samples, clock_filter
 from collector.sla.source import SlaSource
 
 
@@ -106,3 +106,25 @@ def test_clock_filter_prefers_low_delay_samples() -> None:
     assert est is not None and abs(est.theta_ms - 100.2) < 0.5
     assert clock_filter([]) is None
     assert clock_filter([(float("nan"), 1.0)]) is None
+
+
+def test_clock_samples_age_like_ntp() -> None:
+    """A session's clean samples from 10 minutes ago must not outvote fresh ones after its
+    clock stepped (a laptop's sleep, an NTP correction); an hour-old sample is dropped."""
+    now = 1_800_000_000_000
+    old = [(1.0, 0.0, f"old{i}", now - 600_000) for i in range(8)]
+    fresh = [(3.0, 50.0, f"new{i}", now - i) for i in range(3)]
+    kept, weighed = best_samples([*old, *fresh])
+    est = clock_filter(weighed)
+    assert est is not None and abs(est.theta_ms - 50.0) < 1.0, est
+    assert len(kept) == 8 and {k[2] for k in fresh} <= {k[2] for k in kept}
+    # without aging the old samples (δ 1 ms) would decide: that is the bug this prevents
+    stale = clock_filter((t, d) for d, t, _, _ in sorted([*old, *fresh])[:8])
+    assert stale is not None and abs(stale.theta_ms) < 1.0
+    ancient = (0.5, -7.0, "ancient", now - int(MAX_AGE_S * 1000) - 1)
+    kept, _ = best_samples([ancient, *fresh])
+    assert "ancient" not in {k[2] for k in kept}
+    # one key once, however often it is offered
+    kept, _ = best_samples([fresh[0], fresh[0], fresh[1]])
+    assert len(kept) == 2
+    assert best_samples([]) == ([], [])
