@@ -246,6 +246,73 @@ def test_a_wider_window_reaches_minutes_never_summarized(
     assert _m(wide, "/v1/net", "ttfb").n == 1500
 
 
+def test_websocket_handshakes_are_not_exchanges(
+    source: SlaSource, scenario_store: tuple[Any, Path, dict[str, scenario.RouteData]]
+) -> None:
+    """A WebSocket route's handshake (seq 0) is connection set-up: its TTFB (the socket's
+    open) must not enter the route's exchange metrics, or every chat socket's open time
+    would read as a divergence."""
+    client = scenario_store[0]
+    t = scenario.NOW - timedelta(seconds=100)
+    names = [
+        "time",
+        "version",
+        "paired_at",
+        "site",
+        "service",
+        "route",
+        "trace_id",
+        "span_id",
+        "kind",
+        "seq",
+        "user_ttfb_ms",
+        "server_ttfb_ms",
+    ]
+    rows = []
+    for i in range(200):
+        server = 40.0 + (i % 10)
+        tid = f"{i:032x}"
+        # one socket per 10 exchanges; its handshake is 400 ms slower as the user sees it
+        if i % 10 == 0:
+            rows.append(
+                [
+                    t,
+                    1,
+                    t,
+                    "test",
+                    "app",
+                    "/v1/ws",
+                    tid,
+                    "ee" * 8,
+                    "websocket",
+                    0,
+                    server + 400.0,
+                    server,
+                ]
+            )
+        rows.append(
+            [
+                t,
+                1,
+                t,
+                "test",
+                "app",
+                "/v1/ws",
+                tid,
+                "ee" * 8,
+                "websocket",
+                i % 10 + 1,
+                server + 3.0,
+                server,
+            ]
+        )
+    client.insert("parallax.pairs", rows, column_names=names)
+    ev = evaluate(source, SlaConfig(), scenario.NOW)
+    m = _m(ev, "/v1/ws", "ttfb")
+    assert m.n == 200
+    assert m.divergence_ms == pytest.approx(3.0, abs=0.5)
+
+
 def test_session_offsets_age_and_old_tables_are_migrated(
     scenario_store: tuple[Any, Path, dict[str, scenario.RouteData]],
 ) -> None:
