@@ -186,7 +186,9 @@ export function hookXhr(w: W, p: Policy, href: () => string): void {
           });
         }
         s.r = undefined;
-        if (had || p.allowed(url)) {
+        // An app's own unparseable traceparent cannot be replaced (XHR headers append: the
+        // server would get "theirs, ours", invalid too): leave that request alone.
+        if (had || (s.tp === undefined && p.allowed(url))) {
           const { tc, record } = p.ctx(s.tp);
           if (!had) set.call(this, "traceparent", formatTraceparent(tc));
           if (record) {

@@ -32,16 +32,17 @@ export interface Transport {
 
 export function transport(o: TransportOptions): Transport {
   let q: Entry[] = [];
+  let qd: number[] = []; // the clock drift each queued entry was taken with
   let dropped = 0;
   let inflight = 0; // bytes of ours in the keepalive quota
   let until = 0; // performance.now() before which a visible page does not send (back-off)
   let backoff = 0;
-  let qDrift = 0; // clock drift when the oldest queued entry was queued
   let timer: ReturnType<typeof setTimeout> | undefined;
 
   const trim = (): void => {
     while (q.length > o.maxQueue) {
       q.shift();
+      qd.shift();
       dropped++;
     }
   };
@@ -52,8 +53,9 @@ export function transport(o: TransportOptions): Transport {
         flush();
       }, ms);
   };
-  const requeue = (batch: Entry[], d: number): void => {
+  const requeue = (batch: Entry[], bd: number[], d: number): void => {
     q = batch.concat(q);
+    qd = bd.concat(qd);
     dropped += d;
     trim();
   };
@@ -64,7 +66,7 @@ export function transport(o: TransportOptions): Transport {
     flush(); // re-arms the timer for the end of the wait
   };
 
-  const send = (body: string, size: number, hiding: boolean, batch: Entry[], d: number): boolean => {
+  const send = (body: string, size: number, hiding: boolean, batch: Entry[], bd: number[], d: number): boolean => {
     const url = o.endpoint;
     if ((hiding || !o.fetch) && o.sendBeacon) {
       let ok = false;
@@ -88,7 +90,7 @@ export function transport(o: TransportOptions): Transport {
           inflight -= size;
           if (res.status === 429 || res.status === 503) {
             // Not accepted: keep the entries and wait (Retry-After if given, else doubling).
-            requeue(batch, d);
+            requeue(batch, bd, d);
             backOff(Number(res.headers.get("retry-after")) * 1000);
           } else backoff = 0;
         },
@@ -113,7 +115,7 @@ export function transport(o: TransportOptions): Transport {
       session: o.session(),
       page: o.page(),
       time_origin: performance.timeOrigin,
-      clock_drift_ms: qDrift,
+      clock_drift_ms: qd[0],
       sent_ms: now(),
       sdk: SDK,
       entries,
@@ -128,7 +130,9 @@ export function transport(o: TransportOptions): Transport {
     const t = now();
     if (!hiding && t < until) return schedule(until - t);
     while (q.length) {
-      let n = Math.min(q.length, o.maxBatch);
+      // One beacon, one clock offset: stop at the first entry taken after a clock jump.
+      const k = qd.findIndex((x) => x !== qd[0]);
+      let n = Math.min(k > 0 ? k : q.length, o.maxBatch);
       let body: string;
       let size: number;
       for (;;) {
@@ -140,15 +144,17 @@ export function transport(o: TransportOptions): Transport {
       if (size > LIMIT) {
         // An entry that can never fit (it cannot: 256 chunk times are ~2 KB): do not loop.
         q.shift();
+        qd.shift();
         dropped++;
         continue;
       }
       if (inflight + size > LIMIT) break;
       const batch = q.splice(0, n);
+      const bd = qd.splice(0, n);
       const d = dropped;
       dropped = 0;
-      if (!send(body, size, hiding, batch, d)) {
-        requeue(batch, d);
+      if (!send(body, size, hiding, batch, bd, d)) {
+        requeue(batch, bd, d);
         break;
       }
     }
@@ -158,10 +164,13 @@ export function transport(o: TransportOptions): Transport {
   return {
     push(e) {
       const d = drift();
-      // The clocks jumped (sleep/resume) since the queued entries were taken: send those with
-      // the drift that applies to them, so one beacon never mixes two clock offsets.
-      if (q.length && Math.abs(d - qDrift) > DRIFT_JUMP_MS) flush();
-      if (!q.length) qDrift = d;
+      const last = qd[qd.length - 1];
+      // Each entry keeps the drift it was taken with (the previous entry's value unless the
+      // clocks jumped: sleep/resume), also while sending is blocked (back-off, quota), so one
+      // beacon never mixes two clock offsets; a jump sends the older entries first.
+      const jumped = last !== undefined && Math.abs(d - last) > DRIFT_JUMP_MS;
+      if (jumped) flush();
+      qd.push(last === undefined || jumped ? d : last);
       q.push(e);
       trim();
       if (q.length >= o.maxBatch) flush();

@@ -185,3 +185,39 @@ test("clock drift: a jump splits the batch; each beacon carries the drift of its
   assert.ok(Math.abs((b?.clock_drift_ms ?? 0) - (a?.clock_drift_ms ?? 0) - 5000) < 5, `${a?.clock_drift_ms} → ${b?.clock_drift_ms}`);
   for (const x of beacons()) assert.deepEqual(beaconErrors(x), []);
 });
+
+test("clock drift: entries queued while sending is blocked keep their own drift", async () => {
+  const sent: string[] = [];
+  const t = transport({
+    endpoint: "https://collector.example/v1/beacons",
+    site: "s",
+    page: () => "/",
+    maxBatch: 50,
+    maxQueue: 500,
+    flushIntervalMs: 60_000,
+    session: () => "sess_0123456789",
+    fetch: (_u, init) => {
+      sent.push(String(init.body));
+      return Promise.resolve(new Response(null, { status: 429, headers: { "retry-after": "60" } }));
+    },
+    sendBeacon: (_u, body) => (sent.push(body), true),
+  });
+  const realNow = Date.now;
+  try {
+    t.push(entry(0));
+    t.flush();
+    await tick(); // refused: backing off, the entry is queued again
+    t.push(entry(1));
+    const base = realNow.call(Date);
+    Date.now = () => base + 5000 + (realNow.call(Date) - base); // the machine slept 5 s
+    t.push(entry(2)); // the jump's flush is blocked by the back-off
+    t.push(entry(3));
+    t.flush(true);
+  } finally {
+    Date.now = realNow;
+  }
+  const out = sent.slice(1).map((s) => JSON.parse(s) as { entries: Entry[]; clock_drift_ms: number });
+  assert.deepEqual(out.map((b) => b.entries.map((e) => e.start_ms)), [[10, 11], [12, 13]]);
+  const [a, b] = out;
+  assert.ok(Math.abs((b?.clock_drift_ms ?? 0) - (a?.clock_drift_ms ?? 0) - 5000) < 5, `${a?.clock_drift_ms} → ${b?.clock_drift_ms}`);
+});

@@ -85,6 +85,19 @@ def test_cross_origin_propagation_and_coarse_timing(
                  x.onloadend = () => ok(x.status); x.send(); })""",
             llm.url + "/v1/complete" + q,
         )
+        # The app's own traceparent on an XHR: a valid one is kept (and recorded), an
+        # invalid one is left alone: XHR headers append, so ours would make "theirs, ours".
+        before = len(llm.records())
+        for tp in ("garbage", "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"):
+            page.evaluate(
+                """([u, tp]) => new Promise(ok => { const x = new XMLHttpRequest();
+                     x.open('GET', u); x.setRequestHeader('traceparent', tp);
+                     x.onloadend = () => ok(x.status); x.send(); })""",
+                [llm.url + "/v1/complete" + q, tp],
+            )
+        llm.wait_record(lambda r: r["traceparent"] and "ab" * 16 in r["traceparent"])
+        got = [r["traceparent"] for r in llm.records()[before:] if r["path"] == "/v1/complete"]
+        assert got == ["garbage", "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"], got
         page.evaluate("u => fetch(u).then(r => r.text())", aux.url + "/notao")
         f = sink.wait_entry(lambda e: e["kind"] == "fetch" and e["url"] == llm.url + "/v1/complete")
         x = sink.wait_entry(lambda e: e["kind"] == "xhr")
@@ -95,6 +108,9 @@ def test_cross_origin_propagation_and_coarse_timing(
             assert not e.get("coarse"), e
             assert any(s["name"] == "app" for s in e["server_timing"]), e
         assert x["chunks_coarse"] is True and x["status"] == 200
+        mine = sink.wait_entry(lambda e: e["kind"] == "xhr" and e["trace_id"] == "ab" * 16)
+        assert mine["span_id"] == "cd" * 8
+        assert len([e for e in sink.entries() if e["kind"] == "xhr"]) == 2, "none for garbage"
         n = sink.wait_entry(lambda e: e["url"] == aux.url + "/notao")
         assert n["coarse"] is True, "no Timing-Allow-Origin: the probe's own timestamps"
         assert n["request_start_ms"] == n["start_ms"]
