@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
         help="treat this optional tracepoint as missing (degrade as on an older kernel; e.g."
         " to test the fallbacks, or to drop tcp:tcp_probe's per-segment cost)",
     )
+    # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
+    # offsets cannot wrap (default about an hour); hidden from --help
+    r.add_argument("--offset-span-ms", type=float, default=0, help=argparse.SUPPRESS)
     return ap
 
 
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 stream_limit_s=args.stream_limit_s,
                 service_names=names,
                 disabled_tracepoints=args.disable_tracepoint,
+                offs_span_ns=int(args.offset_span_ms * 1e6),
             )
         )
     return 2

@@ -13,6 +13,7 @@ EV_RESP = 2
 EV_WAGG = 3
 EV_CLOSE = 4
 EV_PEER_FIN = 5
+EV_SOCK_CLOSE = 6  # the socket closed without a close() of the app (killed, exited)
 
 WAGG_END = 1
 WAGG_PARTIAL = 2
@@ -124,6 +125,6 @@ def decode(buf: bytes) -> Event | None:
         t_first, t_last, nbytes, gap, n, flags = _AGG.unpack_from(buf, off)
         offs = list(_OFFS.unpack_from(buf, off + _AGG.size)[: min(n, CHUNKS)])
         return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs)
-    if h.type in (EV_CLOSE, EV_PEER_FIN):
+    if h.type in (EV_CLOSE, EV_PEER_FIN, EV_SOCK_CLOSE):
         return CloseEv(h)
     return None

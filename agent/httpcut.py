@@ -75,6 +75,7 @@ class Stats:
     head_too_large: int = 0  # request heads beyond the capture window
     unmatched_responses: int = 0
     desync: int = 0
+    unanswered: int = 0  # requests read but never answered when their connection ended
 
 
 class Conn:
@@ -325,7 +326,9 @@ class Conn:
         # response was cut short is decided there, from the framing.
         self.peer_fin = True
 
-    def on_close(self, t: int) -> list[Exchange]:
+    def on_close(self, t: int, server_gone: bool = False) -> list[Exchange]:
+        """The connection ended. ``server_gone``: it closed without a close() of the app
+        (the process was killed or exited): an incomplete response is marked partial."""
         out: list[Exchange] = []
         a = self.active
         if a is not None:
@@ -333,12 +336,34 @@ class Conn:
                 a.chunked and not a.ended
             )
             a.client_aborted = incomplete and self.peer_fin
+            a.partial = incomplete and server_gone and not self.peer_fin
             out.append(self._finish(a))
             self.active = None
         if self.mode == "ws" and self.ws_cur is not None and self.ws_cur.t2:
             out.append(self._finalize_fields(self.ws_cur))
         self.ws_cur = None
-        self.pending.clear()  # requests never answered: no record (nothing was served)
+        # requests never answered: no record (nothing was served), counted
+        self.stats.unanswered += len(self.pending)
+        self.pending.clear()
+        self.mode = "dead"
+        return out
+
+    def flush_inflight(self) -> list[Exchange]:
+        """The agent is stopping: the response in progress (and a WebSocket exchange) as
+        partial records covering what was written so far. Requests not answered yet are
+        counted (``Stats.unanswered``), not recorded."""
+        out: list[Exchange] = []
+        a = self.active
+        if a is not None:
+            a.partial = True
+            out.append(self._finish(a))
+            self.active = None
+        if self.mode == "ws" and self.ws_cur is not None and self.ws_cur.t2:
+            self.ws_cur.partial = True
+            out.append(self._finalize_fields(self.ws_cur))
+        self.ws_cur = None
+        self.stats.unanswered += len(self.pending)
+        self.pending.clear()
         self.mode = "dead"
         return out
 

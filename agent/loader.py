@@ -20,7 +20,16 @@ from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
 BPF_SOURCE = Path(__file__).resolve().parent.parent / "bpf" / "agent.c"
-COUNTER_NAMES = ("lost_events", "events", "connections", "link_misses")
+COUNTER_NAMES = (
+    "lost_events",
+    "events",
+    "conns_created",
+    "link_misses",
+    "conns_deleted",
+    "aggs_created",
+    "aggs_deleted",
+    "sock_closes",
+)
 
 
 class LoadError(Exception):
@@ -37,6 +46,9 @@ class Options:
     max_conns: int = 16384
     disabled: list[str] = field(default_factory=list)  # tracepoint ids to treat as missing
     ringbuf_pages: int = 2048  # 8 MiB
+    # span of one kernel write aggregate before it is flushed so that its u32 µs offsets
+    # cannot wrap (~71 min); smaller only in tests
+    offs_span_ns: int = 3_600_000_000_000
 
 
 @dataclass
@@ -111,6 +123,7 @@ def load(opts: Options) -> Loaded:
         f"-DPX_MAX_CONNS={opts.max_conns}",
         f"-DPX_RINGBUF_PAGES={opts.ringbuf_pages}",
         f"-DPX_PID_MAX={pid_max()}",
+        f"-DPX_OFFS_SPAN_NS={int(opts.offs_span_ns)}ULL",
         *(f"-D{m}" for m in sorted(macros)),
     ]
     text = BPF_SOURCE.read_bytes()
@@ -167,13 +180,44 @@ def remove_pids(b: Any, pids: list[int]) -> None:
     set_pids(b, pids, on=False)
 
 
-def seed_fd(b: Any, tgid: int, fd: int, lport: int) -> None:
-    """Mark an fd of a connection older than the agent (linked at its next read/write)."""
+def quiesce(b: Any, pids: list[int]) -> None:
+    """Trace nothing new (shutdown): the configuration back to all-zero, then the pids."""
+    cfg = b["px_config"]
+    cfg[ctypes.c_int(0)] = cfg.Leaf()
+    set_pids(b, pids, on=False)
+
+
+def seed_fd(
+    b: Any,
+    tgid: int,
+    fd: int,
+    lport: int,
+    family: int = 0,
+    laddr: bytes = b"",
+    raddr: bytes = b"",
+    rport: int = 0,
+) -> None:
+    """Mark an fd of a connection older than the agent (linked at its next read/write),
+    with its addresses from /proc/net/tcp{,6} (raw, network order)."""
     t = b["px_fds"]
     leaf = t.Leaf()
     leaf.seeded = 1
     leaf.lport = lport
+    leaf.rport = rport
+    leaf.family = family
+    ctypes.memmove(leaf.laddr, laddr[:16], min(16, len(laddr)))
+    ctypes.memmove(leaf.raddr, raddr[:16], min(16, len(raddr)))
     t[t.Key((tgid << 32) | fd)] = leaf
+
+
+def seed_listen(b: Any, counts: dict[int, int]) -> None:
+    """Listening sockets per port that existed before the probes (the kernel counts later
+    ones itself from inet_sock_set_state); only an empty slot is written."""
+    t = b["px_listen"]
+    for port, n in counts.items():
+        k = t.Key(port)
+        if int(t[k].value) == 0:
+            t[k] = t.Leaf(n)
 
 
 def counters(b: Any) -> dict[str, int]:
@@ -184,12 +228,17 @@ def counters(b: Any) -> dict[str, int]:
     return out
 
 
+def map_fill(c: dict[str, int], max_conns: int) -> dict[str, int]:
+    """Entries of the connection maps from the kernel's create/delete counters (a walk of
+    the maps costs a syscall per key). LRU evictions are not counted, so the estimate is
+    capped at the map size; px_fds follows px_conns (one linked fd per connection)."""
+    conns = max(0, min(max_conns, c["conns_created"] - c["conns_deleted"]))
+    aggs = max(0, min(max_conns, c["aggs_created"] - c["aggs_deleted"]))
+    return {"px_conns": conns, "px_aggs": aggs}
+
+
 def synack_retransmits(b: Any) -> dict[int, int]:
     return {int(k.value): int(v.value) for k, v in b["px_synack"].items()}
-
-
-def map_fill(b: Any) -> dict[str, int]:
-    return {name: len(b[name]) for name in ("px_conns", "px_fds", "px_aggs")}
 
 
 def open_ring(b: Any, callback: Callable[[bytes], None]) -> None:

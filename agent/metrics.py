@@ -58,6 +58,17 @@ class Metrics:
             ["port"],
             registry=r,
         )
+        self.evicted = Counter(
+            "parallax_agent_conn_evictions",
+            "Connections dropped from the bounded user-space table (LRU) before their end",
+            registry=r,
+        )
+        self.unanswered = Counter(
+            "parallax_agent_unanswered_requests",
+            "Requests read whose connection ended (or the agent stopped) before a response"
+            " began: not recorded",
+            registry=r,
+        )
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )

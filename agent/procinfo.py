@@ -4,6 +4,7 @@ connections that existed before the agent started (to seed the kernel's fd table
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,16 +12,32 @@ _LISTEN = "0A"
 _ESTABLISHED = "01"
 
 
+AF_INET = 2
+AF_INET6 = 10
+
+
 @dataclass(frozen=True, slots=True)
 class SockEntry:
     inode: int
     lport: int
     state: str
+    family: int = AF_INET
+    laddr: bytes = b""  # network order (4 or 16 bytes)
+    raddr: bytes = b""
+    rport: int = 0
+
+
+def _proc_addr(hexaddr: str) -> bytes:
+    """/proc/net/tcp prints each 32-bit word of the address as a host-order integer."""
+    raw = bytes.fromhex(hexaddr)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return raw
 
 
 def _tcp_table() -> list[SockEntry]:
     out = []
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for name, family in (("/proc/net/tcp", AF_INET), ("/proc/net/tcp6", AF_INET6)):
         try:
             lines = Path(name).read_text().splitlines()[1:]
         except OSError:
@@ -29,8 +46,31 @@ def _tcp_table() -> list[SockEntry]:
             f = line.split()
             if len(f) < 10:
                 continue
-            lport = int(f[1].rsplit(":", 1)[1], 16)
-            out.append(SockEntry(int(f[9]), lport, f[3]))
+            la, _, lp = f[1].rpartition(":")
+            ra, _, rp = f[2].rpartition(":")
+            try:
+                out.append(
+                    SockEntry(
+                        int(f[9]),
+                        int(lp, 16),
+                        f[3],
+                        family,
+                        _proc_addr(la),
+                        _proc_addr(ra),
+                        int(rp, 16),
+                    )
+                )
+            except ValueError:
+                continue
+    return out
+
+
+def listen_counts() -> dict[int, int]:
+    """Listening TCP sockets per local port (all namespaces' views aside: this one's)."""
+    out: dict[int, int] = {}
+    for e in _tcp_table():
+        if e.state == _LISTEN:
+            out[e.lport] = out.get(e.lport, 0) + 1
     return out
 
 
@@ -70,10 +110,11 @@ def listeners(ports: set[int]) -> dict[int, set[int]]:
     return out
 
 
-def established(pids: set[int], ports: set[int] | None) -> list[tuple[int, int, int]]:
-    """(pid, fd, local port) of established server-side connections of these processes."""
-    table = {e.inode: e for e in _tcp_table() if e.state == _ESTABLISHED}
-    listen_ports = {e.lport for e in _tcp_table() if e.state == _LISTEN}
+def established(pids: set[int], ports: set[int] | None) -> list[tuple[int, int, SockEntry]]:
+    """(pid, fd, socket) of established server-side connections of these processes."""
+    entries = _tcp_table()
+    table = {e.inode: e for e in entries if e.state == _ESTABLISHED}
+    listen_ports = {e.lport for e in entries if e.state == _LISTEN}
     out = []
     for pid in pids:
         for inode, fd in _socket_fds(pid).items():
@@ -81,8 +122,18 @@ def established(pids: set[int], ports: set[int] | None) -> list[tuple[int, int, 
             if e is None or e.lport not in listen_ports:
                 continue  # a client socket of this process, not one it serves
             if ports is None or e.lport in ports:
-                out.append((pid, fd, e.lport))
+                out.append((pid, fd, e))
     return out
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot; field 22 of /proc/<pid>/stat):
+    with the pid, it names one process — a pid reused later gets another start time."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(f[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def comm(pid: int) -> str:

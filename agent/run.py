@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,8 @@ from agent.httpcut import Conn, Exchange, Stats
 from agent.records import ConnInfo, build
 
 log = logging.getLogger("parallax.agent")
-MAX_CONNS = 65536
+MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
+MAX_PORT_LABELS = 64  # label values of per-port metrics; beyond: "other"
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RunConfig:
     drain_ms: float = 10.0
     disabled_tracepoints: list[str] = field(default_factory=list)
     queue_size: int = 20000
+    offs_span_ns: int = 0  # 0: the loader's default (tests shorten it)
 
 
 @dataclass
@@ -59,7 +61,11 @@ class Agent:
         self.m = metrics.Metrics()
         self.clock = MonoClock()
         self.stats = Stats()
-        self.conns: dict[tuple[int, int], ConnState] = {}
+        # bounded LRU (most recently active last): a connection whose end we never see
+        # (an event lost to a full ring) cannot grow it for ever
+        self.conns: OrderedDict[tuple[int, int], ConnState] = OrderedDict()
+        self.n_evicted = 0
+        self.n_final_partial = 0
         # a deque (append is atomic, no lock/condition per record) polled by the exporter
         self.q: deque[dict[str, Any]] = deque()
         self.n_events = 0
@@ -71,7 +77,12 @@ class Agent:
         self.exporters: list[Any] = []
         self._svc: dict[int, tuple[str, str]] = {}
         self._pids: set[int] = set(cfg.pids)
+        self._pid_start: dict[int, int | None] = {}  # pid → start time (reuse detection)
+        self._listen_ports: set[int] = set(cfg.ports)
+        self._listen_checked = 0.0
         self.bpf: Any = None
+        self.max_conns = 16384
+        self._port_labels: set[str] = set()
         self._last_stats = Stats()
 
     # -- events ---------------------------------------------------------------------
@@ -89,13 +100,16 @@ class Agent:
             if h.type == events.EV_PEER_FIN:
                 st.cut.on_peer_fin(h.t)
                 return
-            self._emit(st, st.cut.on_close(h.t))
+            self._emit(st, st.cut.on_close(h.t, server_gone=h.type == events.EV_SOCK_CLOSE))
             del self.conns[key]
             return
         if st is None:
             if len(self.conns) >= MAX_CONNS:
-                self._evict()
+                self.conns.popitem(last=False)  # the least recently active
+                self.n_evicted += 1
             st = self.conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), h.tgid)
+        else:
+            self.conns.move_to_end(key)
         st.cut.update_tcp(h.srtt_us, h.retrans)
         if isinstance(ev, events.ReadEv):
             if not st.lport:
@@ -104,7 +118,7 @@ class Agent:
             out = st.cut.on_read(h.t, ev.n, ev.data, ev.t_arr, ev.t_acc, ev.t_est)
             if st.cut.mode == "dead" and not st.unparsed_counted and st.cut.requests == 0:
                 st.unparsed_counted = True
-                self.m.unparsed.labels(str(st.lport)).inc()
+                self.m.unparsed.labels(self._port_label(st.lport)).inc()
         elif isinstance(ev, events.RespEv):
             out = st.cut.on_resp(h.t, ev.n, ev.data)
         else:
@@ -115,9 +129,17 @@ class Agent:
             )
         self._emit(st, out)
 
-    def _evict(self) -> None:
-        oldest = min(self.conns.items(), key=lambda kv: kv[1].cut.t_last_event)[0]
-        del self.conns[oldest]
+    def _port_label(self, port: int) -> str:
+        """A bounded label set: listening ports (at most MAX_PORT_LABELS), else "other"."""
+        if port not in self._listen_ports and time.monotonic() - self._listen_checked > 5:
+            self._listen_checked = time.monotonic()
+            self._listen_ports |= set(procinfo.listen_counts())
+        if port in self._listen_ports:
+            label = str(port)
+            if label in self._port_labels or len(self._port_labels) < MAX_PORT_LABELS:
+                self._port_labels.add(label)
+                return label
+        return "other"
 
     def _info(self, st: ConnState) -> ConnInfo:
         if st.info is None:
@@ -174,19 +196,34 @@ class Agent:
 
     # -- housekeeping -----------------------------------------------------------------
     def rescan(self) -> None:
+        """Every second: drop traced pids whose process exited (or whose pid now names
+        another process: a reused pid is not traced because its previous owner was), then
+        add the new owners of the --port listeners."""
+        gone = [p for p, st in self._pid_start.items() if procinfo.start_time(p) != st]
+        if gone:
+            loader.remove_pids(self.bpf, gone)
+            for p in gone:
+                self._pids.discard(p)
+                del self._pid_start[p]
+                self._svc.pop(p, None)
         if not self.cfg.ports:
             return
         found = set(procinfo.listeners(set(self.cfg.ports)))
         new = found - self._pids
         if new:
+            self._track(new)
             loader.set_pids(self.bpf, sorted(new))
             self._pids |= new
             self._seed(new)
 
+    def _track(self, pids: set[int]) -> None:
+        for p in pids:
+            self._pid_start[p] = procinfo.start_time(p)
+
     def _seed(self, pids: set[int]) -> None:
         ports = set(self.cfg.ports) or None
-        for pid, fd, lport in procinfo.established(pids, ports):
-            loader.seed_fd(self.bpf, pid, fd, lport)
+        for pid, fd, e in procinfo.established(pids, ports):
+            loader.seed_fd(self.bpf, pid, fd, e.lport, e.family, e.laddr, e.raddr, e.rport)
 
     def _push_counter(self, key: str, counter: Any, value: int) -> None:
         delta = value - self._pushed.get(key, 0)
@@ -201,8 +238,10 @@ class Agent:
             self._push_counter("req:" + svc, self.m.requests.labels(svc), n)
         c = loader.counters(self.bpf)
         self.m.lost.set(c["lost_events"])
-        for name, n in loader.map_fill(self.bpf).items():
+        for name, n in loader.map_fill(c, self.max_conns).items():
             self.m.map_fill.labels(name).set(n)
+        self._push_counter("evicted", self.m.evicted, self.n_evicted)
+        self._push_counter("unanswered", self.m.unanswered, self.stats.unanswered)
         for port, n in loader.synack_retransmits(self.bpf).items():
             self.m.synack_retransmits.labels(str(port)).set(n)
         self.m.listen_overflows.set(metrics.listen_overflows())
@@ -252,12 +291,14 @@ class Agent:
             return 1
         if cfg.ports:
             self._pids |= set(procinfo.listeners(set(cfg.ports)))
+        self._track(self._pids)
         opts = loader.Options(
             ports=cfg.ports,
             pids=sorted(self._pids),
             head_window=cfg.head_window,
             stream_limit_s=cfg.stream_limit_s,
             disabled=cfg.disabled_tracepoints,
+            **({"offs_span_ns": cfg.offs_span_ns} if cfg.offs_span_ns else {}),
         )
         # with only --port, pid filtering follows the owners of those listening ports
         try:
@@ -272,6 +313,7 @@ class Agent:
             srv.shutdown()
             return 0
         loader.open_ring(self.bpf, self.on_event)
+        loader.seed_listen(self.bpf, procinfo.listen_counts())
         self._seed(self._pids)
         t = threading.Thread(target=self.exporter_loop, name="export", daemon=True)
         t.start()
@@ -298,15 +340,61 @@ class Agent:
                 self.clock.maybe_remeasure()
             self.sweep()
             self.stop.wait(period)
-        # SIGTERM/SIGINT: detach first (no new events), drain what is queued, flush, exit 0
-        loader.drain(self.bpf)
-        loader.detach(self.bpf)
+        self.shutdown()
         self.drained.set()
         t.join(timeout=10)
         for exp in self.exporters:
             exp.close()
         srv.shutdown()
+        log.info(
+            "stopped: %d records; %d in-flight responses flushed as partial; %d requests"
+            " never answered (not recorded); %d shed",
+            sum(self.n_requests.values()),
+            self.n_final_partial,
+            self.stats.unanswered,
+            self.n_shed,
+        )
         return 0
+
+    def shutdown(self) -> None:
+        """SIGTERM/SIGINT: stop tracing new work, take everything the kernel holds, and
+        flush what is in flight as partial records before the exporters are flushed.
+
+        1. the filters are emptied (the programs stay attached but every hook exits at its
+           first check), so nothing new starts;
+        2. a short pause lets programs running on other CPUs finish, then the ring buffer
+           is consumed until empty;
+        3. body writes still held in the kernel aggregates are read from px_aggs;
+        4. each response in progress becomes a partial record (``partial``: true) covering
+           what was written so far; requests read but not answered yet are counted
+           (``parallax_agent_unanswered_requests_total`` and the exit line), not recorded;
+        5. the programs are detached."""
+        loader.quiesce(self.bpf, sorted(self._pids))
+        time.sleep(0.02)
+        for _ in range(1000):
+            before = self.n_events
+            loader.drain(self.bpf)
+            if self.n_events == before:
+                break
+        aggs = self.bpf["px_aggs"]
+        for (sk, _), st in list(self.conns.items()):
+            if st.cut.active is not None or st.cut.ws_cur is not None:
+                try:
+                    v = aggs[aggs.Key(sk)]
+                except KeyError:
+                    v = None
+                if v is not None and v.t_last and v.t_first != st.snap_t_first:
+                    n = int(v.n)
+                    times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
+                    self._emit(
+                        st,
+                        st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)),
+                    )
+            out = st.cut.flush_inflight()
+            self.n_final_partial += len(out)
+            self._emit(st, out)
+        self.conns.clear()
+        loader.detach(self.bpf)
 
 
 def main(cfg: RunConfig) -> int:

@@ -124,6 +124,14 @@ TRACEPOINTS: tuple[Tracepoint, ...] = (
         "retransmits not counted",
     ),
     Tracepoint(
+        "sched",
+        "sched_process_exit",
+        ("pid",),
+        False,
+        "a server killed with unread request bytes (its exit resets the connection) is"
+        " reported as the client's abort",
+    ),
+    Tracepoint(
         "tcp",
         "tcp_retransmit_synack",
         ("skaddr", "sport", "dport", "family"),

@@ -25,6 +25,7 @@
 #define EV_WAGG 3
 #define EV_CLOSE 4
 #define EV_PEER_FIN 5
+#define EV_SOCK_CLOSE 6  // the socket closed without a close() we saw (process killed, exit)
 
 #define KIND_READ 1
 #define KIND_WRITE 2
@@ -43,7 +44,17 @@
 #define C_EVENTS 1
 #define C_CONNS 2
 #define C_LINK_MISS 3
+#define C_CONNS_DEL 4   // px_conns entries deleted (close): fill = C_CONNS - C_CONNS_DEL
+#define C_AGGS 5        // px_aggs entries created
+#define C_AGGS_DEL 6
+#define C_SOCK_CLOSE 7  // connections ended by the socket's own state change (no close())
 #define C_NCOUNTERS 8
+
+// Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
+// (without a flag: user space merges it into the same response) before it could wrap.
+#ifndef PX_OFFS_SPAN_NS
+#define PX_OFFS_SPAN_NS 3600000000000ULL
+#endif
 
 // All-zero (as between attach and user space's first write) means "trace nothing": bcc
 // attaches the programs before the agent can fill its maps, and a filter that defaulted to
@@ -67,9 +78,13 @@ struct px_active {
 struct px_fd {
     u64 sk;      // 0 until the first read/write links it
     u64 t_acc;   // accept() return, 0 when unknown
-    u16 lport;   // seeded from /proc for connections older than the agent
+    u16 lport;   // seeded from /proc for connections older than the agent (with the
+    u16 rport;   // addresses: /proc/net/tcp{,6} knows them, the conn would not)
+    u16 family;
     u8 seeded;
-    u8 pad[5];
+    u8 pad;
+    u8 laddr[16];
+    u8 raddr[16];
 };
 
 struct px_conn {
@@ -145,6 +160,9 @@ BPF_ARRAY(px_config, struct px_cfg, 1);
 // untraced process pays a load and a compare per hook, not a hash helper call.
 BPF_ARRAY(px_pids, u8, PX_PID_MAX);
 BPF_ARRAY(px_ports, u8, 65536);  // traced local ports: an inlined lookup, like px_pids
+// Listening sockets per local port (kept by inet_sock_set_state, seeded from /proc): only
+// server-side connections are followed, never a traced process's outbound ones.
+BPF_ARRAY(px_listen, u32, 65536);
 #ifdef PX_TASK_STORAGE
 // The syscall in flight, per thread: task-local storage (a pointer in the task, no hash)
 BPF_TASK_STORAGE(px_active, struct px_active);
@@ -367,6 +385,10 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
         struct px_conn nc = {};
         nc.ident = bpf_ktime_get_ns();
         nc.lport = f->lport;
+        nc.rport = f->rport;
+        nc.family = f->family;
+        __builtin_memcpy(nc.laddr, f->laddr, 16);
+        __builtin_memcpy(nc.raddr, f->raddr, 16);
         nc.tgid = id >> 32;
         px_conns.update(&sk, &nc);
         c = px_conns.lookup(&sk);
@@ -386,6 +408,23 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     c->tgid = id >> 32;
     c->fdkey = key;
     return c;
+}
+
+// The end of a connection: flush the aggregate, emit CLOSE, free its map entries.
+static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t) {
+    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
+    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+    if (!e) {
+        px_count(C_LOST);
+    } else {
+        px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
+        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        px_count(C_EVENTS);
+    }
+    if (px_conns.delete(&sk) == 0)
+        px_count(C_CONNS_DEL);
+    if (px_aggs.delete(&sk) == 0)
+        px_count(C_AGGS_DEL);
 }
 
 static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u64 t) {
@@ -502,6 +541,12 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         g = px_aggs.lookup(&sk);
         if (!g)
             return;
+        px_count(C_AGGS);
+    }
+    // u32 µs offsets would wrap past ~71 min of one aggregate: flush what it holds first
+    // (no flag: the same response continues) so offsets restart from this write.
+    if (g->t_first && t - g->t_first >= PX_OFFS_SPAN_NS) {
+        px_flush(id, a->fd, sk, c, t, 0);
     }
     // Chunked terminator at the end of this write: the response is complete now. A write
     // that is only the terminator ends the response but carries no body (not a chunk).
@@ -700,18 +745,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
     struct px_conn *c = px_conns.lookup(&sk);
     if (!c)
         return 0;
-    u64 t = bpf_ktime_get_ns();
-    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
-    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
-    if (!e) {
-        px_count(C_LOST);
-    } else {
-        px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
-        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-        px_count(C_EVENTS);
-    }
-    px_conns.delete(&sk);
-    px_aggs.delete(&sk);
+    px_conn_end(id, fd, sk, c, bpf_ktime_get_ns());
     return 0;
 }
 
@@ -728,8 +762,26 @@ TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk); return 0; }
 
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_RECV 3
+#define TCP_FIN_WAIT1 4
 #define TCP_CLOSE 7
 #define TCP_CLOSE_WAIT 8
+#define TCP_LAST_ACK 9
+#define TCP_LISTEN 10
+
+// Threads of traced processes that are exiting (sched_process_exit runs before the exit
+// closes the files): a reset sent from such a thread is the server's, not the peer's.
+BPF_TABLE("lru_hash", u64, u8, px_exiting, 1024);
+
+#ifdef PX_HAVE_SCHED_PROCESS_EXIT
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return 0;
+    u8 one = 1;
+    px_exiting.update(&id, &one);
+    return 0;
+}
+#endif
 
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     if (args->protocol != PX_IPPROTO_TCP)
@@ -763,21 +815,68 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 #endif
         return 0;
     }
-    // The peer is gone: its FIN (CLOSE_WAIT), or its RST while established (a client that
-    // closes with unread data resets the connection instead of sending a FIN).
-    if (ns == TCP_CLOSE_WAIT || (ns == TCP_CLOSE && os == TCP_ESTABLISHED)) {
-        struct px_conn *c = px_conns.lookup(&sk);
-        if (!c)
-            return 0;
+    if (ns == TCP_LISTEN || os == TCP_LISTEN) {
+        // listening sockets per port: only connections accepted on one are followed
+        u32 k = args->sport;
+        u32 *n = px_listen.lookup(&k);
+        if (n) {
+            if (ns == TCP_LISTEN)
+                __sync_fetch_and_add(n, 1);
+            else if (*n > 0)
+                __sync_fetch_and_add(n, -1);
+        }
+        return 0;
+    }
+    int peer_fin = ns == TCP_CLOSE_WAIT;
+    // Our side's own close transitions: a close() we saw has already ended the connection
+    // (sys_enter_close runs first); one still here was closed without it — a process killed
+    // or exiting mid-request, or a close by a path we do not trace.
+    int closing = (os == TCP_ESTABLISHED && ns == TCP_FIN_WAIT1) ||
+                  (os == TCP_CLOSE_WAIT && ns == TCP_LAST_ACK) || ns == TCP_CLOSE;
+    if (!peer_fin && !closing)
+        return 0;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (!c)
+        return 0;
+    u64 t = bpf_ktime_get_ns();
+    u64 owner = ((u64)c->tgid) << 32;
+    if (ns == TCP_CLOSE && os == TCP_ESTABLISHED) {
+        // A reset while established: the peer's (a client that closes with unread data
+        // resets instead of sending a FIN) unless an exiting thread of ours sent it.
+        u64 id = bpf_get_current_pid_tgid();
+        peer_fin = px_exiting.lookup(&id) == 0;
+    }
+    if (peer_fin) {
+        // The peer is gone: its FIN (CLOSE_WAIT) or its RST.
         struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
         if (!e) {
             px_count(C_LOST);
-            return 0;
+        } else {
+            px_hdr_fill(e, EV_PEER_FIN, owner, 0, sk, c, t);
+            px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+            px_count(C_EVENTS);
         }
-        px_hdr_fill(e, EV_PEER_FIN, ((u64)c->tgid) << 32, 0, sk, c, bpf_ktime_get_ns());
+    }
+    if (!closing)
+        return 0;
+    px_count(C_SOCK_CLOSE);
+    u64 fdkey = c->fdkey;
+    px_flush(owner, (u32)fdkey, sk, c, t, WAGG_CLOSE);
+    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+    if (!e) {
+        px_count(C_LOST);
+    } else {
+        px_hdr_fill(e, EV_SOCK_CLOSE, owner, (u32)fdkey, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
         px_count(C_EVENTS);
     }
+    struct px_fd *f = px_fds.lookup(&fdkey);
+    if (f && f->sk == sk)
+        px_fds.delete(&fdkey);
+    if (px_conns.delete(&sk) == 0)
+        px_count(C_CONNS_DEL);
+    if (px_aggs.delete(&sk) == 0)
+        px_count(C_AGGS_DEL);
     return 0;
 }
 
@@ -799,8 +898,14 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     u64 sk = (u64)args->skaddr;
     struct px_conn *c = px_conns.lookup(&sk);
     if (!c) {
-        // A connection older than the agent, seen at its next segment with data.
+        // A connection older than the agent, seen at its next segment with data. Only on a
+        // listening port: a traced process's outbound connections (to its database, its
+        // LLM backend) are not requests it serves.
         if (args->data_len == 0)
+            return 0;
+        u32 lk = args->sport;
+        u32 *ln = px_listen.lookup(&lk);
+        if (!ln || *ln == 0)
             return 0;
         struct px_conn nc = {};
         nc.ident = bpf_ktime_get_ns();
