@@ -30,21 +30,22 @@ CLONE_NEWNET = 0x40000000
 _NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 # inet_diag_req_v2: family, protocol, ext, pad, states; then inet_diag_sockid (48 bytes)
 _REQ = struct.Struct("=BBBxI48x")
-# inet_diag_msg: family, state, timer, retrans; sockid (sport, dport big-endian, 44 more
-# bytes); expires, rqueue, wqueue, uid, inode
-_MSG = struct.Struct("=BBBB>HH44x=IIIII".replace(">", "").replace("=", "", 1))
+# inet_diag_msg (72 bytes): family, state, timer, retrans (4); sockid (48: sport and dport
+# big-endian first); expires, rqueue, wqueue, uid, inode (20). Then netlink attributes.
+_MSG_SIZE = 72
 _RTA = struct.Struct("=HH")
 
 
 @dataclass(frozen=True, slots=True)
 class Listener:
+    netns: int  # network namespace inode (a pod has its own: one port, several listeners)
     port: int
     drops: int  # connections the full accept queue dropped (since the socket was created)
     queued: int  # connections waiting in the accept queue now
     backlog: int  # the accept queue's limit
 
 
-def _parse(data: bytes, out: dict[int, Listener]) -> bool:
+def _parse(data: bytes, netns: int, out: dict[int, Listener]) -> bool:
     """Add the listeners of one netlink read to ``out``; True once the dump is done."""
     pos = 0
     while pos + _NLMSG.size <= len(data):
@@ -62,7 +63,7 @@ def _parse(data: bytes, out: dict[int, Listener]) -> bool:
         sport = int.from_bytes(data[body + 4 : body + 6], "big")
         rqueue, wqueue = struct.unpack_from("=II", data, body + 56)
         drops = 0
-        a = body + 72
+        a = body + _MSG_SIZE
         while a + _RTA.size <= pos + length:
             alen, atype = _RTA.unpack_from(data, a)
             if alen < _RTA.size:
@@ -74,18 +75,22 @@ def _parse(data: bytes, out: dict[int, Listener]) -> bool:
         # one port, several sockets (IPv4 and IPv6, SO_REUSEPORT): add them up
         if prev:
             drops, rqueue, wqueue = drops + prev.drops, rqueue + prev.queued, wqueue + prev.backlog
-        out[sport] = Listener(sport, drops, rqueue, wqueue)
+        out[sport] = Listener(netns, sport, drops, rqueue, wqueue)
         pos += (length + 3) & ~3
     return False
 
 
-def _dump(sock: socket.socket) -> dict[int, Listener]:
+def _dump(sock: socket.socket, netns: int) -> dict[int, Listener]:
     out: dict[int, Listener] = {}
     for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
         req = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_SKMEMINFO - 1), 1 << TCP_LISTEN)
-        sock.send(_NLMSG.pack(_NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY,
-                              NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req)
-        while not _parse(sock.recv(1 << 16), out):
+        sock.send(
+            _NLMSG.pack(
+                _NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0
+            )
+            + req
+        )
+        while not _parse(sock.recv(1 << 16), netns, out):
             pass
     return out
 
@@ -131,30 +136,26 @@ class ListenerStats:
 
     def __init__(self) -> None:
         self._socks: dict[int, socket.socket] = {}  # netns inode → sock_diag socket
-        self._own = os.stat("/proc/self/ns/net").st_ino
+        self.own_netns = os.stat("/proc/self/ns/net").st_ino
 
-    def read(self, pids: list[int] | None = None) -> dict[int, Listener]:
-        """Listeners by port: in the agent's namespace, and in those of ``pids``. A pid
-        that is gone or a namespace that cannot be entered is skipped."""
-        spaces: dict[int, str] = {self._own: "/proc/self/ns/net"}
+    def read(self, pids: list[int] | None = None) -> list[Listener]:
+        """Listeners in the agent's network namespace and in those of ``pids``. A pid that
+        is gone or a namespace that cannot be entered is skipped."""
+        spaces: dict[int, str] = {self.own_netns: "/proc/self/ns/net"}
         for pid in pids or []:
             path = f"/proc/{pid}/ns/net"
             try:
                 spaces.setdefault(os.stat(path).st_ino, path)
             except OSError:
                 continue
-        out: dict[int, Listener] = {}
+        out: list[Listener] = []
         for ino, path in spaces.items():
             try:
                 s = self._socks.get(ino)
                 if s is None:
-                    s = _netlink_socket() if ino == self._own else _socket_in(path)
+                    s = _netlink_socket() if ino == self.own_netns else _socket_in(path)
                     self._socks[ino] = s
-                for port, ls in _dump(s).items():
-                    prev = out.get(port)
-                    out[port] = ls if prev is None else Listener(
-                        port, prev.drops + ls.drops, prev.queued + ls.queued,
-                        prev.backlog + ls.backlog)
+                out += _dump(s, ino).values()
             except OSError:
                 self._socks.pop(ino, None)
         for ino in set(self._socks) - set(spaces):  # namespaces whose processes are gone

@@ -1,0 +1,136 @@
+"""Listen-queue drops per listening port (sock_diag), checked against the kernel's own
+node-wide counter and across a network namespace (a pod's)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.sockdiag import Listener, ListenerStats
+
+
+def _listen_drops() -> int:
+    """TcpExt ListenDrops: the node-wide count of what sk_drops counts per listener."""
+    with open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        if names.startswith("TcpExt:"):
+            return int(values.split()[names.split().index("ListenDrops")])
+    raise AssertionError("no TcpExt in /proc/net/netstat")
+
+
+def _flood(port: int, n: int) -> list[socket.socket]:
+    out = []
+    for _ in range(n):
+        c = socket.socket()
+        c.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            c.connect(("127.0.0.1", port))
+        out.append(c)
+    return out
+
+
+def _mine(stats: ListenerStats, port: int, pids: list[int] | None = None) -> list[Listener]:
+    return [x for x in stats.read(pids) if x.port == port]
+
+
+def test_drops_of_a_full_accept_queue_are_counted_on_its_port() -> None:
+    full, idle = socket.socket(), socket.socket()
+    stats = ListenerStats()
+    clients: list[socket.socket] = []
+    try:
+        for s in (full, idle):
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)  # never accepted: the queue holds backlog + 1
+        fport, iport = full.getsockname()[1], idle.getsockname()[1]
+        before = _listen_drops()
+        clients = _flood(fport, 12)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(x.drops for x in _mine(stats, fport)):
+            time.sleep(0.05)
+        (f,) = _mine(stats, fport)
+        after = _listen_drops()
+        assert f.drops > 0 and f.queued == 2 and f.backlog == 1, f
+        # other listeners on the node may drop too, never fewer than ours
+        assert after - before >= f.drops
+        (i,) = _mine(stats, iport)
+        assert i.drops == 0 and i.queued == 0
+        assert f.netns == os.stat("/proc/self/ns/net").st_ino
+    finally:
+        for c in [full, idle, *clients]:
+            c.close()
+        stats.close()
+
+
+SERVER = """
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(0)
+port = s.getsockname()[1]
+cs = []
+for _ in range(8):
+    c = socket.socket(); c.setblocking(False)
+    try: c.connect(("127.0.0.1", port))
+    except BlockingIOError: pass
+    cs.append(c)
+print(port, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def other_netns() -> Iterator[tuple[int, int]]:
+    """(pid, port) of a process with a full listener in a network namespace of its own."""
+    if os.geteuid() != 0 or not (
+        os.path.exists("/usr/bin/unshare") and os.path.exists("/usr/sbin/ip")
+    ):
+        pytest.skip("needs root, unshare and ip to make a network namespace")
+    p = subprocess.Popen(
+        [
+            "unshare",
+            "--net",
+            "sh",
+            "-c",
+            f'ip link set lo up && exec {sys.executable} -c "$0"',
+            SERVER,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        port = int(p.stdout.readline())
+        yield p.pid, port
+    finally:
+        p.kill()
+        p.wait(5)
+
+
+def test_listeners_in_a_traced_process_network_namespace(other_netns: tuple[int, int]) -> None:
+    pid, port = other_netns
+    stats = ListenerStats()
+    try:
+        assert _mine(stats, port) == [] or all(
+            x.netns == os.stat("/proc/self/ns/net").st_ino for x in _mine(stats, port)
+        ), "the agent's own namespace does not see the pod's listener"
+        deadline = time.monotonic() + 5
+        got: list[Listener] = []
+        while time.monotonic() < deadline:
+            got = [x for x in _mine(stats, port, [pid]) if x.netns != stats.own_netns]
+            if got and got[0].drops:
+                break
+            time.sleep(0.05)
+        assert len(got) == 1 and got[0].drops > 0 and got[0].backlog == 0, got
+        assert got[0].netns == os.stat(f"/proc/{pid}/ns/net").st_ino
+        # the namespace's socket is released once its processes are gone
+        assert len(stats._socks) == 2
+        stats.read([])
+        assert len(stats._socks) == 1
+    finally:
+        stats.close()
