@@ -6,7 +6,10 @@ the drop on the listening socket itself (``sk_drops``), which ``inet_diag`` repo
 socket's memory info (what ``ss -ltm`` prints as ``d<n>``), together with the accept queue's
 current length and its limit. Read-only and unprivileged within a network namespace; the
 agent asks in the namespace of each traced process (a pod has its own), through a thread
-that enters it only to open the netlink socket.
+that enters it only to open the netlink socket. Entering a namespace needs CAP_SYS_ADMIN,
+which the DaemonSet does not grant: without it a namespace's listeners are reported as one
+(port 0) with the namespace's own ListenDrops from /proc/<pid>/net/netstat (a pod usually
+listens on one port).
 """
 
 from __future__ import annotations
@@ -131,6 +134,20 @@ def _socket_in(netns_path: str) -> socket.socket:
     return box[0]
 
 
+def _netns_drops(netns_path: str) -> int | None:
+    """TcpExt ListenDrops of the namespace of /proc/<pid>/ns/net (no privilege beyond
+    reading that process's /proc)."""
+    try:
+        with open(netns_path.replace("/ns/net", "/net/netstat")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:") and "ListenDrops" in names.split():
+            return int(values.split()[names.split().index("ListenDrops")])
+    return None
+
+
 class ListenerStats:
     """Listeners per network namespace of the traced processes; sockets kept open."""
 
@@ -158,6 +175,8 @@ class ListenerStats:
                 out += _dump(s, ino).values()
             except OSError:
                 self._socks.pop(ino, None)
+                if ino != self.own_netns and (drops := _netns_drops(path)) is not None:
+                    out.append(Listener(ino, 0, drops, 0, 0))
         for ino in set(self._socks) - set(spaces):  # namespaces whose processes are gone
             self._socks.pop(ino).close()
         return out

@@ -4,6 +4,7 @@ node-wide counter and across a network namespace (a pod's)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -134,3 +135,35 @@ def test_listeners_in_a_traced_process_network_namespace(other_netns: tuple[int,
         assert len(stats._socks) == 1
     finally:
         stats.close()
+
+
+def test_without_cap_sys_admin_a_namespace_counts_as_one(other_netns: tuple[int, int]) -> None:
+    """The DaemonSet grants no CAP_SYS_ADMIN (setns): the pod's namespace-wide ListenDrops
+    are reported instead, as port 0. Run in a child without the capability."""
+    pid, _ = other_netns
+    code = (
+        "import json, sys; from agent.sockdiag import ListenerStats; s = ListenerStats(); print(json."
+        "dumps([(x.port, x.drops) for x in s.read([int(sys.argv[1])]) if x.netns != s.own_netns]))"
+    )
+    deadline = time.monotonic() + 5
+    while True:
+        out = subprocess.run(
+            [
+                "setpriv",
+                "--bounding-set=-sys_admin",
+                "--inh-caps=-sys_admin",
+                sys.executable,
+                "-c",
+                code,
+                str(pid),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        got = json.loads(out)
+        if (got and got[0][1] > 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(got) == 1 and got[0][0] == 0 and got[0][1] > 0, got
