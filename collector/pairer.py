@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from collector import pairing
 from collector.metrics import Metrics
 from collector.pairing import pair_row
 from collector.store import schema
@@ -50,7 +51,11 @@ COVERAGE_LAG_S = 30
 COVERAGE_SAMPLE = 200_000
 LOOKUP_CHUNK = 256  # ids per store lookup: a bloom filter answers well for few ids only
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-_PAIR_NAMES = schema.column_names(schema.PAIR_COLUMNS)
+_PAIR_NAMES = pairing.PAIR_NAMES
+_P_TRACE, _P_SPAN, _P_SEQ, _P_HOPS, _P_LINKED, _P_RECONNECTS = (
+    _PAIR_NAMES.index(n)
+    for n in ("trace_id", "span_id", "seq", "hop_span_ids", "linked_span_ids", "reconnects")
+)
 
 
 def read_traces(
@@ -121,22 +126,54 @@ def entry_dict(row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def pairs_for(
-    spans: list[dict[str, Any]], entries: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], set[str]]:
-    """(pair rows, trace ids with one side missing)."""
+    spans: list[dict[str, Any]], entries: list[dict[str, Any]], version: int | None = None
+) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """(pair rows as PAIR_COLUMNS tuples, trace ids with one side missing)."""
     by_trace: dict[str, list[dict[str, Any]]] = {}
     for s in spans:
         by_trace.setdefault(s["trace_id"], []).append(s)
     one_sided = set(by_trace)
     out = []
-    version = time.time_ns()
+    version = version or time.time_ns()
     for e in entries:
         row = pair_row(e, by_trace.get(e["trace_id"], []), version)
         if row is None:
             one_sided.add(e["trace_id"])
         else:
             one_sided.discard(e["trace_id"])
-            out.append(row)
+            out.append(pairing.pair_tuple(row))
+    return out, one_sided
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def pairs_for_rows(
+    traces: list[tuple[Rows, Rows]], version: int
+) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """pairs_for() over the row tuples of traces that have both sides in memory (each item:
+    (spans, entries) of one trace). An entry with exactly one candidate span — the common
+    case — is paired straight from the tuples; anything else goes through pair_row."""
+    out: list[tuple[Any, ...]] = []
+    one_sided: set[str] = set()
+    one_hop = pairing.pair_tuple_one_hop
+    cand = pairing.candidate_rows
+    for spans, entries in traces:
+        paired = True
+        for e in entries:
+            c = cand(e, spans)
+            if len(c) == 1:
+                out.append(one_hop(e, c[0], version))
+                paired = True
+            elif not c:
+                paired = False
+            else:
+                row = pair_row(entry_dict(e), [span_dict(s) for s in spans], version)
+                assert row is not None  # several candidates make at least one hop
+                out.append(pairing.pair_tuple(row))
+                paired = True
+        if not paired:  # as in pairs_for: the trace's last entry decides
+            one_sided.add(entries[-1][pairing.E_TRACE])
     return out, one_sided
 
 
@@ -257,12 +294,16 @@ class Pairer:
         t = time.perf_counter()
         ids = [b[0] for b in batch]
         try:
-            spans, entries = self._gather(ids)
-            rows, one_sided = pairs_for(spans, entries)
+            in_mem, spans, entries = self._gather(ids)
+            version = time.time_ns()
+            rows, one_sided = pairs_for(spans, entries, version)
+            mem_rows, mem_one_sided = pairs_for_rows(in_mem, version)
+            rows += mem_rows
+            one_sided |= mem_one_sided
             fresh = self._changed(rows)
             n_fresh = len(fresh)
             if fresh:
-                cols = [[r[n] for _, r in fresh] for n in _PAIR_NAMES]
+                cols = list(zip(*(r for _, r in fresh), strict=True))
                 self.store.insert(schema.PAIRS, cols, _PAIR_NAMES)
                 self._remember(fresh)
                 self.metrics.pairs_written.inc(len(fresh))
@@ -277,8 +318,12 @@ class Pairer:
         self.metrics.pairing_seconds.observe(time.perf_counter() - t)
         return n_fresh
 
-    def _gather(self, ids: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Both sides of these traces: from memory when both are there, else the store."""
+    def _gather(
+        self, ids: list[str]
+    ) -> tuple[list[tuple[Rows, Rows]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Both sides of these traces: (traces with both sides in memory, as row tuples;
+        spans and entries of the others, read from the store where it has them)."""
+        in_mem: list[tuple[Rows, Rows]] = []
         spans: list[dict[str, Any]] = []
         entries: list[dict[str, Any]] = []
         no_entries, no_spans, neither = [], [], []
@@ -286,8 +331,7 @@ class Pairer:
             for t in ids:
                 m = self._mem.get(t)
                 if m and m[0] and m[1]:
-                    spans.extend(span_dict(r) for r in m[0])
-                    entries.extend(entry_dict(r) for r in m[1])
+                    in_mem.append((list(m[0]), list(m[1])))
                 elif m and m[0]:
                     no_entries.append(t)
                 elif m and m[1]:
@@ -310,29 +354,22 @@ class Pairer:
         s2, _ = read_traces(self.store, read_spans, lb, (True, False))
         spans += s1 + s2
         entries += e1
-        return spans, entries
+        return in_mem, spans, entries
 
-    @staticmethod
-    def _key(r: dict[str, Any]) -> tuple[str, str, int]:
-        return (r["trace_id"], r["span_id"], r["seq"])
-
-    @staticmethod
-    def _hash(r: dict[str, Any]) -> int:
-        # A pair changes only when the spans it is made of change (the entry is immutable
-        # and the rest is derived from both).
-        return hash((tuple(r["hop_span_ids"]), tuple(r["linked_span_ids"]), r["reconnects"]))
-
-    def _changed(self, rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    def _changed(self, rows: list[tuple[Any, ...]]) -> list[tuple[int, tuple[Any, ...]]]:
         out = []
+        written = self._written
         for r in rows:
-            h = self._hash(r)
-            if self._written.get(self._key(r)) != h:
+            # A pair changes only when the spans it is made of change (the entry is
+            # immutable and the rest is derived from both).
+            h = hash((tuple(r[_P_HOPS]), tuple(r[_P_LINKED]), r[_P_RECONNECTS]))
+            if written.get((r[_P_TRACE], r[_P_SPAN], r[_P_SEQ])) != h:
                 out.append((h, r))
         return out
 
-    def _remember(self, rows: list[tuple[int, dict[str, Any]]]) -> None:
+    def _remember(self, rows: list[tuple[int, tuple[Any, ...]]]) -> None:
         for h, r in rows:
-            self._written[self._key(r)] = h
+            self._written[(r[_P_TRACE], r[_P_SPAN], r[_P_SEQ])] = h
         while len(self._written) > 200_000:
             self._written.popitem(last=False)
 

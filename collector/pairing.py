@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from collector.store import schema
 from parallax_contracts.span_attributes import SOURCE_EBPF
 
 Span = dict[str, Any]
@@ -193,3 +194,128 @@ def pair_row(
         "reconnects": reconnects,
         **d,
     }
+
+
+# --- the fast path: one entry, one span, both as the row tuples the ingest wrote ----------
+# Most exchanges have one hop. Pairing them from the tuples (column order of
+# schema.SPAN_COLUMNS / ENTRY_COLUMNS) straight into a pairs tuple (PAIR_COLUMNS order) skips
+# three dicts per pair; the values are the ones pair_row computes (tests/collector check
+# both paths give identical rows), and every other case goes through pair_row.
+_SN = {n: i for i, n in enumerate(schema.column_names(schema.SPAN_COLUMNS))}
+_EN = {n: i for i, n in enumerate(schema.column_names(schema.ENTRY_COLUMNS))}
+PAIR_NAMES = schema.column_names(schema.PAIR_COLUMNS)
+S_TIME, S_END, S_TRACE, S_SPAN, S_PARENT = (
+    _SN[n] for n in ("time", "end_time", "trace_id", "span_id", "parent_span_id")
+)
+S_SERVICE, S_METHOD, S_ROUTE, S_STATUS, S_ARRIVAL = (
+    _SN[n] for n in ("service", "method", "route", "status", "arrival")
+)
+S_TTFB, S_RECVQ, S_TTFT, S_DUR, S_OFFSETS = (
+    _SN[n] for n in ("ttfb_us", "recv_queue_us", "ttft_us", "duration_us", "chunk_offsets_us")
+)
+S_SRTT, S_RETRANS, S_WS_SEQ = (_SN[n] for n in ("srtt_us", "retransmits", "ws_seq"))
+E_TIME, E_SITE, E_SESSION, E_TRACE, E_SPAN, E_KIND, E_SEQ = (
+    _EN[n] for n in ("time", "site", "session", "trace_id", "span_id", "kind", "seq")
+)
+E_METHOD, E_ROUTE, E_STATUS, E_ORIGIN = (
+    _EN[n] for n in ("method", "route", "status", "time_origin_ms")
+)
+E_T0, E_T3, E_END, E_FIRST, E_CHUNKS, E_RENDERED = (
+    _EN[n]
+    for n in (
+        "request_start_ms",
+        "response_start_ms",
+        "response_end_ms",
+        "first_chunk_ms",
+        "chunk_ms",
+        "rendered_ms",
+    )
+)
+E_COARSE, E_CHUNKS_COARSE, E_DRIFT = (_EN[n] for n in ("coarse", "chunks_coarse", "clock_drift_ms"))
+
+
+def candidate_rows(
+    entry: tuple[Any, ...], spans: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """candidates() over row tuples."""
+    seq = entry[E_SEQ] or 0
+    if entry[E_KIND] == "websocket" and seq > 0:
+        return [s for s in spans if s[S_WS_SEQ] == seq]
+    sid = entry[E_SPAN]
+    return [s for s in spans if s[S_PARENT] == sid and s[S_WS_SEQ] == seq]
+
+
+def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) -> tuple[Any, ...]:
+    """pair_row(entry, [span]) for an entry whose only candidate is ``s``, as a tuple in
+    PAIR_COLUMNS order."""
+    t0, t3, first, rendered = e[E_T0], e[E_T3], e[E_FIRST], e[E_RENDERED]
+    end = e[E_END]
+    user_ttfb = None if t3 is None or t0 is None else t3 - t0
+    chunk_ms = e[E_CHUNKS] or []
+    offsets = s[S_OFFSETS] or []
+    ttfb = s[S_TTFB]
+    ttfb_us = float(ttfb) if ttfb is not None else float(s[S_DUR])
+    t1 = s[S_TIME]
+    arr = s[S_ARRIVAL]
+    arrival = int(arr) if arr else int(t1)
+    t2 = float(t1) + ttfb_us * 1000.0
+    span_ms = (t2 - arrival) / 1e6
+    queue = (t1 - arr) / 1e6 if arr else None
+    rq = s[S_RECVQ]
+    recv = None if rq is None else rq / 1000.0
+    network = None if user_ttfb is None else user_ttfb - span_ms
+    theta = None
+    if t0 is not None and t3 is not None:
+        origin_ms = float(e[E_ORIGIN]) + float(e[E_DRIFT] or 0.0)
+        theta = ((arrival / 1e6 - (origin_ms + t0)) + (t2 / 1e6 - (origin_ms + t3))) / 2.0
+    ttft = s[S_TTFT]
+    srtt = s[S_SRTT]
+    server_itl = [(b - a) * 1e-3 for a, b in itertools.pairwise(offsets)]
+    return (
+        e[E_TIME],
+        version_ns,
+        version_ns // 1_000_000,
+        e[E_SITE],
+        e[E_SESSION],
+        s[S_SERVICE],
+        s[S_ROUTE] or e[E_ROUTE] or "",
+        s[S_METHOD] or e[E_METHOD] or "",
+        int(s[S_STATUS] or e[E_STATUS] or 0),
+        e[E_KIND],
+        e[E_TRACE],
+        e[E_SPAN],
+        e[E_SEQ] or 0,
+        bool(e[E_COARSE]),
+        bool(e[E_CHUNKS_COARSE]),
+        user_ttfb,
+        None if first is None or t0 is None else first - t0,
+        None if rendered is None or t0 is None else rendered - t0,
+        None if end is None or t0 is None else end - t0,
+        [(b - a) * 1.0 for a, b in itertools.pairwise(chunk_ms)],
+        None if rendered is None or first is None else rendered - first,
+        ttfb_us / 1000.0,
+        None if ttft is None else ttft / 1000.0,
+        float(s[S_DUR]) / 1000.0,
+        server_itl,
+        ttfb is not None,
+        1,
+        [s[S_SPAN]],
+        [s[S_SERVICE]],
+        [span_ms],
+        list(server_itl),
+        [],
+        0,
+        network,
+        queue,
+        None if queue is None or recv is None else max(0.0, queue - recv),
+        recv,
+        s[S_RETRANS],
+        None if srtt is None else srtt / 1000.0,
+        theta,
+        network if theta is not None else None,
+    )
+
+
+def pair_tuple(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A pair_row dict as a tuple in PAIR_COLUMNS order."""
+    return tuple(d[n] for n in PAIR_NAMES)

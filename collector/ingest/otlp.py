@@ -43,32 +43,70 @@ _INT_COUNT = {
     sa.BYTES_OUT.name: "bytes_out",
     sa.RETRANSMITS.name: "retransmits",
 }
-# Column limits (collector/store/schema.py): durations Int64, counts UInt32/UInt64.
-_I64 = 2**63 - 1
-_COUNT_LIMIT = {"chunks": 2**32, "bytes_in": 2**64, "bytes_out": 2**64, "retransmits": 2**32}
-_CONSUMED = {
-    *_INT_US,
-    *_INT_COUNT,
-    sa.HTTP_REQUEST_METHOD.name,
-    "http.method",
+# In the order _span_row unpacks them.
+_INT_US_NAMES = tuple(_INT_US)
+_INT_COUNT_NAMES = tuple(_INT_COUNT)
+assert tuple(_INT_US.values()) == (
+    "ttfb_us",
+    "recv_queue_us",
+    "accept_queue_us",
+    "ttft_us",
+    "chunk_gap_max_us",
+    "srtt_us",
+)
+assert tuple(_INT_COUNT.values()) == ("chunks", "bytes_in", "bytes_out", "retransmits")
+_DURATION, _OFFSETS, _ARRIVAL = (
+    sa.DURATION_US.name,
+    sa.CHUNK_OFFSETS_US.name,
+    sa.ARRIVAL_UNIX_NS.name,
+)
+_URL_PATH, _HTTP_ROUTE, _METHOD, _STATUS = (
     sa.URL_PATH.name,
-    "http.target",
     sa.HTTP_ROUTE.name,
+    sa.HTTP_REQUEST_METHOD.name,
     sa.HTTP_RESPONSE_STATUS_CODE.name,
-    "http.status_code",
+)
+_SOURCE, _SERVER_ADDRESS, _SERVER_PORT, _CLIENT_ADDRESS, _CLIENT_PORT = (
+    sa.SOURCE.name,
     sa.SERVER_ADDRESS.name,
     sa.SERVER_PORT.name,
     sa.CLIENT_ADDRESS.name,
     sa.CLIENT_PORT.name,
-    sa.ARRIVAL_UNIX_NS.name,
-    sa.DURATION_US.name,
-    sa.CHUNK_OFFSETS_US.name,
+)
+_WS_SEQ, _PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED = (
     sa.WS_SEQ.name,
     sa.PARTIAL.name,
     sa.CLIENT_ABORTED.name,
     sa.TRACEPARENT_MISSED.name,
-    sa.SOURCE.name,
-}
+)
+# Column limits (collector/store/schema.py): durations Int64, counts UInt32/UInt64.
+_I64 = 2**63 - 1
+_U32, _U64 = 2**32, 2**64
+_CONSUMED = frozenset(
+    {
+        *_INT_US,
+        *_INT_COUNT,
+        sa.HTTP_REQUEST_METHOD.name,
+        "http.method",
+        sa.URL_PATH.name,
+        "http.target",
+        sa.HTTP_ROUTE.name,
+        sa.HTTP_RESPONSE_STATUS_CODE.name,
+        "http.status_code",
+        sa.SERVER_ADDRESS.name,
+        sa.SERVER_PORT.name,
+        sa.CLIENT_ADDRESS.name,
+        sa.CLIENT_PORT.name,
+        sa.ARRIVAL_UNIX_NS.name,
+        sa.DURATION_US.name,
+        sa.CHUNK_OFFSETS_US.name,
+        sa.WS_SEQ.name,
+        sa.PARTIAL.name,
+        sa.CLIENT_ABORTED.name,
+        sa.TRACEPARENT_MISSED.name,
+        sa.SOURCE.name,
+    }
+)
 
 
 def _value(v: Any) -> Any:
@@ -85,7 +123,8 @@ def _value(v: Any) -> Any:
 
 
 def _attrs(kvs: Any) -> dict[str, Any]:
-    """Attributes as Python values; the common scalar and int-array cases inline (hot path)."""
+    """Attributes as Python values; the common scalar and int-array cases inline (hot path:
+    every access to a protobuf element builds a Python object, so each is read once)."""
     out: dict[str, Any] = {}
     for kv in kvs:
         v = kv.value
@@ -96,9 +135,13 @@ def _attrs(kvs: Any) -> dict[str, Any]:
             out[kv.key] = v.string_value
         elif w == "array_value":
             vals = v.array_value.values
-            out[kv.key] = [
-                x.int_value if x.WhichOneof("value") == "int_value" else _value(x) for x in vals
-            ]
+            ints = [x.int_value for x in vals]
+            # int_value reads 0 for an element of another type: take the slow path then.
+            if 0 in ints or not ints:
+                ints = [
+                    x.int_value if x.WhichOneof("value") == "int_value" else _value(x) for x in vals
+                ]
+            out[kv.key] = ints
         else:
             out[kv.key] = _value(v)
     return out
@@ -215,40 +258,60 @@ def _span_row(
         out.rejected["in_future"] += 1
         return None
     attrs = _attrs(sp.attributes)
-    us = {col: _int(attrs.get(name)) for name, col in _INT_US.items()}
-    dur = _int(attrs.get(sa.DURATION_US.name))
-    for v in (*us.values(), dur):
+    g = attrs.get
+    ttfb, recv_q, accept_q, ttft, gap_max, srtt = (
+        v if type(v) is int else _int(v) for v in (g(k) for k in _INT_US_NAMES)
+    )
+    dur = g(_DURATION)
+    if type(dur) is not int:
+        dur = _int(dur)
+    for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur):
         if v is not None and v < 0:
             out.rejected["negative_duration"] += 1
             return None
     if dur is not None and dur * 1000 > MAX_DURATION_NS:
         out.rejected["duration_over_24h"] += 1
         return None
-    counts = {col: _int(attrs.get(name)) for name, col in _INT_COUNT.items()}
-    offsets_raw = attrs.get(sa.CHUNK_OFFSETS_US.name)
-    offsets = (
-        [v for v in (_int(x) for x in offsets_raw) if v is not None]
-        if isinstance(offsets_raw, list)
-        else []
+    chunks, bytes_in, bytes_out, retrans = (
+        v if type(v) is int else _int(v) for v in (g(k) for k in _INT_COUNT_NAMES)
     )
-    arrival = _int(attrs.get(sa.ARRIVAL_UNIX_NS.name))
+    offsets_raw = g(_OFFSETS)
+    if type(offsets_raw) is not list:
+        offsets: list[int] = []
+    elif all(type(x) is int for x in offsets_raw):
+        offsets = offsets_raw
+    else:
+        offsets = [v for v in (_int(x) for x in offsets_raw) if v is not None]
+    arrival = g(_ARRIVAL)
+    if type(arrival) is not int:
+        arrival = _int(arrival)
     # A value its column cannot hold would make the whole batch's insert fail for ever (and
     # block every later one behind it): reject the span here, where it entered.
     if (
-        any(v is not None and v > _I64 for v in (*us.values(), dur, arrival))
-        or any(not 0 <= v <= _I64 for v in offsets)
-        or any(v is not None and v >= _COUNT_LIMIT[col] for col, v in counts.items())
+        any(v is not None and v > _I64 for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt))
+        or (dur is not None and dur > _I64)
+        or (arrival is not None and arrival > _I64)
+        or (offsets and (min(offsets) < 0 or max(offsets) > _I64))
+        or (chunks is not None and chunks >= _U32)
+        or (retrans is not None and retrans >= _U32)
+        or (bytes_in is not None and bytes_in >= _U64)
+        or (bytes_out is not None and bytes_out >= _U64)
     ):
         out.rejected["out_of_range"] += 1
         return None
-    path = str(attrs.get(sa.URL_PATH.name) or attrs.get("http.target") or "")
-    http_route = attrs.get(sa.HTTP_ROUTE.name)
+    path = str(g(_URL_PATH) or g("http.target") or "")
+    http_route = g(_HTTP_ROUTE)
     route = (
         _route(path, str(http_route) if http_route else None) if (path or http_route) else sp.name
     )
-    method = str(attrs.get(sa.HTTP_REQUEST_METHOD.name) or attrs.get("http.method") or "")
-    status = _int(attrs.get(sa.HTTP_RESPONSE_STATUS_CODE.name) or attrs.get("http.status_code"))
-    rest = {k: _str(v) for k, v in attrs.items() if k not in _CONSUMED}
+    method = str(g(_METHOD) or g("http.method") or "")
+    status = _int(g(_STATUS) or g("http.status_code"))
+    # Attributes without a column of their own are kept as strings (few, for the agent).
+    rest = (
+        {}
+        if attrs.keys() <= _CONSUMED
+        else {k: _str(v) for k, v in attrs.items() if k not in _CONSUMED}
+    )
     return (
         start,
         end,
@@ -257,7 +320,7 @@ def _span_row(
         sid.hex(),
         pid_b.hex() if pid_b else "",
         sp.name,
-        str(attrs.get(sa.SOURCE.name) or "sdk"),
+        str(g(_SOURCE) or "sdk"),
         service,
         host,
         pid,
@@ -265,27 +328,27 @@ def _span_row(
         route[:512],
         path.split("?", 1)[0][:2048],
         _u16(status),
-        str(attrs.get(sa.SERVER_ADDRESS.name) or ""),
-        _u16(_int(attrs.get(sa.SERVER_PORT.name))),
-        str(attrs.get(sa.CLIENT_ADDRESS.name) or ""),
-        _u16(_int(attrs.get(sa.CLIENT_PORT.name))),
+        str(g(_SERVER_ADDRESS) or ""),
+        _u16(_int(g(_SERVER_PORT))),
+        str(g(_CLIENT_ADDRESS) or ""),
+        _u16(_int(g(_CLIENT_PORT))),
         arrival if arrival and arrival > 0 else None,
-        us["ttfb_us"],
-        us["recv_queue_us"],
-        us["accept_queue_us"],
-        us["ttft_us"],
+        ttfb,
+        recv_q,
+        accept_q,
+        ttft,
         dur if dur is not None else (end - start) // 1000,
         offsets,
-        _nonneg(counts["chunks"]),
-        us["chunk_gap_max_us"],
-        _nonneg(counts["bytes_in"]),
-        _nonneg(counts["bytes_out"]),
-        us["srtt_us"],
-        _nonneg(counts["retransmits"]),
-        _u32(_int(attrs.get(sa.WS_SEQ.name))),
-        attrs.get(sa.PARTIAL.name) is True,
-        attrs.get(sa.CLIENT_ABORTED.name) is True,
-        attrs.get(sa.TRACEPARENT_MISSED.name) is True,
+        _nonneg(chunks),
+        gap_max,
+        _nonneg(bytes_in),
+        _nonneg(bytes_out),
+        srtt,
+        _nonneg(retrans),
+        _u32(_int(g(_WS_SEQ))),
+        g(_PARTIAL) is True,
+        g(_CLIENT_ABORTED) is True,
+        g(_TRACEPARENT_MISSED) is True,
         rest,
     )
 

@@ -1,0 +1,175 @@
+"""The pairer's fast path (row tuples → pairs tuple) gives exactly the rows of the general
+path (pair_row over dicts, the code the query API uses), for rows made by the real ingest
+parsers from generated OTLP spans and beacons: one hop, several hops, SDK + agent twins,
+reconnects, WebSocket sequences, missing timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from collector.ingest import beacons, otlp
+from collector.pairer import entry_dict, pairs_for, pairs_for_rows, span_dict
+from collector.pairing import PAIR_NAMES
+
+TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
+BROWSER_SPAN = "00f067aa0ba902b7"
+NOW_NS = time.time_ns()
+ORIGIN_MS = NOW_NS / 1e6 - 60_000
+
+maybe_us = st.one_of(st.none(), st.integers(0, 5_000_000))
+
+
+@st.composite
+def span_spec(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "agent": draw(st.booleans()),
+        "parent_is_browser": draw(st.integers(0, 5)) > 0,
+        "ws_seq": draw(st.sampled_from([0, 0, 1, 2])),
+        "start_ms": draw(st.floats(100, 400, allow_nan=False)),
+        "dur_ms": draw(st.floats(0, 300, allow_nan=False)),
+        "arrival_before_us": draw(maybe_us),
+        "ttfb_us": draw(maybe_us),
+        "ttft_us": draw(maybe_us),
+        "recv_queue_us": draw(maybe_us),
+        "srtt_us": draw(maybe_us),
+        "retransmits": draw(st.one_of(st.none(), st.integers(0, 9))),
+        "offsets": draw(st.lists(st.integers(0, 900_000), max_size=6).map(sorted)),
+        "port": draw(st.sampled_from([0, 8000, 8080])),
+        "host": draw(st.sampled_from(["", "node-a", "node-b"])),
+        "service": draw(st.sampled_from(["app", "nginx"])),
+        "route": draw(st.sampled_from([None, "/api/chat"])),
+        "status": draw(st.sampled_from([None, 200, 503])),
+    }
+
+
+def _otlp(specs: list[dict[str, Any]]) -> bytes:
+    req = ExportTraceServiceRequest()
+    for i, sp_spec in enumerate(specs):
+        rs = req.resource_spans.add()
+        for k, v in (("service.name", sp_spec["service"]), ("host.name", sp_spec["host"])):
+            kv = rs.resource.attributes.add()
+            kv.key, kv.value.string_value = k, v
+        sp = rs.scope_spans.add().spans.add()
+        sp.trace_id = TRACE
+        sp.span_id = bytes([1 + i]) * 8
+        sp.parent_span_id = bytes.fromhex(
+            BROWSER_SPAN if sp_spec["parent_is_browser"] else "11" * 8
+        )
+        sp.kind = Span.SpanKind.SPAN_KIND_SERVER
+        sp.name = "GET /api/chat"
+        t1 = int((ORIGIN_MS + sp_spec["start_ms"]) * 1e6)
+        sp.start_time_unix_nano, sp.end_time_unix_nano = t1, t1 + int(sp_spec["dur_ms"] * 1e6)
+        attrs: dict[str, Any] = {"url.path": "/api/chat", "http.request.method": "GET"}
+        if sp_spec["agent"]:
+            attrs["parallax.source"] = "ebpf"
+        if sp_spec["arrival_before_us"] is not None:
+            attrs["parallax.arrival_unix_ns"] = t1 - sp_spec["arrival_before_us"] * 1000
+        for k in ("ttfb_us", "ttft_us", "recv_queue_us", "srtt_us", "retransmits"):
+            if sp_spec[k] is not None:
+                attrs[f"parallax.{k}"] = sp_spec[k]
+        for k, v in (
+            ("server.port", sp_spec["port"]),
+            ("parallax.ws_seq", sp_spec["ws_seq"]),
+            ("http.route", sp_spec["route"]),
+            ("http.response.status_code", sp_spec["status"]),
+        ):
+            if v:
+                attrs[k] = v
+        for k, v in attrs.items():
+            kv = sp.attributes.add()
+            kv.key = k
+            if isinstance(v, str):
+                kv.value.string_value = v
+            else:
+                kv.value.int_value = v
+        if sp_spec["offsets"]:
+            kv = sp.attributes.add()
+            kv.key = "parallax.chunk_offsets_us"
+            for off in sp_spec["offsets"]:
+                kv.value.array_value.values.add().int_value = off
+    return req.SerializeToString()
+
+
+maybe_ms = st.one_of(st.none(), st.floats(0, 500, allow_nan=False))
+
+
+@st.composite
+def entry_spec(draw: st.DrawFn) -> dict[str, Any]:
+    t0 = draw(st.one_of(st.none(), st.floats(100, 200, allow_nan=False)))
+    base = t0 if t0 is not None else 100.0
+    e: dict[str, Any] = {
+        "trace_id": TRACE.hex(),
+        "span_id": BROWSER_SPAN,
+        "kind": draw(st.sampled_from(["fetch", "eventsource", "websocket"])),
+        "seq": draw(st.sampled_from([0, 1, 2])),
+        "url": "https://app.example/api/chat",
+        "method": draw(st.sampled_from(["GET", "POST"])),
+        "status": draw(st.sampled_from([None, 200])),
+        "start_ms": 100.0 if t0 is None else min(100.0, t0),
+        "coarse": draw(st.booleans()),
+    }
+    if t0 is not None:
+        e["request_start_ms"] = t0
+    for k in ("response_start_ms", "first_chunk_ms", "rendered_ms", "response_end_ms"):
+        extra = draw(maybe_ms)
+        if extra is not None:
+            e[k] = base + extra
+    chunks = draw(st.lists(st.floats(0, 500, allow_nan=False), max_size=6))
+    if chunks:
+        e["chunk_ms"] = sorted(base + c for c in chunks)
+    return {k: v for k, v in e.items() if v is not None}
+
+
+def _eq(x: Any, y: Any) -> bool:
+    """Equal values of the same type (floats bit for bit, lists element by element)."""
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_eq(a, b) for a, b in zip(x, y, strict=True))
+    if isinstance(x, float) and isinstance(y, float):
+        return x == y or (math.isnan(x) and math.isnan(y))
+    return bool(x == y and type(x) is type(y))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spans=st.lists(span_spec(), min_size=1, max_size=4),
+    entries=st.lists(entry_spec(), min_size=1, max_size=2),
+    drift=st.one_of(st.none(), st.floats(-5000, 5000, allow_nan=False)),
+)
+def test_fast_path_equals_general_path(
+    spans: list[dict[str, Any]], entries: list[dict[str, Any]], drift: float | None
+) -> None:
+    now = time.time_ns()
+    s_rows = otlp.parse(_otlp(spans), False, now, 0, now).rows
+    doc: dict[str, Any] = {
+        "v": 1,
+        "site": "site-1",
+        "session": "session-1",
+        "page": "/",
+        "time_origin": ORIGIN_MS,
+        "entries": entries,
+    }
+    if drift is not None:
+        doc["clock_drift_ms"] = drift
+    e_parsed = beacons.parse(beacons.load(json.dumps(doc).encode()), now, 0, now)
+    assert not e_parsed.rejected, e_parsed.rejected
+    e_rows = e_parsed.rows
+    assert len(s_rows) == len(spans) and len(e_rows) == len(entries)
+    version = 1_795_000_000_000_000_000
+    fast, fast_one_sided = pairs_for_rows([(s_rows, e_rows)], version)
+    general, general_one_sided = pairs_for(
+        [span_dict(r) for r in s_rows], [entry_dict(r) for r in e_rows], version
+    )
+    assert fast_one_sided == general_one_sided
+    assert len(fast) == len(general)
+    for f, g in zip(fast, general, strict=True):
+        assert len(f) == len(g) == len(PAIR_NAMES)
+        diff = [(n, x, y) for n, x, y in zip(PAIR_NAMES, f, g, strict=True) if not _eq(x, y)]
+        assert not diff
