@@ -5,7 +5,8 @@ request line returned (``t_read_ns``), before each write (``t_writes_ns``: the h
 first, then each body write), the path and the traceparent it received.
 
 Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length), ``/stream?n=K&gap_ms=G`` (chunked,
-one write per chunk). ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
+one write per chunk), ``/fetch?port=P`` (fetches /plain from 127.0.0.1:P first: an outbound
+connection). ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
 
     python -m tests.agent.servers.py_server --port 0 --timing-log PATH   # prints the port
 """
@@ -78,7 +79,20 @@ class Handler(BaseHTTPRequestHandler):
         delay = float(q.get("delay_ms", 0)) / 1000
         if delay:
             time.sleep(delay)
-        if u.path == "/stream":
+        if u.path == "/fetch":
+            # a client of another server (as an app is of its database or LLM backend):
+            # the agent must not follow this outbound connection
+            import socket
+
+            with socket.create_connection(("127.0.0.1", int(q["port"])), 5) as up:
+                up.sendall(b"GET /plain?n=5 HTTP/1.0\r\nHost: x\r\n\r\n")
+                got = b""
+                while d := up.recv(65536):
+                    got += d
+            body = got.partition(b"\r\n\r\n")[2]
+            self._headers(200, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+            self._write(body)
+        elif u.path == "/stream":
             n, gap = int(q.get("n", 5)), float(q.get("gap_ms", 20)) / 1000
             self._headers(200, [("Content-Type", "text/plain"), ("Transfer-Encoding", "chunked")])
             for i in range(n):

@@ -1,0 +1,234 @@
+"""Connection and process life cycle against the real kernel: a server killed mid-stream,
+the agent stopped mid-stream, a traced pid reused by another process, streams whose kernel
+aggregate spans longer than its offset range, outbound connections of a traced process,
+and peers of connections older than the agent."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from parallax_contracts import trace_context
+from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log
+
+pytestmark = pytest.mark.ebpf
+
+
+def _server(tmp: Path, name: str = "t") -> tuple[Proc, int]:
+    srv = Proc(
+        [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / f"{name}.jsonl")]
+    )
+    return srv, srv.port()
+
+
+def _metrics(agent: Agent) -> dict[str, float]:
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _wait_metric(
+    agent: Agent, name: str, pred: Callable[[float], bool], timeout: float = 5.0
+) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = _metrics(agent).get(name, float("nan"))
+        if pred(v) or time.monotonic() > deadline:
+            return v
+        time.sleep(0.2)
+
+
+def test_server_killed_mid_stream_ends_with_a_partial_record_and_frees_its_state(
+    tmp_path: Path,
+) -> None:
+    srv, port = _server(tmp_path)
+    agent = Agent(tmp_path, [port])
+    try:
+        ctx = trace_context.generate()
+        s = socket.create_connection(("127.0.0.1", port), 5)
+        s.sendall(
+            f"GET /stream?n=100&gap_ms=30 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n".encode()
+        )
+        got = b""
+        while got.count(b"token-") < 5:
+            got += s.recv(4096)
+        conns = _wait_metric(agent, 'parallax_agent_map_entries{map="px_conns"}', lambda v: v >= 1)
+        assert conns >= 1
+        srv.p.kill()  # no close() of the app: the kernel closes its sockets at exit
+        srv.p.wait(5)
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, timeout=5)
+        assert r["partial"] is True and r["client_aborted"] is False, r
+        assert 5 <= r["chunks"] < 100
+        s.close()
+        # the kernel maps and the user-space table are empty again
+        assert (
+            _wait_metric(agent, 'parallax_agent_map_entries{map="px_conns"}', lambda v: v == 0) == 0
+        )
+        assert (
+            _wait_metric(agent, 'parallax_agent_map_entries{map="px_aggs"}', lambda v: v == 0) == 0
+        )
+        assert _wait_metric(agent, "parallax_agent_connections", lambda v: v == 0) == 0
+    finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0
+
+
+def test_sigterm_mid_stream_flushes_a_partial_record_and_exits_0(tmp_path: Path) -> None:
+    srv, port = _server(tmp_path)
+    agent = Agent(tmp_path, [port])
+    try:
+        done = trace_context.generate()
+        # a complete response still held in the kernel's write aggregate (a keep-alive
+        # Content-Length body written after the head) and a stream in progress
+        keep = socket.create_connection(("127.0.0.1", port), 5)
+        http_request(
+            port,
+            f"GET /plain?n=100 HTTP/1.1\r\ntraceparent: {done.header()}\r\n\r\n".encode(),
+            sock=keep,
+        )
+        live = trace_context.generate()
+        s = socket.create_connection(("127.0.0.1", port), 5)
+        s.sendall(
+            f"GET /stream?n=200&gap_ms=20 HTTP/1.1\r\ntraceparent: {live.header()}\r\n\r\n".encode()
+        )
+        got = b""
+        while got.count(b"token-") < 5:
+            got += s.recv(4096)
+        rc = agent.stop()
+        assert rc == 0, agent.err.read_text()[-2000:]
+        recs = agent.records()
+        [d] = [r for r in recs if r["trace_id"] == done.trace_id]
+        assert d["partial"] is False and d["bytes_out"] > 100
+        [r] = [r for r in recs if r["trace_id"] == live.trace_id]
+        assert r["partial"] is True and r["chunks"] >= 5 and r["ttfb_us"] is not None, r
+        assert "stopped:" in agent.err.read_text()
+        s.close()
+        keep.close()
+    finally:
+        agent.stop()
+        srv.stop()
+
+
+def _spawn_with_pid(argv: list[str], pid: int, tries: int = 50) -> Proc | None:
+    """Start a process that gets ``pid`` (ns_last_pid = pid − 1, then fork): the reuse of
+    a traced process's pid by an unrelated one."""
+    for _ in range(tries):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        p = Proc(argv)
+        if p.p.pid == pid:
+            return p
+        p.stop()
+    return None
+
+
+def test_a_reused_pid_is_not_traced(tmp_path: Path) -> None:
+    srv, port = _server(tmp_path, "a")
+    pid = srv.p.pid
+    agent = Agent(tmp_path, [], ["--pid", str(pid)])
+    other: Proc | None = None
+    try:
+        ctx = trace_context.generate()
+        http_request(
+            port,
+            f"GET /first HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n"
+            "Connection: close\r\n\r\n".encode(),
+        )
+        assert agent.wait_for(lambda r: r["path"] == "/first")
+        srv.p.kill()
+        srv.p.wait(5)
+        time.sleep(1.5)  # one /proc rescan
+        other = _spawn_with_pid(
+            [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "b.jsonl")],
+            pid,
+        )
+        if other is None:
+            pytest.skip("could not obtain the same pid again (busy machine)")
+        port2 = other.port()
+        http_request(port2, b"GET /second HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert timing_log(tmp_path / "b.jsonl")  # served
+        assert not agent.wait_for(lambda r: r["path"] == "/second", timeout=1.5)
+    finally:
+        rc = agent.stop()
+        srv.stop()
+        if other is not None:
+            other.stop()
+    assert rc == 0
+
+
+def test_aggregate_longer_than_its_offset_range_keeps_exact_offsets(tmp_path: Path) -> None:
+    # --offset-span-ms 250 stands in for the ~71 min a u32 of microseconds holds
+    srv, port = _server(tmp_path)
+    agent = Agent(tmp_path, [port], ["--stream-limit-s", "0", "--offset-span-ms", "250"])
+    try:
+        ctx = trace_context.generate()
+        http_request(
+            port,
+            f"GET /stream?n=10&gap_ms=100 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n"
+            "Connection: close\r\n\r\n".encode(),
+        )
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        [app] = [x for x in timing_log(tmp_path / "t.jsonl") if x["traceparent"] == ctx.header()]
+        assert r["partial"] is False and r["chunks"] == 10
+        want = [(t - app["t_read_ns"]) // 1000 for t in app["t_writes_ns"][1:]]
+        got = r["chunk_offsets_us"]
+        assert len(got) == 10
+        assert all(abs(g - w) < 1000 for g, w in zip(got, want, strict=True)), (got, want)
+        assert r["duration_us"] >= 900_000
+    finally:
+        agent.stop()
+        srv.stop()
+
+
+def test_outbound_connections_of_a_traced_process_are_not_followed(tmp_path: Path) -> None:
+    backend, bport = _server(tmp_path, "backend")
+    front, fport = _server(tmp_path, "front")
+    agent = Agent(tmp_path, [], ["--pid", str(front.p.pid)])
+    try:
+        for i in range(3):
+            http_request(
+                fport,
+                f"GET /fetch?port={bport}&i={i} HTTP/1.1\r\nConnection: close\r\n\r\n".encode(),
+            )
+        recs = agent.wait_for(lambda r: r["path"] == "/fetch", count=3)
+        assert len(recs) == 3 and all(r["local_port"] == fport for r in recs)
+        time.sleep(1.2)
+        m = _metrics(agent)
+        unparsed = [k for k in m if k.startswith("parallax_agent_unparsed_connections_total")]
+        assert not unparsed, unparsed  # the backend's responses were not taken for requests
+        assert all(r["local_port"] == fport for r in agent.records())
+    finally:
+        agent.stop()
+        front.stop()
+        backend.stop()
+
+
+def test_connection_older_than_the_agent_has_its_real_peer(tmp_path: Path) -> None:
+    srv, port = _server(tmp_path)
+    old = socket.create_connection(("127.0.0.1", port), 5)
+    http_request(port, b"GET /before HTTP/1.1\r\nHost: x\r\n\r\n", sock=old)
+    # without tcp_probe the connection is known only from the /proc seed
+    agent = Agent(tmp_path, [port], ["--disable-tracepoint", "tcp:tcp_probe"])
+    try:
+        http_request(port, b"GET /wake HTTP/1.1\r\nHost: x\r\n\r\n", sock=old)
+        http_request(port, b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n", sock=old)
+        [r] = agent.wait_for(lambda r: r["path"] == "/after")
+        assert r["peer_addr"] == "127.0.0.1" and r["peer_port"] == old.getsockname()[1], r
+        assert r["local_addr"] == "127.0.0.1" and r["local_port"] == port
+    finally:
+        old.close()
+        agent.stop()
+        srv.stop()
