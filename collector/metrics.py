@@ -45,6 +45,12 @@ class Metrics(Hooks):
             registry=r,
         )
         self.store_errors = Counter(_P + "store_errors", "Failed store writes", registry=r)
+        self.quarantined_rows = Counter(
+            _P + "rows_quarantined",
+            "Rows the store rejected for good (moved to <data-dir>/quarantine)",
+            ["source"],
+            registry=r,
+        )
         self.queue_rows = Gauge(_P + "queue_rows", "Accepted rows not yet written", registry=r)
         self.queue_segments = Gauge(
             _P + "queue_segments", "Spool segments not yet written", registry=r
@@ -72,3 +78,6 @@ class Metrics(Hooks):
 
     def store_error(self, error: BaseException) -> None:
         self.store_errors.inc()
+
+    def quarantined(self, source: str, rows: int) -> None:
+        self.quarantined_rows.labels(source).inc(rows)

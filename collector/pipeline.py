@@ -10,6 +10,14 @@ accepting what it cannot keep). After a crash the remaining segments are replaye
 from their bodies; a segment that was inserted just before the crash is dropped by the
 store's token deduplication, so nothing is lost and nothing doubled.
 
+A store that *rejects* rows (a value outside a column's type that slipped through
+validation, a constraint) would block every later segment if retried for ever: such a
+permanent failure (see ``is_permanent``) is answered by bisecting the batch — halves are
+inserted with their own dedup tokens until the rejected rows are isolated — writing the good
+rows and moving the rejected ones to ``<data-dir>/quarantine/<segment>.<table>.jsonl``
+(fsync'ed before the segment is deleted), with a metric and one log line. Transient failures
+(connection refused, timeouts, a restarting store) are retried as before.
+
 A ``write()`` that has returned survives a SIGKILL of the collector (the kernel holds the
 page); ``fsync=True`` also survives a power loss, at the cost of one fsync per request.
 """
@@ -18,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -30,10 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clickhouse_connect.driver.exceptions import DatabaseError, DataError
+
 from collector.ingest.common import Parsed
 from collector.store import schema
 
 log = logging.getLogger("parallax.collector")
+# The driver logs a traceback for every value it cannot encode, before raising the error to
+# the writer — which says it once per segment (bisection would repeat it a dozen times).
+logging.getLogger("clickhouse_connect.driver.transform").setLevel(logging.CRITICAL)
 
 # One spool record: kind, received (Unix ns), body length, crc32 of the body; then the body.
 _HEADER = struct.Struct("<BQII")
@@ -42,6 +57,48 @@ SPANS, ENTRIES = "spans", "entries"
 _KIND_SOURCE = {KIND_OTLP_PROTO: SPANS, KIND_OTLP_JSON: SPANS, KIND_BEACON: ENTRIES}
 
 Reparse = Callable[[int, bytes, int], Parsed]
+Rows = list[tuple[Any, ...]]
+
+# ClickHouse error codes meaning "these values cannot be stored" (the same rows fail on every
+# retry), as opposed to "the store is unwell" (anything else: retried with backoff).
+DATA_ERROR_CODES = frozenset(
+    {
+        6,  # CANNOT_PARSE_TEXT
+        26,  # CANNOT_PARSE_QUOTED_STRING
+        27,  # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+        38,  # CANNOT_PARSE_DATE
+        41,  # CANNOT_PARSE_DATETIME
+        43,  # ILLEGAL_TYPE_OF_ARGUMENT
+        53,  # TYPE_MISMATCH
+        69,  # ARGUMENT_OUT_OF_BOUND
+        70,  # CANNOT_CONVERT_TYPE
+        72,  # CANNOT_PARSE_NUMBER
+        117,  # INCORRECT_DATA
+        131,  # TOO_LARGE_STRING_SIZE
+        190,  # SIZES_OF_ARRAYS_DONT_MATCH
+        321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+        349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+        469,  # VIOLATED_CONSTRAINT
+    }
+)
+_CODE = re.compile(r"\bCode:\s*(\d+)")
+
+
+def is_permanent(e: BaseException) -> bool:
+    """True when the store (or the driver, serializing the block) rejects the data itself."""
+    if isinstance(e, DataError | ValueError | TypeError | OverflowError | struct.error):
+        return True  # clickhouse-connect could not encode a value for its column type
+    if isinstance(e, DatabaseError):
+        code = getattr(e, "code", None)
+        if code is None:
+            m = _CODE.search(str(e))
+            code = int(m.group(1)) if m else None
+        return code in DATA_ERROR_CODES
+    return False
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
 class SpoolLockedError(Exception):
@@ -77,6 +134,9 @@ class Hooks:
     def rows_written(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
         """After a segment is in the store: its rows by source (spans, entries)."""
 
+    def quarantined(self, source: str, rows: int) -> None:
+        """Rows the store rejected for good, moved to the quarantine directory."""
+
 
 class Pipeline:
     def __init__(
@@ -90,11 +150,15 @@ class Pipeline:
         spool_max_bytes: int = 1 << 30,
         memory_rows: int = 1_000_000,
         fsync: bool = False,
+        quarantine_dir: Path | None = None,
     ):
         self.store = store
         self.dir = spool_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.reparse = reparse
+        # Next to the spool by default: <data-dir>/quarantine.
+        self.quarantine_dir = quarantine_dir or spool_dir.parent / "quarantine"
+        self.quarantined_rows = 0
         self.hooks = hooks or Hooks()
         self.batch_rows = batch_rows
         self.flush_interval_s = flush_interval_s
@@ -234,10 +298,10 @@ class Pipeline:
             try:
                 in_memory = seg.rows is not None
                 rows, trace_ids = self._rows_of(seg)
-                self._insert(seg.id, rows)
-            except Exception as e:  # noqa: BLE001 — any store failure: back off and retry
+                written = self._insert(seg.id, rows)
+            except Exception as e:  # noqa: BLE001 — a transient store failure: back off, retry
                 failures += 1
-                self.last_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                self.last_error = _one_line(e)
                 if failures == 1 or failures % 20 == 0:
                     log.warning("store write failed (attempt %d): %s", failures, self.last_error)
                 self.hooks.store_error(e)
@@ -262,7 +326,7 @@ class Pipeline:
                     self.memory_pending_rows -= seg.nrows
                 self._cv.notify_all()
             if trace_ids:
-                self.hooks.rows_written(rows)
+                self.hooks.rows_written(written)
 
     def _rows_of(self, seg: Segment) -> tuple[dict[str, list[tuple[Any, ...]]], list[str]]:
         if seg.rows is not None:
@@ -285,18 +349,97 @@ class Pipeline:
                 self.memory_pending_rows += seg.nrows
         return rows, trace_ids
 
-    def _insert(self, seg_id: int, rows: dict[str, list[tuple[Any, ...]]]) -> None:
+    def _insert(self, seg_id: int, rows: dict[str, Rows]) -> dict[str, Rows]:
+        """Insert a segment's rows; returns the rows now in the store, by source. A transient
+        failure raises (the segment is retried); rows the store rejects are quarantined."""
+        written: dict[str, Rows] = {}
         for source, table, cols in (
             (SPANS, schema.SPANS, schema.SPAN_COLUMNS),
             (ENTRIES, schema.ENTRIES, schema.ENTRY_COLUMNS),
         ):
             batch = rows[source]
+            written[source] = batch
             if not batch:
                 continue
+            names = schema.column_names(cols)
             t = time.perf_counter()
-            columns = list(zip(*batch, strict=True))
-            self.store.insert(table, columns, schema.column_names(cols), token=f"{seg_id}:{table}")
-            self.hooks.written(source, len(batch), time.perf_counter() - t)
+            try:
+                self._insert_rows(table, names, batch, f"{seg_id}:{table}")
+            except Exception as e:
+                if not is_permanent(e):
+                    raise
+                bad: dict[int, BaseException] = {}
+                self._bisect(seg_id, table, names, batch, 0, len(batch), e, bad)
+                self._quarantine(seg_id, source, table, names, batch, bad)
+                written[source] = [r for i, r in enumerate(batch) if i not in bad]
+            self.hooks.written(source, len(written[source]), time.perf_counter() - t)
+        return written
+
+    def _insert_rows(self, table: str, names: list[str], rows: Rows, token: str) -> None:
+        self.store.insert(table, list(zip(*rows, strict=True)), names, token=token)
+
+    def _bisect(
+        self,
+        seg_id: int,
+        table: str,
+        names: list[str],
+        batch: Rows,
+        lo: int,
+        hi: int,
+        error: BaseException,
+        bad: dict[int, BaseException],
+    ) -> None:
+        """``batch[lo:hi]`` was rejected with ``error``: insert its halves (each with a token
+        of its own, so a replay after a crash repeats nothing) until the rejected rows are
+        isolated in ``bad`` (index → error). A transient failure on the way raises: the
+        segment is retried later, and the halves already written deduplicate then."""
+        if hi - lo == 1:
+            bad[lo] = error
+            return
+        mid = (lo + hi) // 2
+        for a, b in ((lo, mid), (mid, hi)):
+            try:
+                self._insert_rows(table, names, batch[a:b], f"{seg_id}:{table}:{a}-{b}")
+            except Exception as e:
+                if not is_permanent(e):
+                    raise
+                self._bisect(seg_id, table, names, batch, a, b, e, bad)
+
+    def _quarantine(
+        self,
+        seg_id: int,
+        source: str,
+        table: str,
+        names: list[str],
+        batch: Rows,
+        bad: dict[int, BaseException],
+    ) -> None:
+        """Write the rejected rows (one JSON object per line: table, error, the row by column)
+        durably before the segment that holds them is deleted."""
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        path = self.quarantine_dir / f"{seg_id:020d}.{table}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            for i in sorted(bad):
+                row = dict(zip(names, batch[i], strict=True))
+                doc = {"segment": seg_id, "table": table, "error": _one_line(bad[i]), "row": row}
+                f.write(json.dumps(doc, default=repr) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)  # a replay after a crash rewrites the same file
+        self.quarantined_rows += len(bad)
+        self.hooks.quarantined(source, len(bad))
+        first = bad[min(bad)]
+        log.error(
+            "store rejected %d %s row(s) of segment %d (%s); the other %d were written; "
+            "rejected rows moved to %s",
+            len(bad),
+            table,
+            seg_id,
+            _one_line(first),
+            len(batch) - len(bad),
+            path,
+        )
 
     def queue_segments(self) -> int:
         with self._lock:

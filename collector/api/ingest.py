@@ -64,13 +64,18 @@ def entry_key(r: tuple[Any, ...]) -> str:
 
 
 class Ingest:
-    """Parsing, validation and spooling; shared by the HTTP handlers and spool replay."""
+    """Parsing, validation and spooling; shared by the HTTP handlers and spool replay
+    (``parse`` is the replay's: it re-reads a spooled body)."""
 
     def __init__(self, settings: Settings, metrics: Metrics):
         self.settings = settings
         self.metrics = metrics
         self.recent_spans = RecentIds()
         self.recent_entries = RecentIds()
+        # Spool replay has its own: the live sets already hold every id that was accepted,
+        # and would drop a whole segment re-read from disk (one that did not fit in memory).
+        self.replay_spans = RecentIds()
+        self.replay_entries = RecentIds()
         self.pipeline: Pipeline | None = None
 
     def _window(self) -> tuple[int, int]:
@@ -81,9 +86,9 @@ class Ingest:
         oldest, now = self._window()
         if kind == KIND_BEACON:
             p = beacons.parse(beacons.load(body), received_ns, oldest, now)
-            return _dedup_entries(p, self.recent_entries)
+            return _dedup_entries(p, self.replay_entries)
         p = otlp.parse(body, kind == KIND_OTLP_JSON, received_ns, oldest, now)
-        return _dedup_spans(p, self.recent_spans)
+        return _dedup_spans(p, self.replay_spans)
 
 
 def _dedup_spans(p: Parsed, recent: RecentIds) -> Parsed:

@@ -95,7 +95,8 @@ def _otlp(specs: list[dict[str, Any]]) -> bytes:
             kv.key = "parallax.chunk_offsets_us"
             for off in sp_spec["offsets"]:
                 kv.value.array_value.values.add().int_value = off
-    return req.SerializeToString()
+    body: bytes = req.SerializeToString()
+    return body
 
 
 maybe_ms = st.one_of(st.none(), st.floats(0, 500, allow_nan=False))
