@@ -185,7 +185,7 @@ class Pairer:
         lookback_s: int = 900,
         recheck_s: float = 5.0,
         interval_s: float = 0.5,
-        max_batch: int = 2000,
+        max_batch: int = 10_000,
         coverage_interval_s: float = 30.0,
         memory_traces: int = 200_000,
     ):
@@ -269,12 +269,13 @@ class Pairer:
         now = time.monotonic()
         out = []
         with self._lock:
-            for t, (due, attempt) in list(self._due.items()):
+            for t, (due, attempt) in self._due.items():
                 if due <= now:
                     out.append((t, attempt))
-                    del self._due[t]
                     if len(out) >= self.max_batch:
                         break
+            for t, _ in out:
+                del self._due[t]
         return out
 
     def _run(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from collector.api.ingest import Ingest, build_ingest_app
+from collector.api.ingest import Ingest, IngestApp, build_ingest_app
 from collector.api.query import build_query_app
 from collector.config import Settings, split_hostport
 from collector.metrics import Metrics
@@ -80,7 +80,7 @@ class Collector:
         self._stop = threading.Event()
         self.ctx = Context(settings, self.store, self.metrics.registry)
         self.migrated = self.ctx.migrated
-        self.ingest_app: FastAPI = build_ingest_app(settings, self.ingest, self.pipeline)
+        self.ingest_app: IngestApp = build_ingest_app(settings, self.ingest, self.pipeline)
         self.query_app: FastAPI = build_query_app(
             self.ctx, self.plugins, self.ready, self.refresh_metrics
         )

@@ -9,9 +9,9 @@ import json
 import logging
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from collector.config import Settings
@@ -107,18 +107,75 @@ def _dedup_entries(p: Parsed, recent: RecentIds) -> Parsed:
     return p
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+Headers = dict[str, str]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class ClientGoneError(Exception):
+    """The client disconnected before its body was read: nothing to answer."""
+
+
+class _Request:
+    """What the handlers need of one ASGI HTTP request (the first value of each header)."""
+
+    __slots__ = ("client_ip", "headers", "receive")
+
+    def __init__(self, scope: dict[str, Any], receive: Receive):
+        h: Headers = {}
+        for k, v in scope["headers"]:
+            h.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+        self.headers = h
+        self.receive = receive
+        client = scope.get("client")
+        self.client_ip: str = client[0] if client else "?"
+
+
+class _Response:
+    __slots__ = ("body", "headers", "media_type", "status")
+
+    def __init__(
+        self,
+        body: bytes | str = b"",
+        status: int = 200,
+        headers: Headers | None = None,
+        media_type: str | None = None,
+    ):
+        self.body = body.encode() if isinstance(body, str) else body
+        self.status = status
+        self.headers = headers or {}
+        self.media_type = media_type
+
+    async def send(self, send: Send) -> None:
+        raw = [(b"content-length", str(len(self.body)).encode())]
+        if self.media_type:
+            mt = self.media_type
+            if mt.startswith("text/"):
+                mt += "; charset=utf-8"
+            raw.append((b"content-type", mt.encode()))
+        raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": self.status, "headers": raw})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+async def _read_body(request: _Request, limit: int) -> bytes:
     """The (decompressed) body, refusing more than ``limit`` bytes either way."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise TooLargeError
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGoneError
+        chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise TooLargeError
         chunks.append(chunk)
+        if not msg.get("more_body", False):
+            break
     body = b"".join(chunks)
     enc = request.headers.get("content-encoding", "identity").lower()
     if enc == "gzip":
@@ -134,25 +191,67 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return body
 
 
-def _client_ip(request: Request) -> str:
-    return request.client.host if request.client else "?"
+Handler = Callable[[_Request], Awaitable[_Response]]
 
 
-def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> FastAPI:
-    app = FastAPI(
-        title="Parallax collector (ingest)", openapi_url=None, docs_url=None, redoc_url=None
-    )
+class IngestApp:
+    """A plain ASGI app: three endpoints need no framework, and a web framework's routing,
+    middleware and request objects cost more CPU per request than parsing a beacon of a
+    few entries (measured: docs/collector.md, Performance)."""
+
+    def __init__(self, routes: dict[tuple[str, str], Handler]):
+        self.routes = routes
+        self.paths = {path for _, path in routes}
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if kind != "http":
+            return  # no WebSocket here; the server closes it
+        path, method = scope["path"], scope["method"]
+        handler = self.routes.get((method, path))
+        if handler is None and method == "HEAD":
+            handler = self.routes.get(("GET", path))
+        if handler is None:
+            if path in self.paths:
+                allow = ", ".join(sorted(m for m, p in self.routes if p == path))
+                resp = _Response('{"detail":"Method Not Allowed"}', 405, {"Allow": allow})
+            else:
+                resp = _Response('{"detail":"Not Found"}', 404)
+            resp.media_type = "application/json"
+            await resp.send(send)
+            return
+        try:
+            resp = await handler(_Request(scope, receive))
+        except ClientGoneError:
+            return
+        except Exception:
+            log.exception("ingest: %s %s failed", method, path)
+            resp = _Response("Internal Server Error", 500, media_type="text/plain")
+        await resp.send(send)
+
+
+def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> IngestApp:
     metrics = ingest.metrics
     limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
     allowed_origins = {o for origins in settings.sites.values() for o in origins}
+    received_spans = metrics.received.labels(SPANS)
+    received_entries = metrics.received.labels(ENTRIES)
 
     def refuse(
         endpoint: str,
         code: int,
         reason: str,
-        headers: dict[str, str] | None = None,
+        headers: Headers | None = None,
         otlp_json: bool | None = None,
-    ) -> Response:
+    ) -> _Response:
         metrics.requests_refused.labels(endpoint, str(code)).inc()
         if otlp_json is not None:  # OTLP wants a google.rpc.Status body
             st = status_pb2.Status(
@@ -160,18 +259,16 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             )
             if otlp_json:
                 body = json.dumps({"code": st.code, "message": reason}).encode()
-                return Response(body, code, headers, media_type="application/json")
-            return Response(
+                return _Response(body, code, headers, media_type="application/json")
+            return _Response(
                 st.SerializeToString(), code, headers, media_type="application/x-protobuf"
             )
-        return Response(reason + "\n", code, headers, media_type="text/plain")
+        return _Response(reason + "\n", code, headers, media_type="text/plain")
 
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return Response("ok\n", media_type="text/plain")
+    async def healthz(request: _Request) -> _Response:
+        return _Response("ok\n", media_type="text/plain")
 
-    @app.post("/v1/traces")
-    async def traces(request: Request) -> Response:
+    async def traces(request: _Request) -> _Response:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         is_json = ctype == "application/json"
         if settings.otlp_token and request.headers.get("authorization") != (
@@ -184,7 +281,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
                 {"WWW-Authenticate": "Bearer"},
                 is_json,
             )
-        wait = limiter.take(_client_ip(request))
+        wait = limiter.take(request.client_ip)
         if wait:
             return refuse(
                 "traces", 429, "rate limit exceeded", {"Retry-After": retry_after(wait)}, is_json
@@ -204,7 +301,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
         except BadRequestError as e:
             return refuse("traces", 400, str(e), None, is_json)
         n_in = len(parsed.rows) + parsed.rejected_total
-        metrics.received.labels(SPANS).inc(n_in)
+        received_spans.inc(n_in)
         _dedup_spans(parsed, ingest.recent_spans)
         try:
             pipeline.accept(KIND_OTLP_JSON if is_json else KIND_OTLP_PROTO, body, received, parsed)
@@ -218,9 +315,9 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             metrics.ignored.inc(parsed.ignored)
         msg = ", ".join(f"{n} {r}" for r, n in sorted(parsed.rejected.items()))
         content, media = otlp.response(parsed.rejected_total, msg, is_json)
-        return Response(content, 200, media_type=media)
+        return _Response(content, 200, media_type=media)
 
-    def cors_headers(origin: str | None) -> dict[str, str]:
+    def cors_headers(origin: str | None) -> Headers:
         if not origin:
             return {}
         return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
@@ -232,13 +329,12 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             return origin in settings.sites.get(site, [])
         return origin in allowed_origins
 
-    @app.options("/v1/beacons")
-    async def beacons_preflight(request: Request) -> Response:
+    async def beacons_preflight(request: _Request) -> _Response:
         origin = request.headers.get("origin")
         if not origin_allowed(origin):
             return refuse("beacons", 403, "origin not allowed")
-        return Response(
-            status_code=204,
+        return _Response(
+            status=204,
             headers={
                 **cors_headers(origin),
                 "Access-Control-Allow-Methods": "POST",
@@ -247,10 +343,9 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             },
         )
 
-    @app.post("/v1/beacons")
-    async def beacons_post(request: Request) -> Response:
+    async def beacons_post(request: _Request) -> _Response:
         origin = request.headers.get("origin")
-        wait = limiter.take(_client_ip(request))
+        wait = limiter.take(request.client_ip)
         if wait:
             return refuse(
                 "beacons",
@@ -278,7 +373,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
         except BadRequestError as e:
             return refuse("beacons", 400, str(e), cors_headers(origin))
         accepted = len(parsed.rows)
-        metrics.received.labels(ENTRIES).inc(accepted + parsed.rejected_total)
+        received_entries.inc(accepted + parsed.rejected_total)
         _dedup_entries(parsed, ingest.recent_entries)
         try:
             pipeline.accept(KIND_BEACON, body, received, parsed)
@@ -296,6 +391,13 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             "rejected": parsed.rejected_total,
             "reasons": dict(parsed.rejected),
         }
-        return Response(json.dumps(out), 200, cors_headers(origin), media_type="application/json")
+        return _Response(json.dumps(out), 200, cors_headers(origin), media_type="application/json")
 
-    return app
+    return IngestApp(
+        {
+            ("GET", "/healthz"): healthz,
+            ("POST", "/v1/traces"): traces,
+            ("OPTIONS", "/v1/beacons"): beacons_preflight,
+            ("POST", "/v1/beacons"): beacons_post,
+        }
+    )
