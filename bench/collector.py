@@ -214,8 +214,16 @@ def _stages(data_dir: Path, n: int = 20_000) -> dict[str, float]:
         "from collector.pairer import Pairer\n"
         "from collector.store import schema\n"
         "from collector.store.client import Store\n"
+        "import gc\n"
+        "from collector.service import GC_THRESHOLD0\n"
         "n = int(sys.argv[2]); st = Store('chdb://' + sys.argv[1]); st.migrate(7)\n"
         "spans, bcs = _bodies(n, 7); now = time.time_ns(); res = {}\n"
+        # As the service runs: the start-up objects frozen, the young-generation threshold
+        # raised; and one insert per table first (the driver imports pandas on its first).
+        "gc.collect(); gc.freeze(); gc.set_threshold(GC_THRESHOLD0, 20, 10)\n"
+        "w = _bodies(10, 8)\n"
+        "wr = otlp.parse(w[0][0], False, now, 0, now).rows\n"
+        "st.insert(schema.SPANS, list(zip(*wr)), schema.column_names(schema.SPAN_COLUMNS))\n"
         "def cpu():\n    t = os.times(); return t.user + t.system\n"
         "t = cpu(); sr = [r for b in spans for r in otlp.parse(b, False, now, 0, now).rows]\n"
         "res['parse + validate spans (OTLP protobuf)'] = cpu() - t\n"
@@ -228,7 +236,10 @@ def _stages(data_dir: Path, n: int = 20_000) -> dict[str, float]:
         "    for i in range(0, n, 5000):\n"
         "        st.insert(tab, list(zip(*rows[i:i+5000])), schema.column_names(cols))\n"
         "    res[name + ' (incl. trace-id view)'] = cpu() - t\n"
-        "pa = Pairer(st, Metrics()); t = cpu()\n"
+        "pa = Pairer(st, Metrics())\n"
+        "pa.offer(wr, [r for b in w[1] for r in beacons.parse(beacons.load(b), now, 0, now)"
+        ".rows])\n"
+        "pa.pair_round(pa._take_due()); t = cpu()\n"
         "for i in range(0, n, 5000):\n"
         "    pa.offer(sr[i:i+5000], er[i:i+5000])\n"
         "    while (b := pa._take_due()):\n"
@@ -247,6 +258,12 @@ def _stages(data_dir: Path, n: int = 20_000) -> dict[str, float]:
         return {"(stage measurement failed)": float("nan")}
     out: dict[str, float] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
+
+
+def _proc_cpu_s(pid: int | None) -> float:
+    """utime + stime of a process, seconds."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / TICK
 
 
 # --- the collector under test --------------------------------------------------------
@@ -288,8 +305,7 @@ class Target:
         raise SystemExit("collector did not become ready")
 
     def cpu_s(self) -> float:
-        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / TICK
+        return _proc_cpu_s(self.proc.pid)
 
     def metric(self, name: str) -> float:
         text = httpx.get(f"{self.query}/metrics", timeout=10).text
@@ -355,11 +371,13 @@ def main() -> int:
         parent.send((n, seed, span_rate, entry_rate, seconds))
         assert parent.recv() == "ready"
         cpu0, q0 = target.cpu_s(), target.metric("parallax_collector_queue_rows")
+        gen0 = _proc_cpu_s(gen.pid)
         wall0 = time.monotonic()
         parent.send("go")
         res: dict[str, Any] = parent.recv()
         res["queue_after"] = target.metric("parallax_collector_queue_rows")
         res["cpu_s"] = target.cpu_s() - cpu0
+        res["gen_cpu_s"] = _proc_cpu_s(gen.pid) - gen0
         res["queue_before"] = q0
         res["settle_s"] = target.settle()
         res["cpu_total_s"] = target.cpu_s() - cpu0
@@ -429,12 +447,12 @@ def main() -> int:
         f"| {best:,.0f} rows/s | ≥ 50,000/s |",
     ]
     if steps:
-        first = steps[0]
-        lines.append(
-            f"| collector CPU per row, spans + entries paired ({first['rate']:,.0f} rows/s) "
-            f"| {first['us_per_row']:.1f} µs/row | ≤ 40 µs |"
-        )
         ok = [r for r in steps if r["sustained"]]
+        at = ok[-1] if ok else steps[0]
+        lines.append(
+            f"| collector CPU per row, spans + entries paired ({at['rate']:,.0f} rows/s) "
+            f"| {at['us_per_row']:.1f} µs/row | ≤ 40 µs |"
+        )
         if ok:
             lines.append(
                 f"| p99 ingest latency at the highest sustained rate | {ok[-1]['p99_ms']:.1f} ms "
@@ -449,13 +467,14 @@ def main() -> int:
     lines += [
         "",
         "| offered rows/s | delivered rows/s | p50 ingest ms | p99 ingest ms | "
-        "queue after step | collector CPU s | sustained |",
-        "|---|---|---|---|---|---|---|",
+        "queue after step | collector CPU s | collector µs/row | generator CPU s | sustained |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in steps:
         lines.append(
             f"| {r['rate']:,.0f} | {r['achieved']:,.0f} | {r['p50_ms']:.1f} | "
             f"{r['p99_ms']:.1f} | {r['queue_after']:,.0f} | {r['cpu_s']:.1f} | "
+            f"{r['us_per_row']:.1f} | {r['gen_cpu_s']:.1f} | "
             f"{'yes' if r['sustained'] else 'no'} {r['errors'] or ''} |"
         )
     lines += [
@@ -477,7 +496,25 @@ def main() -> int:
         "| stage | µs per pair |",
         "|---|---|",
         *[f"| {k} | {v:.1f} |" for k, v in stages.items()],
+        "",
+        f"The stages add up to {sum(stages.values()):.1f} µs per pair = "
+        f"{sum(stages.values()) / 2:.1f} µs per row; the end-to-end figures above add the HTTP "
+        "server, the spool write, chDB's merges and the timers.",
     ]
+    ok = [r for r in steps if r["sustained"]]
+    if ok:
+        top = ok[-1]
+        rows = top["spans"] + top["entries"]
+        c_us, g_us = top["us_per_row"], top["gen_cpu_s"] / max(1, rows) * 1e6
+        lines += [
+            "",
+            f"Arithmetic: at {top['rate']:,.0f} rows/s the collector used {c_us:.1f} µs and the "
+            f"load generator {g_us:.1f} µs of CPU per row; the two share 2 cores, so this "
+            f"machine tops out near 2 s / ({c_us:.1f} + {g_us:.1f}) µs ≈ "
+            f"{2e6 / (c_us + g_us):,.0f} rows/s (less the other work running). On a core of its "
+            f"own the collector would carry about {1e6 / c_us:,.0f} rows/s; 50,000 rows/s here "
+            "would need collector + generator ≤ 40 µs per row, i.e. a collector near 20 µs.",
+        ]
     md = "\n".join(lines)
     print(md)
     if not args.no_write:
