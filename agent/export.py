@@ -7,10 +7,11 @@ the last response write, with the attributes of parallax_contracts.span_attribut
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
-from typing import Any, TextIO
+from typing import Any, BinaryIO
+
+import orjson
 
 from agent import records
 from parallax_contracts import span_attributes as sa
@@ -18,12 +19,22 @@ from parallax_contracts.routes import route_template
 
 
 class JsonlExporter:
+    """One line per record; written in batches (one write and flush per batch: a write per
+    line cost a syscall per request)."""
+
     def __init__(self, target: str) -> None:
         self._own = target != "-"
-        self._f: TextIO = open(target, "a", buffering=1) if self._own else sys.stdout  # noqa: SIM115
+        self._f: BinaryIO = open(target, "ab") if self._own else sys.stdout.buffer  # noqa: SIM115
 
     def export(self, rec: dict[str, Any]) -> None:
-        self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self.export_batch([rec])
+
+    def export_batch(self, recs: list[dict[str, Any]]) -> None:
+        # orjson: compact, UTF-8, the same objects json.dumps accepts (dicts of str, int,
+        # None, bool, lists) at a fifth of its cost; one write per batch
+        dumps = orjson.dumps
+        self._f.write(b"".join([dumps(r) + b"\n" for r in recs]))
+        self._f.flush()
 
     def close(self) -> None:
         self._f.flush()
@@ -98,6 +109,10 @@ class OtlpExporter:
             instrumentation_scope=InstrumentationScope("parallax.agent"),
         )
         self._proc.on_end(span)
+
+    def export_batch(self, recs: list[dict[str, Any]]) -> None:
+        for rec in recs:
+            self.export(rec)
 
     def close(self) -> None:
         self._proc.force_flush(5000)

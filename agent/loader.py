@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import kernel_headers, tracefs
+from agent import kernel_headers, ringbuf, tracefs
 from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
@@ -29,6 +30,7 @@ COUNTER_NAMES = (
     "aggs_created",
     "aggs_deleted",
     "sock_closes",
+    "listen_changes",
 )
 
 
@@ -56,6 +58,7 @@ class Loaded:
     bpf: Any
     attached: list[str]
     degraded: list[str]
+    ring_bytes: int = 0
 
 
 def _macro(tp: Tracepoint) -> str:
@@ -143,7 +146,7 @@ def load(opts: Options) -> Loaded:
         if hasattr(b, "tracepoint_fds")
         else []
     )
-    return Loaded(b, attached, degraded)
+    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE)
 
 
 def _configure(b: Any, opts: Options) -> None:
@@ -241,17 +244,46 @@ def synack_retransmits(b: Any) -> dict[int, int]:
     return {int(k.value): int(v.value) for k, v in b["px_synack"].items()}
 
 
-def open_ring(b: Any, callback: Callable[[bytes], None]) -> None:
-    def _cb(_ctx: Any, data: Any, size: int) -> int:
-        callback(ctypes.string_at(data, size))
-        return 0
+class Ring:
+    """The event ring buffer, drained on a timer (records are submitted without wakeup).
 
-    b["px_events"].open_ring_buffer(_cb)
+    Read in place through mmap where the CPU's memory order allows it (agent.ringbuf: one
+    Python loop, no ctypes callback per record); elsewhere, or with
+    ``PARALLAX_AGENT_BCC_RING=1``, through bcc's ``ring_buffer_consume()`` (its
+    ``ring_buffer_poll`` never delivers BPF_RB_NO_WAKEUP records in bcc 0.26)."""
 
+    def __init__(self, loaded: Loaded, callback: Callable[[bytes], object]) -> None:
+        self._b = loaded.bpf
+        self._cb = callback
+        self.reader: ringbuf.RingReader | None = None
+        table = loaded.bpf["px_events"]
+        if (
+            ringbuf.supported()
+            and loaded.ring_bytes
+            and os.environ.get("PARALLAX_AGENT_BCC_RING") != "1"
+        ):
+            try:
+                self.reader = ringbuf.RingReader(table.map_fd, loaded.ring_bytes)
+            except (OSError, ValueError) as e:
+                log.warning("ring buffer mmap failed (%s): bcc's consumer instead", e)
+        if self.reader is None:
 
-def drain(b: Any) -> None:
-    """ring_buffer_poll never delivers BPF_RB_NO_WAKEUP records in bcc 0.26: consume."""
-    b.ring_buffer_consume()
+            def _cb(_ctx: Any, data: Any, size: int) -> int:
+                callback(ctypes.string_at(data, size))
+                return 0
+
+            table.open_ring_buffer(_cb)
+
+    def drain(self) -> None:
+        if self.reader is not None:
+            self.reader.consume(self._cb)
+        else:
+            self._b.ring_buffer_consume()
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 def detach(b: Any) -> None:

@@ -4,6 +4,7 @@ parallax_contracts.span_attributes)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +32,41 @@ def _us(a: int, b: int) -> int | None:
     return max(0, (a - b) // 1000)
 
 
+class _Ids:
+    """Random ids from a buffered pool of os.urandom (one getrandom per 512 span ids, not
+    one per id); all-zero ids are invalid in W3C trace context and skipped."""
+
+    _SIZE = 4096
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._pos = 0
+
+    def take(self, n: int) -> str:
+        while True:
+            if self._pos + n > len(self._buf):
+                self._buf = os.urandom(self._SIZE)
+                self._pos = 0
+            raw = self._buf[self._pos : self._pos + n]
+            self._pos += n
+            if any(raw):
+                return raw.hex()
+
+
+_ids = _Ids()
+
+
 def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
     tp = ex.traceparent
-    trace_id = tp.trace_id if tp else trace_context.new_trace_id()
-    t_end = ex.t_end or ex.t2 or ex.t1
-    start_arr = max(ex.t_arr, ex.t_acc) if ex.t_arr else 0
+    t1 = ex.t1
+    t_end = ex.t_end or ex.t2 or t1
+    t_arr = ex.t_arr
+    start_arr = max(t_arr, ex.t_acc) if t_arr else 0
+    off = clock.offset_ns
+    take = _ids.take
     return {
-        "trace_id": trace_id,
-        "span_id": trace_context.new_span_id(),
+        "trace_id": tp.trace_id if tp else take(16),
+        "span_id": take(8),
         "parent_span_id": tp.span_id if tp else None,
         "trace_flags": tp.flags if tp else trace_context.FLAG_SAMPLED,
         "method": ex.method,
@@ -52,17 +80,17 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "local_port": conn.local_port,
         "peer_addr": conn.peer_addr,
         "peer_port": conn.peer_port,
-        "start_unix_ns": clock.to_unix_ns(ex.t1),
-        "end_unix_ns": clock.to_unix_ns(t_end),
-        "arrival_unix_ns": clock.to_unix_ns(ex.t_arr) if ex.t_arr else None,
-        "ttfb_us": _us(ex.t2, ex.t1),
-        "recv_queue_us": _us(ex.t1, start_arr) if start_arr else None,
+        "start_unix_ns": t1 + off,
+        "end_unix_ns": t_end + off,
+        "arrival_unix_ns": t_arr + off if t_arr else None,
+        "ttfb_us": _us(ex.t2, t1),
+        "recv_queue_us": _us(t1, start_arr) if start_arr else None,
         "accept_queue_us": _us(ex.t_acc, ex.t_est),
-        "ttft_us": _us(ex.t_tok, ex.t1),
-        "chunk_offsets_us": [max(0, (t - ex.t1) // 1000) for t in ex.chunk_times],
+        "ttft_us": _us(ex.t_tok, t1),
+        "chunk_offsets_us": [max(0, (t - t1) // 1000) for t in ex.chunk_times],
         "chunks": ex.chunks,
         "chunk_gap_max_us": ex.gap_max_ns // 1000 if ex.chunks > 1 else None,
-        "duration_us": max(0, (t_end - ex.t1) // 1000),
+        "duration_us": max(0, (t_end - t1) // 1000),
         "bytes_in": ex.bytes_in,
         "bytes_out": ex.bytes_out,
         "srtt_us": ex.srtt_us or None,

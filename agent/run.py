@@ -7,6 +7,7 @@ them out. The queue is bounded: under overload records are shed and counted, nev
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -66,6 +67,7 @@ class Agent:
         self.conns: OrderedDict[tuple[int, int], ConnState] = OrderedDict()
         self.n_evicted = 0
         self.n_final_partial = 0
+        self._open_cl: dict[tuple[int, int], ConnState] = {}
         # a deque (append is atomic, no lock/condition per record) polled by the exporter
         self.q: deque[dict[str, Any]] = deque()
         self.n_events = 0
@@ -80,7 +82,10 @@ class Agent:
         self._pid_start: dict[int, int | None] = {}  # pid → start time (reuse detection)
         self._listen_ports: set[int] = set(cfg.ports)
         self._listen_checked = 0.0
+        self._listen_changes = -1
+        self._last_full_scan = 0.0
         self.bpf: Any = None
+        self.ring: Any = None
         self.max_conns = 16384
         self._port_labels: set[str] = set()
         self._last_stats = Stats()
@@ -102,10 +107,12 @@ class Agent:
                 return
             self._emit(st, st.cut.on_close(h.t, server_gone=h.type == events.EV_SOCK_CLOSE))
             del self.conns[key]
+            self._open_cl.pop(key, None)
             return
         if st is None:
             if len(self.conns) >= MAX_CONNS:
-                self.conns.popitem(last=False)  # the least recently active
+                old, _ = self.conns.popitem(last=False)  # the least recently active
+                self._open_cl.pop(old, None)
                 self.n_evicted += 1
             st = self.conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), h.tgid)
         else:
@@ -127,7 +134,14 @@ class Agent:
             out = st.cut.on_writes(
                 ev.t_last, ev.times_ns(), ev.n, ev.bytes, ev.gap_max_ns, ev.flags
             )
-        self._emit(st, out)
+        if out:
+            self._emit(st, out)
+        # the sweep looks only at Content-Length responses still open
+        a = st.cut.active
+        if a is not None and a.content_length is not None:
+            self._open_cl[key] = st
+        elif self._open_cl:
+            self._open_cl.pop(key, None)
 
     def _port_label(self, port: int) -> str:
         """A bounded label set: listening ports (at most MAX_PORT_LABELS), else "other"."""
@@ -175,9 +189,12 @@ class Agent:
             return
         aggs = self.bpf["px_aggs"]
         now = time.monotonic_ns()
-        for (sk, _), st in list(self.conns.items()):
+        for (sk, ident), st in list(self._open_cl.items()):
             a = st.cut.active
-            if a is None or a.content_length is None or now - st.cut.t_last_event < 20_000_000:
+            if a is None or a.content_length is None:
+                self._open_cl.pop((sk, ident), None)
+                continue
+            if now - st.cut.t_last_event < 20_000_000:
                 continue
             try:
                 v = aggs[aggs.Key(sk)]
@@ -208,6 +225,15 @@ class Agent:
                 self._svc.pop(p, None)
         if not self.cfg.ports:
             return
+        # The owners of the listeners: a walk of /proc/net/tcp (the kernel walks its whole
+        # connection hash for it: milliseconds) and of every process's fds. Done when a
+        # listening socket opened or closed (counted in the kernel), else every 5 s — for
+        # workers forked later that inherit a listener without any state change.
+        changes = loader.counters(self.bpf)["listen_changes"]
+        now = time.monotonic()
+        if changes == self._listen_changes and now - self._last_full_scan < 5.0:
+            return
+        self._listen_changes, self._last_full_scan = changes, now
         found = set(procinfo.listeners(set(self.cfg.ports)))
         new = found - self._pids
         if new:
@@ -253,15 +279,16 @@ class Agent:
 
     def exporter_loop(self) -> None:
         while True:
-            stopping = self.stop.is_set()
-            while self.q:
-                rec = self.q.popleft()
+            stopping = self.stop.is_set() and self.drained.is_set()
+            q = self.q
+            while q:
+                batch = [q.popleft() for _ in range(min(len(q), 1024))]
                 for e in self.exporters:
                     try:
-                        e.export(rec)
+                        e.export_batch(batch)
                     except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
                         log.warning("export failed: %s", exc)
-            if stopping and self.drained.is_set():
+            if stopping:
                 return
             time.sleep(0.02)
 
@@ -312,11 +339,14 @@ class Agent:
             loader.detach(self.bpf)
             srv.shutdown()
             return 0
-        loader.open_ring(self.bpf, self.on_event)
+        self.ring = loader.Ring(loaded, self.on_event)
         loader.seed_listen(self.bpf, procinfo.listen_counts())
         self._seed(self._pids)
         t = threading.Thread(target=self.exporter_loop, name="export", daemon=True)
         t.start()
+        # Everything loaded so far (bcc, the OpenTelemetry SDK, compiled tables) lives for
+        # the whole run: out of the collector's generations, full collections stay cheap.
+        gc.freeze()
         self.m.ready = True
         what = (f"ports {','.join(map(str, cfg.ports))}" if cfg.ports else "all ports") + (
             f", pids {','.join(map(str, cfg.pids))}" if cfg.pids else ""
@@ -331,7 +361,7 @@ class Agent:
         last_slow = 0.0
         period = cfg.drain_ms / 1000
         while not self.stop.is_set():
-            loader.drain(self.bpf)
+            self.ring.drain()
             now = time.monotonic()
             if now - last_slow >= 1.0:
                 last_slow = now
@@ -373,7 +403,7 @@ class Agent:
         time.sleep(0.02)
         for _ in range(1000):
             before = self.n_events
-            loader.drain(self.bpf)
+            self.ring.drain()
             if self.n_events == before:
                 break
         aggs = self.bpf["px_aggs"]
@@ -394,6 +424,7 @@ class Agent:
             self.n_final_partial += len(out)
             self._emit(st, out)
         self.conns.clear()
+        self.ring.close()
         loader.detach(self.bpf)
 
 

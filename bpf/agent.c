@@ -48,7 +48,8 @@
 #define C_AGGS 5        // px_aggs entries created
 #define C_AGGS_DEL 6
 #define C_SOCK_CLOSE 7  // connections ended by the socket's own state change (no close())
-#define C_NCOUNTERS 8
+#define C_LISTEN_CHG 8  // listening sockets opened or closed: user space rescans /proc then
+#define C_NCOUNTERS 9
 
 // Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
 // (without a flag: user space merges it into the same response) before it could wrap.
@@ -817,6 +818,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     }
     if (ns == TCP_LISTEN || os == TCP_LISTEN) {
         // listening sockets per port: only connections accepted on one are followed
+        px_count(C_LISTEN_CHG);
         u32 k = args->sport;
         u32 *n = px_listen.lookup(&k);
         if (n) {
