@@ -54,13 +54,20 @@ def looks_like_request(data: bytes) -> bool:
     return len(data) < 11 and all(65 <= c <= 90 for c in data)
 
 
-def _header(block: bytes, lower: bytes, name: bytes) -> bytes | None:
-    """The value of one header (``name`` lowercase, with its colon), found in the lowercased
-    block: one scan per wanted header, no split of all the others (and nothing else read)."""
-    i = lower.find(b"\r\n" + name)
+_TRACEPARENT = b"\r\ntraceparent:"
+_CONTENT_LENGTH = b"\r\ncontent-length:"
+_TRANSFER_ENCODING = b"\r\ntransfer-encoding:"
+_UPGRADE = b"\r\nupgrade:"
+
+
+def _header(block: bytes, lower: bytes, needle: bytes) -> bytes | None:
+    """The value of one header (``needle``: CRLF, the lowercase name and its colon), found in
+    the lowercased block: one scan per wanted header, no split of all the others (and
+    nothing else read)."""
+    i = lower.find(needle)
     if i < 0:
         return None
-    start = i + 2 + len(name)
+    start = i + len(needle)
     end = block.find(b"\r\n", start)
     return block[start : end if end >= 0 else len(block)].strip(b" \t")
 
@@ -71,19 +78,24 @@ def parse_request(head: bytes) -> RequestHead | None:
     m = _REQ_LINE.match(head[:end])
     if m is None or m.group(1) not in METHODS:
         return None
-    method, target, version = (g.decode("latin-1") for g in m.groups())
+    method_b, target_b, version_b = m.groups()
+    method, target, version = (
+        method_b.decode("latin-1"),
+        target_b.decode("latin-1"),
+        version_b.decode("latin-1"),
+    )
     path, _, query = target.partition("?")
     if "://" in path:  # absolute form (proxies): keep only the path
         path = "/" + path.split("://", 1)[1].partition("/")[2]
     block = head[end:]  # starts with CRLF, so every header line is preceded by one
     lower = block.lower()
-    tp = _header(block, lower, b"traceparent:")
+    tp = _header(block, lower, _TRACEPARENT)
     tp_value = tp.decode("latin-1") if tp is not None else None
-    cl = _header(lower, lower, b"content-length:")
+    cl = _header(lower, lower, _CONTENT_LENGTH)
     content_length = int(cl) if cl is not None and cl.isdigit() else 0
-    te = _header(lower, lower, b"transfer-encoding:")
+    te = _header(lower, lower, _TRANSFER_ENCODING)
     chunked = te is not None and b"chunked" in te
-    up = _header(lower, lower, b"upgrade:")
+    up = _header(lower, lower, _UPGRADE)
     upgrade = up == b"websocket"
     if tp_value is None and "traceparent" in query:
         # EventSource and WebSocket cannot send headers: the probe puts it in the query
@@ -114,8 +126,8 @@ def parse_response(data: bytes) -> ResponseHead | None:
     stop = data.find(b"\r\n\r\n")
     head_len = stop + 4 if stop >= 0 else None
     lower = (data[end:stop] if stop >= 0 else data[end:]).lower()
-    cl = _header(lower, lower, b"content-length:")
+    cl = _header(lower, lower, _CONTENT_LENGTH)
     content_length = int(cl) if cl is not None and cl.isdigit() else None
-    te = _header(lower, lower, b"transfer-encoding:")
+    te = _header(lower, lower, _TRANSFER_ENCODING)
     chunked = te is not None and b"chunked" in te
     return ResponseHead(int(m.group(2)), m.group(1).decode(), head_len, content_length, chunked)
