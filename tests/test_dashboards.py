@@ -99,3 +99,72 @@ def test_every_query_runs_on_the_schema(results: dict[str, int | str], name: str
     assert isinstance(got, int), f"{name}: {got}\n{sql}"
     if "Alerts" not in name:
         assert got > 0, f"{name} returned nothing on 200 pairs"
+
+
+# --- the health dashboard (Prometheus): agent, collector and SLA checker metrics ------------
+HEALTH = ROOT / "dashboards" / "parallax-health.json"
+
+
+def _exposed() -> dict[str, set[str]]:
+    """Sample name → label names, from the real metric registries of the three parts."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.metrics import Metrics as AgentMetrics
+    from collector.metrics import Metrics as CollectorMetrics
+    from collector.sla.metrics import SlaMetrics
+
+    regs: list[CollectorRegistry] = [AgentMetrics().registry]
+    c = CollectorMetrics()
+    SlaMetrics(c.registry)
+    regs.append(c.registry)
+    out: dict[str, set[str]] = {}
+    for reg in regs:
+        for collector, names in reg._collector_to_names.items():  # no public API lists label names
+            labels = set(getattr(collector, "_labelnames", ()))
+            for n in names:
+                out[n] = labels | ({"le"} if n.endswith("_bucket") else set())
+    return out
+
+
+def _health_targets() -> list[tuple[str, str, str]]:
+    d = json.loads(HEALTH.read_text())
+    return [
+        (f"panel {p['id']} {p['title']}/{t['refId']}", t["expr"], t.get("legendFormat", ""))
+        for p in d["panels"]
+        if p["type"] != "row"
+        for t in p["targets"]
+    ]
+
+
+def test_health_dashboard_uses_the_provisioned_prometheus() -> None:
+    ds = yaml.safe_load((PROVISIONING / "datasources" / "parallax.yaml").read_text())
+    uid = next(x["uid"] for x in ds["datasources"] if x["type"] == "prometheus")
+    d = json.loads(HEALTH.read_text())
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    for p in d["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["description"], p["title"]
+        assert p["datasource"]["uid"] == uid
+        assert all(t["datasource"]["uid"] == uid for t in p["targets"])
+
+
+@pytest.mark.parametrize(("name", "expr", "legend"), _health_targets())
+def test_health_query_parses_and_names_real_metrics(name: str, expr: str, legend: str) -> None:
+    """The PromQL parses, every metric it reads is exported by the agent, the collector or
+    the SLA checker, and every label it groups by or shows in the legend exists on them."""
+    import promql_parser
+
+    promql_parser.parse(expr.replace("$__rate_interval", "5m"))
+    exposed = _exposed()
+    metrics = re.findall(r"\bparallax_[a-z0-9_]+", expr)
+    assert metrics, name
+    labels: set[str] = {"instance", "job"}  # added by the scrape
+    for m in metrics:
+        assert m in exposed, f"{name}: {m} is not exported (have: {sorted(exposed)})"
+        labels |= exposed[m]
+    for group in re.findall(r"\bby \(([^)]*)\)", expr):
+        for lb in (x.strip() for x in group.split(",")):
+            assert lb in labels, f"{name}: grouped by {lb}, not a label of {metrics}"
+    for lb in re.findall(r"\{\{(\w+)\}\}", legend):
+        assert lb in labels, f"{name}: legend shows {lb}"
