@@ -114,7 +114,8 @@ PARTIAL = Attr(
     "parallax.partial",
     "bool",
     "",
-    "A stream over the length limit: this record covers it up to the limit; a final one follows.",
+    "The record covers the response only in part: a stream over the length limit (a final one"
+    " follows), the agent stopping mid-response, or the server gone mid-response.",
 )
 CLIENT_ABORTED = Attr(
     "parallax.client_aborted",
