@@ -43,18 +43,20 @@ _INT_COUNT = {
     sa.BYTES_OUT.name: "bytes_out",
     sa.RETRANSMITS.name: "retransmits",
 }
-# In the order _span_row unpacks them.
-_INT_US_NAMES = tuple(_INT_US)
-_INT_COUNT_NAMES = tuple(_INT_COUNT)
-assert tuple(_INT_US.values()) == (
-    "ttfb_us",
-    "recv_queue_us",
-    "accept_queue_us",
-    "ttft_us",
-    "chunk_gap_max_us",
-    "srtt_us",
+_TTFB, _RECV_Q, _ACCEPT_Q, _TTFT, _GAP_MAX, _SRTT = (
+    sa.TTFB_US.name,
+    sa.RECV_QUEUE_US.name,
+    sa.ACCEPT_QUEUE_US.name,
+    sa.TTFT_US.name,
+    sa.CHUNK_GAP_MAX_US.name,
+    sa.SRTT_US.name,
 )
-assert tuple(_INT_COUNT.values()) == ("chunks", "bytes_in", "bytes_out", "retransmits")
+_CHUNKS, _BYTES_IN, _BYTES_OUT, _RETRANS = (
+    sa.CHUNKS.name,
+    sa.BYTES_IN.name,
+    sa.BYTES_OUT.name,
+    sa.RETRANSMITS.name,
+)
 _DURATION, _OFFSETS, _ARRIVAL = (
     sa.DURATION_US.name,
     sa.CHUNK_OFFSETS_US.name,
@@ -259,22 +261,47 @@ def _span_row(
         return None
     attrs = _attrs(sp.attributes)
     g = attrs.get
-    ttfb, recv_q, accept_q, ttft, gap_max, srtt = (
-        v if type(v) is int else _int(v) for v in (g(k) for k in _INT_US_NAMES)
+    # Unrolled on purpose (hot path): an int attribute is taken as it is, anything else
+    # through _int (a float with no fraction, a digit string; else None).
+    ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur = (
+        g(_TTFB),
+        g(_RECV_Q),
+        g(_ACCEPT_Q),
+        g(_TTFT),
+        g(_GAP_MAX),
+        g(_SRTT),
+        g(_DURATION),
     )
-    dur = g(_DURATION)
+    if type(ttfb) is not int:
+        ttfb = _int(ttfb)
+    if type(recv_q) is not int:
+        recv_q = _int(recv_q)
+    if type(accept_q) is not int:
+        accept_q = _int(accept_q)
+    if type(ttft) is not int:
+        ttft = _int(ttft)
+    if type(gap_max) is not int:
+        gap_max = _int(gap_max)
+    if type(srtt) is not int:
+        srtt = _int(srtt)
     if type(dur) is not int:
         dur = _int(dur)
-    for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur):
-        if v is not None and v < 0:
-            out.rejected["negative_duration"] += 1
-            return None
+    durations = [v for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur) if v is not None]
+    if durations and min(durations) < 0:
+        out.rejected["negative_duration"] += 1
+        return None
     if dur is not None and dur * 1000 > MAX_DURATION_NS:
         out.rejected["duration_over_24h"] += 1
         return None
-    chunks, bytes_in, bytes_out, retrans = (
-        v if type(v) is int else _int(v) for v in (g(k) for k in _INT_COUNT_NAMES)
-    )
+    chunks, bytes_in, bytes_out, retrans = g(_CHUNKS), g(_BYTES_IN), g(_BYTES_OUT), g(_RETRANS)
+    if type(chunks) is not int:
+        chunks = _int(chunks)
+    if type(bytes_in) is not int:
+        bytes_in = _int(bytes_in)
+    if type(bytes_out) is not int:
+        bytes_out = _int(bytes_out)
+    if type(retrans) is not int:
+        retrans = _int(retrans)
     offsets_raw = g(_OFFSETS)
     if type(offsets_raw) is not list:
         offsets: list[int] = []
@@ -288,8 +315,7 @@ def _span_row(
     # A value its column cannot hold would make the whole batch's insert fail for ever (and
     # block every later one behind it): reject the span here, where it entered.
     if (
-        any(v is not None and v > _I64 for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt))
-        or (dur is not None and dur > _I64)
+        (durations and max(durations) > _I64)
         or (arrival is not None and arrival > _I64)
         or (offsets and (min(offsets) < 0 or max(offsets) > _I64))
         or (chunks is not None and chunks >= _U32)
