@@ -108,6 +108,15 @@ def _parser() -> argparse.ArgumentParser:
         help="treat this optional tracepoint as missing (degrade as on an older kernel; e.g."
         " to test the fallbacks, or to drop tcp:tcp_probe's per-segment cost)",
     )
+    r.add_argument(
+        "--nice",
+        type=int,
+        default=10,
+        metavar="N",
+        help="scheduling niceness of the agent once attached (default %(default)s): under"
+        " CPU contention the traced servers come first and the agent sheds (lost events are"
+        " counted) rather than slowing them; 0 keeps the caller's",
+    )
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
     # offsets cannot wrap (default about an hour); hidden from --help
     r.add_argument("--offset-span-ms", type=float, default=0, help=argparse.SUPPRESS)
@@ -160,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 service_names=names,
                 disabled_tracepoints=args.disable_tracepoint,
                 offs_span_ns=int(args.offset_span_ms * 1e6),
+                nice=args.nice,
             )
         )
     return 2

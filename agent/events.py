@@ -20,7 +20,7 @@ WAGG_PARTIAL = 2
 WAGG_CLOSE = 4
 
 CHUNKS = 256
-_HDR = struct.Struct("<IIIIQQQII")  # type tgid pid fd sk ident t srtt_us retrans
+_HDR = struct.Struct("<IIIIQQQIIII")  # type tgid pid fd sk ident t srtt_us retrans lost pad
 _READ = struct.Struct("<QQQIIHHHH16s16s")  # t_est t_acc t_arr n caplen lport rport family pad
 _RESP = struct.Struct("<II")  # n caplen
 _AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
@@ -39,6 +39,7 @@ class Header:
     t: int
     srtt_us: int
     retrans: int
+    lost: int = 0  # events of this connection were lost before this one (ring full)
 
     @property
     def conn(self) -> tuple[int, int]:
@@ -108,7 +109,7 @@ def decode(buf: bytes) -> Event | None:
     """One ring-buffer record → an event (None for an unknown type or a short record)."""
     if len(buf) < _HDR.size:
         return None
-    h = Header(*_HDR.unpack_from(buf, 0))
+    h = Header(*_HDR.unpack_from(buf, 0)[:10])
     off = _HDR.size
     if h.type == EV_READ:
         t_est, t_acc, t_arr, n, caplen, lport, rport, family, _, la, ra = _READ.unpack_from(

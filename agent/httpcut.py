@@ -76,6 +76,7 @@ class Stats:
     unmatched_responses: int = 0
     desync: int = 0
     unanswered: int = 0  # requests read but never answered when their connection ended
+    lost_exchanges: int = 0  # dropped because events of their connection were lost
 
 
 class Conn:
@@ -366,6 +367,21 @@ class Conn:
         self.pending.clear()
         self.mode = "dead"
         return out
+
+    def on_loss(self) -> None:
+        """Events of this connection were lost (the kernel's ring was full): what is in
+        flight can no longer be framed — a lost response head would match the next response
+        to the wrong request. Drop it (counted) and pick up again at the next read that
+        starts a request (or, on a WebSocket, the next client frame)."""
+        dropped = len(self.pending) + (self.active is not None) + (self.ws_cur is not None)
+        self.stats.lost_exchanges += dropped
+        self.pending.clear()
+        self.active = None
+        self.ws_cur = None
+        self.body_skip = 0
+        self.buf.clear()
+        if self.mode == "http":
+            self.mode = "resync"
 
     def update_tcp(self, srtt_us: int, retrans: int) -> None:
         if srtt_us:

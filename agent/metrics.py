@@ -63,6 +63,11 @@ class Metrics:
             "Connections dropped from the bounded user-space table (LRU) before their end",
             registry=r,
         )
+        self.lost_exchanges = Counter(
+            "parallax_agent_lost_exchanges",
+            "Requests in flight dropped because events of their connection were lost",
+            registry=r,
+        )
         self.unanswered = Counter(
             "parallax_agent_unanswered_requests",
             "Requests read whose connection ended (or the agent stopped) before a response"

@@ -104,6 +104,8 @@ struct px_conn {
     u16 ws;          // 1 after a "101 Switching Protocols" response: WebSocket frames follow
     u8 laddr[16];
     u8 raddr[16];
+    u32 lost;        // an event of this connection was lost (ring full): told with the next
+    u32 pad;
 };
 
 struct px_agg {
@@ -126,6 +128,8 @@ struct px_hdr {
     u64 t;
     u32 srtt_us;
     u32 retrans;
+    u32 lost;  // events of this connection were lost before this one: user space resyncs
+    u32 pad;
 };
 
 struct px_ev_read {
@@ -345,6 +349,19 @@ static __always_inline void px_hdr_fill(struct px_hdr *h, u32 type, u64 id, u32 
     h->t = t;
     h->srtt_us = c ? c->srtt_us : 0;
     h->retrans = c ? c->retrans : 0;
+    h->lost = 0;
+    if (c) {
+        h->lost = c->lost;
+        c->lost = 0;  // set again by px_lost if this event fails too
+    }
+}
+
+// A ring-buffer failure: counted, and remembered on the connection so that its next event
+// tells user space its framing can no longer be trusted.
+static __always_inline void px_lost(struct px_conn *c) {
+    px_count(C_LOST);
+    if (c)
+        c->lost = 1;
 }
 
 static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t,
@@ -357,7 +374,7 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
         return;
     struct px_ev_wagg *e = px_events.ringbuf_reserve(sizeof(struct px_ev_wagg));
     if (!e) {
-        px_count(C_LOST);
+        px_lost(c);
     } else {
         px_hdr_fill(&e->h, EV_WAGG, id, fd, sk, c, t);
         bpf_probe_read_kernel(&e->a, sizeof(struct px_agg), a);  // too big for an inline memcpy
@@ -416,7 +433,7 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
     px_flush(id, fd, sk, c, t, WAGG_CLOSE);
     struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
     if (!e) {
-        px_count(C_LOST);
+        px_lost(c);
     } else {
         px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -474,7 +491,7 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     if (size > sizeof(struct px_ev_read))
         size = sizeof(struct px_ev_read);
     if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-        px_count(C_LOST);
+        px_lost(c);
     else
         px_count(C_EVENTS);
 }
@@ -523,7 +540,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         if (size > sizeof(struct px_ev_resp))
             size = sizeof(struct px_ev_resp);
         if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-            px_count(C_LOST);
+            px_lost(c);
         else
             px_count(C_EVENTS);
         return;
@@ -852,7 +869,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         // The peer is gone: its FIN (CLOSE_WAIT) or its RST.
         struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
         if (!e) {
-            px_count(C_LOST);
+            px_lost(c);
         } else {
             px_hdr_fill(e, EV_PEER_FIN, owner, 0, sk, c, t);
             px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -866,7 +883,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     px_flush(owner, (u32)fdkey, sk, c, t, WAGG_CLOSE);
     struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
     if (!e) {
-        px_count(C_LOST);
+        px_lost(c);
     } else {
         px_hdr_fill(e, EV_SOCK_CLOSE, owner, (u32)fdkey, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);

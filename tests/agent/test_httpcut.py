@@ -145,3 +145,18 @@ def test_partial_record_at_stream_limit_then_final() -> None:
     assert p.partial and p.chunks == 2
     [f] = c.on_writes(90, [80], 1, 10, 20, WAGG_END)
     assert not f.partial and f.chunks == 3 and f.t_end == 90
+
+
+def test_lost_events_resynchronise_instead_of_mismatching() -> None:
+    c = Conn()
+    r1, r2 = _req("GET", "/one"), _req("GET", "/two")
+    assert c.on_read(1_000, len(r1), r1) == []
+    # the response to /one was lost in the kernel (ring full): the next event says so
+    c.on_loss()
+    assert c.stats.lost_exchanges == 1
+    assert c.on_read(3_000, len(r2), r2) == []
+    [ex] = c.on_resp(4_000, len(_resp()), _resp())
+    assert ex.path == "/two" and ex.t1 == 3_000 and ex.t2 == 4_000
+    # a read in the middle of a body after a loss is not taken for a request
+    c.on_loss()
+    assert c.on_read(5_000, 5, b"xx\r\n\r") == [] and c.mode == "resync"
