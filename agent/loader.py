@@ -10,6 +10,7 @@ import ctypes
 import logging
 import mmap
 import os
+import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ class Loaded:
     attached: list[str]
     degraded: list[str]
     ring_bytes: int = 0
+
+
+_RAW_FALLBACK = "per-syscall tracepoints instead"
+_RAW_FAILED = f"raw tracepoint programs did not load: {_RAW_FALLBACK}"
 
 
 def _macro(tp: Tracepoint) -> str:
@@ -130,21 +135,43 @@ def load(opts: Options) -> Loaded:
         *(f"-D{m}" for m in sorted(macros)),
     ]
     text = BPF_SOURCE.read_bytes()
-    try:
-        # per-thread syscall state in task-local storage (no hash lookups); kernels without
-        # it for tracepoint programs get the hash-map variant
-        b = BPF(text=text, cflags=[*cflags, "-DPX_TASK_STORAGE"])
-    except Exception:  # noqa: BLE001  (bcc raises bare Exception; retried below)
-        log.warning("degraded: no task-local storage for tracepoints → per-thread hash map")
+    # Syscalls through raw_syscalls:sys_enter/sys_exit where possible (x86-64: its syscall
+    # numbers and pt_regs layout are compiled in), else the per-syscall tracepoints.
+    raw = (
+        platform.machine() == "x86_64"
+        and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids
+    )
+    if not raw and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids:
+        line = f"raw_syscalls: not used on {platform.machine()} (x86-64 only): {_RAW_FALLBACK}"
+        log.warning("degraded: %s", line)
+        degraded.append(line)
+    # per-thread syscall state in task-local storage (no hash lookups); kernels without
+    # it for tracepoint programs get the hash-map variant
+    variants = [(r, ts) for r in ((True, False) if raw else (False,)) for ts in (True, False)]
+    b = None
+    err: Exception | None = None
+    for use_raw, task_storage in variants:
+        extra = (["-DPX_RAW_SYSCALLS"] if use_raw else []) + (
+            ["-DPX_TASK_STORAGE"] if task_storage else []
+        )
         try:
-            b = BPF(text=text, cflags=cflags)
-        except Exception as e:  # its compiler log went to stderr
-            raise LoadError(f"BPF program failed to compile or load: {e}") from e
+            b = BPF(text=text, cflags=[*cflags, *extra])
+        except Exception as e:  # noqa: BLE001  (bcc raises bare Exception; next variant)
+            err = e
+            continue
+        if raw and not use_raw:
+            line = f"raw_syscalls: {_RAW_FAILED}"
+            log.warning("degraded: %s", line)
+            degraded.append(line)
+        if not task_storage:
+            log.warning("degraded: no task-local storage for tracepoints → per-thread hash map")
+        break
+    if b is None:  # its compiler log went to stderr
+        raise LoadError(f"BPF program failed to compile or load: {err}")
     _configure(b, opts)
-    attached = (
-        sorted(k.decode() if isinstance(k, bytes) else str(k) for k in b.tracepoint_fds)
-        if hasattr(b, "tracepoint_fds")
-        else []
+    attached = sorted(
+        k.decode() if isinstance(k, bytes) else str(k)
+        for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
     )
     return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE)
 

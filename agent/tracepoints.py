@@ -32,7 +32,15 @@ def _sys(name: str, fields: tuple[str, ...], required: bool, degrade: str) -> Tr
     return Tracepoint(_SYS, name, ("__syscall_nr", *fields), required, degrade)
 
 
+_RAW = (
+    "per-syscall tracepoints instead: the kernel builds a trace record for each traced"
+    " syscall of every process before the program runs (more node-wide cost)"
+)
+
 TRACEPOINTS: tuple[Tracepoint, ...] = (
+    # Used as raw tracepoints (x86-64): one program per side for the syscalls below.
+    Tracepoint("raw_syscalls", "sys_enter", ("id", "args"), False, _RAW),
+    Tracepoint("raw_syscalls", "sys_exit", ("id", "ret"), False, _RAW),
     _sys("sys_exit_accept4", ("ret",), True, "no new connections are followed"),
     _sys("sys_exit_accept", ("ret",), False, "servers using accept() (not accept4) are missed"),
     _sys(

@@ -668,6 +668,10 @@ static __always_inline void px_accept_enter(u64 uaddr) {
         return;
     px_accept_args.update(&id, &uaddr);
 }
+#endif
+
+#ifndef PX_RAW_SYSCALLS
+#ifdef PX_LINK_BY_TUPLE
 #ifdef PX_HAVE_SYS_ENTER_ACCEPT4
 TRACEPOINT_PROBE(syscalls, sys_enter_accept4) {
     px_accept_enter((u64)args->upeer_sockaddr);
@@ -746,26 +750,134 @@ TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) {
 }
 TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { px_exit(args->ret); return 0; }
 #endif
+#endif  // !PX_RAW_SYSCALLS
 
-TRACEPOINT_PROBE(syscalls, sys_enter_close) {
+static __always_inline void px_close(u32 fd) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
-        return 0;
-    u32 fd = args->fd;
+        return;
     u64 key = (id & 0xffffffff00000000ULL) | fd;
     struct px_fd *f = px_fds.lookup(&key);
     if (!f)
-        return 0;
+        return;
     u64 sk = f->sk;
     px_fds.delete(&key);
     if (!sk)
-        return 0;
+        return;
     struct px_conn *c = px_conns.lookup(&sk);
     if (!c)
-        return 0;
+        return;
     px_conn_end(id, fd, sk, c, bpf_ktime_get_ns());
+}
+
+#ifdef PX_RAW_SYSCALLS
+// raw_syscalls:sys_enter/sys_exit, one program each, switching on the syscall number: the
+// kernel builds no per-syscall trace record (that record building is most of what syscall
+// tracepoints cost every process on the node). x86-64 only (the loader checks): its syscall
+// numbers, and arguments read from the user pt_regs, whose layout is fixed by the syscall
+// entry code and the ptrace ABI (not a header-derived kernel struct): dx, si, di at 96..119,
+// orig_ax at 120. A 32-bit (compat) task's syscall numbers differ: such processes are not
+// followed correctly on this path.
+#define PX_NR_READ 0
+#define PX_NR_WRITE 1
+#define PX_NR_CLOSE 3
+#define PX_NR_READV 19
+#define PX_NR_WRITEV 20
+#define PX_NR_SENDFILE 40
+#define PX_NR_ACCEPT 43
+#define PX_NR_SENDTO 44
+#define PX_NR_RECVFROM 45
+#define PX_NR_SENDMSG 46
+#define PX_NR_RECVMSG 47
+#define PX_NR_ACCEPT4 288
+#define PX_REGS_DX 96
+#define PX_REGS_ORIG_AX 120
+
+struct px_args3 {
+    u64 dx;  // third argument
+    u64 si;  // second
+    u64 di;  // first
+};
+
+RAW_TRACEPOINT_PROBE(sys_enter) {
+    long nr = ctx->args[1];
+    switch (nr) {
+    case PX_NR_READ: case PX_NR_WRITE: case PX_NR_CLOSE: case PX_NR_READV: case PX_NR_WRITEV:
+    case PX_NR_SENDFILE: case PX_NR_SENDTO: case PX_NR_RECVFROM: case PX_NR_SENDMSG:
+    case PX_NR_RECVMSG:
+#ifdef PX_LINK_BY_TUPLE
+    case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
+#endif
+        break;
+    default:
+        return 0;  // every other syscall of every task stops here
+    }
+    if (!px_traced(bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    struct px_args3 r = {};
+    if (bpf_probe_read_kernel(&r, sizeof(r), (void *)(ctx->args[0] + PX_REGS_DX)))
+        return 0;
+    u32 fd = r.di;
+    switch (nr) {
+    case PX_NR_READ: case PX_NR_RECVFROM:
+        px_enter(fd, r.si, KIND_READ, IOV_NONE, 0);
+        break;
+    case PX_NR_READV:
+        px_enter(fd, r.si, KIND_READ, IOV_VEC, r.dx);
+        break;
+    case PX_NR_RECVMSG:
+        px_enter(fd, r.si, KIND_READ, IOV_MSG, 0);
+        break;
+    case PX_NR_WRITE: case PX_NR_SENDTO:
+        px_enter(fd, r.si, KIND_WRITE, IOV_NONE, 0);
+        break;
+    case PX_NR_WRITEV:
+        px_enter(fd, r.si, KIND_WRITE, IOV_VEC, r.dx);
+        break;
+    case PX_NR_SENDMSG:
+        px_enter(fd, r.si, KIND_WRITE, IOV_MSG, 0);
+        break;
+    case PX_NR_SENDFILE:
+        px_enter(fd, 0, KIND_SENDFILE, IOV_NONE, 0);
+        break;
+    case PX_NR_CLOSE:
+        px_close(fd);
+        break;
+#ifdef PX_LINK_BY_TUPLE
+    case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
+        px_accept_enter(r.si);
+        break;
+#endif
+    }
     return 0;
 }
+
+RAW_TRACEPOINT_PROBE(sys_exit) {
+    if (!px_traced(bpf_get_current_pid_tgid() >> 32))
+        return 0;  // untraced tasks: the program call and two inlined array lookups
+    u64 nr = 0;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(ctx->args[0] + PX_REGS_ORIG_AX)))
+        return 0;
+    long ret = ctx->args[1];
+    switch (nr) {
+    case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
+        px_accept_exit(ret);
+        break;
+    case PX_NR_READ: case PX_NR_WRITE: case PX_NR_READV: case PX_NR_WRITEV:
+    case PX_NR_SENDFILE: case PX_NR_SENDTO: case PX_NR_RECVFROM: case PX_NR_SENDMSG:
+    case PX_NR_RECVMSG:
+        px_exit(ret);
+        break;
+    }
+    return 0;
+}
+#else  // per-syscall tracepoints (other architectures, kernels without raw tracepoints)
+
+TRACEPOINT_PROBE(syscalls, sys_enter_close) {
+    px_close(args->fd);
+    return 0;
+}
+#endif
 
 // ---- fd <-> socket link (inside the syscall, Linux >= 6.3) ----------------------------
 

@@ -74,3 +74,26 @@ def test_traceparent_beyond_the_window_is_missed_not_guessed(setup: tuple[int, A
     [r] = agent.wait_for(lambda r: r["path"] == "/wide")
     assert r["traceparent_missed"] is True
     assert r["trace_id"] != ctx.trace_id and r["parent_span_id"] is None
+
+
+def test_per_syscall_tracepoints_when_raw_tracepoints_are_off(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The fallback for kernels or architectures without the raw syscall path: the same
+    records from the per-syscall tracepoints (keep-alive, a stream, close)."""
+    tmp = tmp_path_factory.mktemp("persyscall")
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / "t.jsonl")])
+    port = srv.port()
+    agent = Agent(tmp, [port], ["--disable-tracepoint", "raw_syscalls:sys_enter"])
+    try:
+        ready = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
+        assert "raw_syscalls:sys_enter" in ready
+        ctx = trace_context.generate()
+        head = f"GET /stream?n=5&gap_ms=10 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n"
+        http_request(port, (head + "Connection: close\r\n\r\n").encode())
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        assert r["chunks"] == 5 and r["ttfb_us"] is not None and r["partial"] is False
+    finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0
