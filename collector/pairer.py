@@ -11,11 +11,12 @@ crash interrupted).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -201,7 +202,12 @@ class Pairer:
         self.max_batch = max_batch
         self.coverage_interval_s = coverage_interval_s
         self._lock = threading.Lock()
-        self._due: OrderedDict[str, tuple[float, int]] = OrderedDict()  # id → (due, attempt)
+        self._due: dict[str, tuple[float, int]] = {}  # id → (due, attempt)
+        # The marks in due order, so a round takes what is due without scanning what is not
+        # (thousands of traces wait 5 s for their other side): marks for now in arrival
+        # order, later ones in a heap. A superseded mark stays queued and is skipped.
+        self._now: deque[tuple[float, str]] = deque()
+        self._later: list[tuple[float, str]] = []
         self._written: OrderedDict[tuple[str, str, int], int] = OrderedDict()  # key → hash
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -245,6 +251,10 @@ class Pairer:
                 cur = self._due.get(t)
                 if cur is None or due < cur[0]:
                     self._due[t] = (due, attempt if cur is None else min(attempt, cur[1]))
+                    if delay_s <= 0:
+                        self._now.append((due, t))
+                    else:
+                        heapq.heappush(self._later, (due, t))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="parallax-pairer", daemon=True)
@@ -271,16 +281,19 @@ class Pairer:
 
     def _take_due(self) -> list[tuple[str, int]]:
         now = time.monotonic()
-        out = []
+        out: list[tuple[str, int]] = []
         with self._lock:
-            for t, (due, attempt) in self._due.items():
-                if due <= now:
-                    out.append((t, attempt))
-                    if len(out) >= self.max_batch:
-                        break
-            for t, _ in out:
-                del self._due[t]
+            while self._now and self._now[0][0] <= now and len(out) < self.max_batch:
+                self._take_one(*self._now.popleft(), out)
+            while self._later and self._later[0][0] <= now and len(out) < self.max_batch:
+                self._take_one(*heapq.heappop(self._later), out)
         return out
+
+    def _take_one(self, due: float, t: str, out: list[tuple[str, int]]) -> None:
+        cur = self._due.get(t)
+        if cur is not None and cur[0] == due:  # else superseded by an earlier mark, or taken
+            out.append((t, cur[1]))
+            del self._due[t]
 
     def _run(self) -> None:
         next_cov = time.monotonic() + min(2.0, self.coverage_interval_s)
@@ -299,12 +312,12 @@ class Pairer:
         t = time.perf_counter()
         ids = [b[0] for b in batch]
         try:
-            in_mem, spans, entries = self._gather(ids)
+            in_mem, spans, entries, lonely = self._gather(ids)
             version = time.time_ns()
             rows, one_sided = pairs_for(spans, entries, version)
             mem_rows, mem_one_sided = pairs_for_rows(in_mem, version)
             rows += mem_rows
-            one_sided |= mem_one_sided
+            one_sided |= mem_one_sided | lonely
             fresh = self._changed(rows)
             n_fresh = len(fresh)
             if fresh:
@@ -325,13 +338,15 @@ class Pairer:
 
     def _gather(
         self, ids: list[str]
-    ) -> tuple[list[tuple[Rows, Rows]], list[dict[str, Any]], list[dict[str, Any]]]:
+    ) -> tuple[list[tuple[Rows, Rows]], list[dict[str, Any]], list[dict[str, Any]], set[str]]:
         """Both sides of these traces: (traces with both sides in memory, as row tuples;
-        spans and entries of the others, read from the store where it has them)."""
+        spans and entries of the others, read from the store where it has them; traces
+        whose entries are in memory and whose spans are nowhere yet)."""
         in_mem: list[tuple[Rows, Rows]] = []
         spans: list[dict[str, Any]] = []
         entries: list[dict[str, Any]] = []
-        no_entries, no_spans, neither = [], [], []
+        no_entries, neither = [], []
+        no_spans: dict[str, Rows] = {}
         with self._lock:
             for t in ids:
                 m = self._mem.get(t)
@@ -340,8 +355,7 @@ class Pairer:
                 elif m and m[0]:
                     no_entries.append(t)
                 elif m and m[1]:
-                    no_spans.append(t)
-                    entries.extend(entry_dict(r) for r in m[1])
+                    no_spans[t] = list(m[1])
                 else:
                     neither.append(t)
         lb = self.lookback_s
@@ -349,17 +363,21 @@ class Pairer:
         # Which of the missing sides exist at all (primary-key lookups in the small trace-id
         # tables); only those traces are read. The usual answer is "none yet".
         has_entry = present(self.store, schema.ENTRY_TRACES, no_entries + neither, lb)
-        has_span = present(self.store, schema.SPAN_TRACES, no_spans + neither, lb)
+        has_span = present(self.store, schema.SPAN_TRACES, [*no_spans, *neither], lb)
         read_both = sorted(
             {t for t in no_entries if t in has_entry}
             | {t for t in neither if t in has_entry and t in has_span}
         )
         read_spans = [t for t in no_spans if t in has_span]
+        # An entry whose spans are nowhere yet pairs with nothing: no dicts, no pair_row.
+        lonely = {t for t in no_spans if t not in has_span}
+        for t in read_spans:
+            entries.extend(entry_dict(r) for r in no_spans[t])
         s1, e1 = read_traces(self.store, read_both, lb)
         s2, _ = read_traces(self.store, read_spans, lb, (True, False))
         spans += s1 + s2
         entries += e1
-        return in_mem, spans, entries
+        return in_mem, spans, entries, lonely
 
     def _changed(self, rows: list[tuple[Any, ...]]) -> list[tuple[int, tuple[Any, ...]]]:
         out = []

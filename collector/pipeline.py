@@ -82,6 +82,9 @@ DATA_ERROR_CODES = frozenset(
     }
 )
 _CODE = re.compile(r"\bCode:\s*(\d+)")
+# Inserts one bisection may make: well inside the tables' deduplication window
+# (schema.DEDUP_WINDOW blocks), so a replay after a crash mid-bisection doubles nothing.
+BISECT_MAX_INSERTS = schema.DEDUP_WINDOW // 4
 
 
 def is_permanent(e: BaseException) -> bool:
@@ -369,7 +372,8 @@ class Pipeline:
                 if not is_permanent(e):
                     raise
                 bad: dict[int, BaseException] = {}
-                self._bisect(seg_id, table, names, batch, 0, len(batch), e, bad)
+                budget = [BISECT_MAX_INSERTS]
+                self._bisect(seg_id, table, names, batch, 0, len(batch), e, bad, budget)
                 self._quarantine(seg_id, source, table, names, batch, bad)
                 written[source] = [r for i, r in enumerate(batch) if i not in bad]
             self.hooks.written(source, len(written[source]), time.perf_counter() - t)
@@ -388,22 +392,28 @@ class Pipeline:
         hi: int,
         error: BaseException,
         bad: dict[int, BaseException],
+        budget: list[int],
     ) -> None:
         """``batch[lo:hi]`` was rejected with ``error``: insert its halves (each with a token
         of its own, so a replay after a crash repeats nothing) until the rejected rows are
         isolated in ``bad`` (index → error). A transient failure on the way raises: the
-        segment is retried later, and the halves already written deduplicate then."""
-        if hi - lo == 1:
-            bad[lo] = error
+        segment is retried later, and the halves already written deduplicate then. After
+        ``budget`` inserts (many bad rows: 2·k·log₂ n inserts for k of n), a range still
+        rejected is quarantined whole — its good rows too, kept in the quarantine file —
+        so one segment stays within the store's deduplication window and finishes soon."""
+        if hi - lo == 1 or budget[0] <= 0:
+            for i in range(lo, hi):
+                bad[i] = error
             return
         mid = (lo + hi) // 2
         for a, b in ((lo, mid), (mid, hi)):
+            budget[0] -= 1
             try:
                 self._insert_rows(table, names, batch[a:b], f"{seg_id}:{table}:{a}-{b}")
             except Exception as e:
                 if not is_permanent(e):
                     raise
-                self._bisect(seg_id, table, names, batch, a, b, e, bad)
+                self._bisect(seg_id, table, names, batch, a, b, e, bad, budget)
 
     def _quarantine(
         self,

@@ -174,3 +174,28 @@ def test_fast_path_equals_general_path(
         assert len(f) == len(g) == len(PAIR_NAMES)
         diff = [(n, x, y) for n, x, y in zip(PAIR_NAMES, f, g, strict=True) if not _eq(x, y)]
         assert not diff
+
+
+def test_due_marks_earlier_wins_and_nothing_is_taken_twice() -> None:
+    from typing import cast
+
+    from collector.metrics import Metrics
+    from collector.pairer import Pairer
+    from collector.store.client import Store
+
+    p = Pairer(cast(Store, None), Metrics(), max_batch=3)  # marks never touch the store
+    p.mark(["a", "b"], delay_s=0.3, attempt=1)
+    p.mark(["c"])
+    p.mark(["a"], delay_s=0.0, attempt=1)  # an earlier mark wins...
+    p.mark(["c"], delay_s=0.3, attempt=1)  # ...a later one does not
+    assert p._take_due() == [("c", 0), ("a", 1)]
+    assert p._take_due() == []
+    p.mark(["b"])  # re-marked for now: keeps the lower attempt of the two marks
+    p.mark(["d", "e", "f", "g"])
+    assert p._take_due() == [("b", 0), ("d", 0), ("e", 0)]  # max_batch
+    assert p._take_due() == [("f", 0), ("g", 0)]
+    time.sleep(0.35)
+    assert p._take_due() == []  # b's delayed mark was superseded and taken
+    p.mark(["h"], delay_s=0.05)
+    time.sleep(0.1)
+    assert p._take_due() == [("h", 0)]

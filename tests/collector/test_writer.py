@@ -42,6 +42,10 @@ def test_rejected_rows_are_quarantined_and_the_rest_written_once(tmp_path: Path)
     assert out["after_replay"] == 118
     # segments re-read from the spool are not dropped by the live retry filter
     assert out["reread_written"] == out["reread_expected"] == 90
+    # a bisection out of budget quarantines the unresolved ranges whole: nothing lost
+    assert out["budget_accounted"] and out["budget_bad_quarantined"], out
+    assert not out["budget_doubled"]
+    assert 0 < out["budget_written"] < 58 and out["budget_quarantined"] > 6, out
     # one log line for the segment and one for its replay, no driver tracebacks
     assert p.stderr.count("store rejected 2 server_spans row(s)") == 2, p.stderr[-3000:]
     assert "Traceback" not in p.stderr

@@ -8,6 +8,8 @@ DIR`` prints one JSON object of observations.
 2. The same segment inserted again (a replay after a crash mid-bisection): nothing doubles.
 3. Segments that did not fit in memory are re-read from the spool while the live dedup set
    already holds their ids: every row is still written.
+4. Many bad rows and a small bisection budget: every row ends up written or quarantined,
+   none both, none twice.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from collector import pipeline
 from collector.api.ingest import Ingest, _dedup_spans
 from collector.config import Settings
 from collector.ingest import otlp
@@ -155,6 +158,35 @@ def main(base: Path) -> dict[str, Any]:
     out["reread_expected"] = n
     out["reread_written"] = len(span_ids(store)) - before
     pipe2.stop()
+
+    # --- 4. many bad rows: the bisection's insert budget runs out ------------------------
+    before_ids = set(span_ids(store))
+    pipeline.BISECT_MAX_INSERTS = 6
+    pipe3 = Pipeline(store, base / "spool3", ingest.parse, rec, batch_rows=64, flush_interval_s=60)
+    pipe3.start()
+    p4 = otlp.parse(body(64), False, now, 0, now)
+    bad4 = set()
+    for i in (1, 9, 17, 40, 41, 63):
+        row = list(p4.rows[i])
+        row[STATUS] = 70_000
+        p4.rows[i] = tuple(row)
+        bad4.add(row[4])
+    pipe3.accept(KIND_OTLP_PROTO, b"x", now, p4)
+    drain(pipe3)
+    pipe3.stop()
+    new_ids = [i for i in span_ids(store) if i not in before_ids]
+    q4 = [
+        json.loads(line)["row"]["span_id"]
+        for f in sorted((base / "quarantine").glob("*.jsonl"))
+        if f.name != qfiles[0].name
+        for line in f.read_text().splitlines()
+    ]
+    all4 = {r[4] for r in p4.rows}
+    out["budget_written"] = len(new_ids)
+    out["budget_quarantined"] = len(q4)
+    out["budget_accounted"] = set(new_ids) | set(q4) == all4 and not set(new_ids) & set(q4)
+    out["budget_bad_quarantined"] = bad4 <= set(q4)
+    out["budget_doubled"] = len(new_ids) != len(set(new_ids))
     return out
 
 
