@@ -374,7 +374,8 @@ class Pipeline:
                 bad: dict[int, BaseException] = {}
                 budget = [BISECT_MAX_INSERTS]
                 self._bisect(seg_id, table, names, batch, 0, len(batch), e, bad, budget)
-                self._quarantine(seg_id, source, table, names, batch, bad)
+                if bad:  # else the halves went in where the whole did not: nothing to keep
+                    self._quarantine(seg_id, source, table, names, batch, bad)
                 written[source] = [r for i, r in enumerate(batch) if i not in bad]
             self.hooks.written(source, len(written[source]), time.perf_counter() - t)
         return written

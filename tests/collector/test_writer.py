@@ -46,6 +46,9 @@ def test_rejected_rows_are_quarantined_and_the_rest_written_once(tmp_path: Path)
     assert out["budget_accounted"] and out["budget_bad_quarantined"], out
     assert not out["budget_doubled"]
     assert 0 < out["budget_written"] < 58 and out["budget_quarantined"] > 6, out
+    # refused whole, accepted in halves: all written, nothing quarantined, no error left
+    assert out["halves_written"] and out["halves_quarantined"] == 0, out
+    assert out["halves_error"] is None
     # one log line for the segment and one for its replay, no driver tracebacks
     assert p.stderr.count("store rejected 2 server_spans row(s)") == 2, p.stderr[-3000:]
     assert "Traceback" not in p.stderr

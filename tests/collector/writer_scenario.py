@@ -10,6 +10,7 @@ DIR`` prints one JSON object of observations.
    already holds their ids: every row is still written.
 4. Many bad rows and a small bisection budget: every row ends up written or quarantined,
    none both, none twice.
+5. A batch refused whole whose halves are accepted: all written, nothing quarantined.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clickhouse_connect.driver.exceptions import DatabaseError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -187,6 +189,29 @@ def main(base: Path) -> dict[str, Any]:
     out["budget_accounted"] = set(new_ids) | set(q4) == all4 and not set(new_ids) & set(q4)
     out["budget_bad_quarantined"] = bad4 <= set(q4)
     out["budget_doubled"] = len(new_ids) != len(set(new_ids))
+
+    # --- 5. a batch refused whole whose halves go in: nothing quarantined ----------------
+    class Picky(Store):
+        """The real store, refusing blocks over 20 rows as a data error."""
+
+        def insert(self, table: str, columns: Any, column_names: Any, token: Any = None) -> None:
+            if len(columns[0]) > 20:
+                raise DatabaseError("Code: 53. DB::Exception: refused (test)", code=53)
+            super().insert(table, columns, column_names, token)
+
+    picky = Picky(store.dsn)
+    before_ids = set(span_ids(store))
+    n_quarantine = len(list((base / "quarantine").glob("*.jsonl")))
+    pipe4 = Pipeline(picky, base / "spool4", ingest.parse, rec, batch_rows=40, flush_interval_s=60)
+    pipe4.start()
+    p5 = otlp.parse(body(40), False, now, 0, now)
+    pipe4.accept(KIND_OTLP_PROTO, b"x", now, p5)
+    drain(pipe4)
+    pipe4.stop()
+    new5 = [i for i in span_ids(store) if i not in before_ids]
+    out["halves_written"] = len(new5) == len(set(new5)) == 40
+    out["halves_quarantined"] = len(list((base / "quarantine").glob("*.jsonl"))) - n_quarantine
+    out["halves_error"] = pipe4.last_error
     return out
 
 
