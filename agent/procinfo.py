@@ -10,6 +10,7 @@ from pathlib import Path
 
 _LISTEN = "0A"
 _ESTABLISHED = "01"
+_ONLY_LISTEN = frozenset((_LISTEN,))
 
 
 AF_INET = 2
@@ -35,7 +36,9 @@ def _proc_addr(hexaddr: str) -> bytes:
     return raw
 
 
-def _tcp_table() -> list[SockEntry]:
+def _tcp_table(states: frozenset[str] = frozenset((_LISTEN, _ESTABLISHED))) -> list[SockEntry]:
+    """Entries in the given states (hex, as printed): the rest (TIME_WAIT, often thousands
+    of lines) is skipped before any parsing."""
     out = []
     for name, family in (("/proc/net/tcp", AF_INET), ("/proc/net/tcp6", AF_INET6)):
         try:
@@ -44,7 +47,7 @@ def _tcp_table() -> list[SockEntry]:
             continue
         for line in lines:
             f = line.split()
-            if len(f) < 10:
+            if len(f) < 10 or f[3] not in states:
                 continue
             la, _, lp = f[1].rpartition(":")
             ra, _, rp = f[2].rpartition(":")
@@ -68,7 +71,7 @@ def _tcp_table() -> list[SockEntry]:
 def listen_counts() -> dict[int, int]:
     """Listening TCP sockets per local port (all namespaces' views aside: this one's)."""
     out: dict[int, int] = {}
-    for e in _tcp_table():
+    for e in _tcp_table(_ONLY_LISTEN):
         if e.state == _LISTEN:
             out[e.lport] = out.get(e.lport, 0) + 1
     return out
@@ -98,7 +101,7 @@ def _pids() -> list[int]:
 
 def listeners(ports: set[int]) -> dict[int, set[int]]:
     """pid → the given ports it listens on."""
-    table = _tcp_table()
+    table = _tcp_table(_ONLY_LISTEN)
     wanted = {e.inode: e.lport for e in table if e.state == _LISTEN and e.lport in ports}
     out: dict[int, set[int]] = {}
     if not wanted:
