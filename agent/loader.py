@@ -124,6 +124,11 @@ def load(opts: Options) -> Loaded:
     degraded = [f"{', '.join(ids)}: {effect}" for effect, ids in by_effect.items()]
     for line in degraded:
         log.warning("degraded: %s", line)
+    if "sched:sched_process_exit" in have_ids:
+        tfs, _ = tracefs.ensure_mounted()
+        exit_fields = tracefs.fields(tfs, "sched", "sched_process_exit") if tfs else None
+        if exit_fields and "group_dead" in exit_fields:
+            macros.add("PX_HAVE_EXIT_GROUP_DEAD")
     hw = _pow2(opts.head_window)
     cflags = [
         f"-DPX_HEAD_WINDOW={hw}",

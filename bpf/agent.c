@@ -909,6 +909,15 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
         return 0;
     u8 one = 1;
     px_exiting.update(&id, &one);
+#ifdef PX_HAVE_EXIT_GROUP_DEAD
+    if (args->group_dead) {
+        // The whole process is gone: stop tracing its tgid now, not at the next /proc
+        // rescan (a reused pid must not be traced because a previous owner was).
+        u32 tgid = id >> 32;
+        u8 zero = 0;
+        px_pids.update(&tgid, &zero);
+    }
+#endif
     return 0;
 }
 #endif

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,16 @@ def _server(tmp: Path, name: str = "t") -> tuple[Proc, int]:
         [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / f"{name}.jsonl")]
     )
     return srv, srv.port()
+
+
+def _app_log(path: Path, pred: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The test server's own records (it appends after its last write: poll briefly)."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = [x for x in timing_log(path) if pred(x)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def _metrics(agent: Agent) -> dict[str, float]:
@@ -159,7 +170,7 @@ def test_a_reused_pid_is_not_traced(tmp_path: Path) -> None:
             pytest.skip("could not obtain the same pid again (busy machine)")
         port2 = other.port()
         http_request(port2, b"GET /second HTTP/1.1\r\nConnection: close\r\n\r\n")
-        assert timing_log(tmp_path / "b.jsonl")  # served
+        assert _app_log(tmp_path / "b.jsonl", lambda x: x["path"] == "/second")  # served
         assert not agent.wait_for(lambda r: r["path"] == "/second", timeout=1.5)
     finally:
         rc = agent.stop()
@@ -181,7 +192,7 @@ def test_aggregate_longer_than_its_offset_range_keeps_exact_offsets(tmp_path: Pa
             "Connection: close\r\n\r\n".encode(),
         )
         [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-        [app] = [x for x in timing_log(tmp_path / "t.jsonl") if x["traceparent"] == ctx.header()]
+        [app] = _app_log(tmp_path / "t.jsonl", lambda x: x["traceparent"] == ctx.header())
         assert r["partial"] is False and r["chunks"] == 10
         want = [(t - app["t_read_ns"]) // 1000 for t in app["t_writes_ns"][1:]]
         got = r["chunk_offsets_us"]
