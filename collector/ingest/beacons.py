@@ -1,19 +1,22 @@
 """Browser beacons (v1 JSON Schema) → ``browser_entries`` rows.
 
-The schema is checked by parallax_contracts.beacon. An error in the envelope (or an unknown
-version) rejects the body with 400; an error inside one entry rejects that entry only.
+The schema is the contract (parallax_contracts.beacon); the hot path asks
+collector.ingest.beacon_check, which answers the same yes/no, and only a body it refuses is
+explained by the schema's validator. An error in the envelope (or an unknown version)
+rejects the body with 400; an error inside one entry rejects that entry only.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlparse
 
-import jsonschema_rs
+import orjson
 
+from collector.ingest import beacon_check
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
 from parallax_contracts import beacon
 from parallax_contracts.routes import route_template
@@ -37,9 +40,12 @@ def _no_constants(name: str) -> Any:
 
 def load(body: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(body, parse_constant=_no_constants)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequestError(f"malformed JSON: {e}") from None
+        # orjson: a third of json.loads' CPU. It refuses a little that json accepts
+        # (integers beyond 64 bits, lone surrogates) and answers errors in its own words, so
+        # whatever it refuses goes through json as before: same documents, same messages.
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = _load_std(body)
     if not isinstance(doc, dict):
         raise BadRequestError("beacon must be a JSON object")
     if doc.get("v") != beacon.VERSION:
@@ -47,12 +53,19 @@ def load(body: bytes) -> dict[str, Any]:
     return doc
 
 
+def _load_std(body: bytes) -> Any:
+    try:
+        return json.loads(body, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"malformed JSON: {e}") from None
+
+
 def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
     """Rows for browser_entries (column order of schema.ENTRY_COLUMNS)."""
     bad_entries: dict[int, str] = {}
-    # The compiled validator answers "valid?" ~100x faster than jsonschema; the contract's
-    # own beacon.errors() then names what is wrong, only for the bodies that need it.
-    errors = [] if _fast_validator().is_valid(doc) else beacon.errors(doc)
+    # The hand-written check answers "valid?" (what the schema answers, tested); the
+    # contract's own beacon.errors() then names what is wrong, only for bodies that need it.
+    errors = [] if beacon_check.is_valid(doc) else beacon.errors(doc)
     for err in errors:
         m = _ENTRY_ERR.match(err)
         if m is None:
@@ -125,11 +138,6 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
 @lru_cache(maxsize=8192)
 def _route_of_url(url: str) -> str:
     return route_template(urlparse(url).path or "/")
-
-
-@cache
-def _fast_validator() -> Any:
-    return jsonschema_rs.validator_for(beacon.schema())
 
 
 def _f(x: Any) -> float | None:
