@@ -117,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
         " CPU contention the traced servers come first and the agent sheds (lost events are"
         " counted) rather than slowing them; 0 keeps the caller's",
     )
+    # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
+    r.add_argument("--drain-ms", type=float, default=50.0, help=argparse.SUPPRESS)
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
     # offsets cannot wrap (default about an hour); hidden from --help
     r.add_argument("--offset-span-ms", type=float, default=0, help=argparse.SUPPRESS)
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 disabled_tracepoints=args.disable_tracepoint,
                 offs_span_ns=int(args.offset_span_ms * 1e6),
                 nice=args.nice,
+                drain_ms=max(1.0, args.drain_ms),
             )
         )
     return 2
