@@ -313,7 +313,7 @@ def _proc_cpu_s(pid: int | None) -> float:
 
 # --- the collector under test --------------------------------------------------------
 class Target:
-    def __init__(self, data_dir: Path, port: int, qport: int):
+    def __init__(self, data_dir: Path, port: int, qport: int, extra: tuple[str, ...] = ()):
         self.data_dir = data_dir
         self.base = f"http://127.0.0.1:{port}"
         self.query = f"http://127.0.0.1:{qport}"
@@ -335,6 +335,7 @@ class Target:
                 "--log-level",
                 "WARNING",
                 "--no-plugins",
+                *extra,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
