@@ -52,6 +52,14 @@ class Metrics:
             "Node-wide TCP ListenOverflows (/proc/net/netstat; no per-port tracepoint)",
             registry=r,
         )
+        self.listen_drops = Gauge(
+            "parallax_agent_listen_drops",
+            "Connections dropped by a full accept queue, per listening port (the listener's "
+            "sk_drops via sock_diag, summed over IPv4/IPv6 and network namespaces; port 0: a "
+            "namespace the agent cannot enter, its ListenDrops)",
+            ["port"],
+            registry=r,
+        )
         self.synack_retransmits = Gauge(
             "parallax_agent_synack_retransmits",
             "SYN-ACK retransmits per listening port",

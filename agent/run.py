@@ -22,6 +22,7 @@ from agent import events, loader, metrics, procinfo
 from agent.clock import MonoClock
 from agent.httpcut import Conn, Exchange, Stats
 from agent.records import ConnInfo, build
+from agent.sockdiag import ListenerStats
 
 log = logging.getLogger("parallax.agent")
 MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
@@ -91,6 +92,7 @@ class Agent:
         self.ring: Any = None
         self.max_conns = 16384
         self._port_labels: set[str] = set()
+        self._listeners = ListenerStats()
         self._last_stats = Stats()
 
     # -- events ---------------------------------------------------------------------
@@ -277,11 +279,25 @@ class Agent:
         for port, n in loader.synack_retransmits(self.bpf).items():
             self.m.synack_retransmits.labels(str(port)).set(n)
         self.m.listen_overflows.set(metrics.listen_overflows())
+        self._listen_drops()
         self.m.connections.set(len(self.conns))
         d = self.stats.head_too_large - self._last_stats.head_too_large
         if d:
             self.m.head_too_large.inc(d)
         self._last_stats = Stats(**{k: getattr(self.stats, k) for k in Stats.__slots__})
+
+    def _listen_drops(self) -> None:
+        """Accept-queue drops per listening port: the agent's network namespace and those of
+        the traced processes (a pod has its own); --port limits the ports."""
+        drops: dict[str, int] = {}
+        for ls in self._listeners.read(sorted(self._pids)):
+            if ls.port and self.cfg.ports and ls.port not in self.cfg.ports:
+                continue
+            self._listen_ports.add(ls.port)
+            label = self._port_label(ls.port) if ls.port else "0"
+            drops[label] = drops.get(label, 0) + ls.drops
+        for label, n in drops.items():
+            self.m.listen_drops.labels(label).set(n)
 
     def exporter_loop(self) -> None:
         # Woken by the main loop when it queued records, then at most every 20 ms (batches):
@@ -452,6 +468,7 @@ class Agent:
             self._emit(st, out)
         self.conns.clear()
         self.ring.close()
+        self._listeners.close()
         loader.detach(self.bpf)
 
 

@@ -10,7 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +170,47 @@ def test_without_cap_sys_admin_a_namespace_counts_as_one(other_netns: tuple[int,
             break
         time.sleep(0.1)
     assert len(got) == 1 and got[0][0] == 0 and got[0][1] > 0, got
+
+
+FULL_SERVER = """
+import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.ebpf
+def test_the_agent_exports_drops_per_traced_port(tmp_path: Path) -> None:
+    """End to end: a traced server that never accepts; the agent's /metrics shows the drops
+    on its port."""
+    from tests.agent.helpers import Agent
+
+    srv = subprocess.Popen([sys.executable, "-c", FULL_SERVER], stdout=subprocess.PIPE, text=True)
+    agent = None
+    clients: list[socket.socket] = []
+    try:
+        assert srv.stdout is not None
+        port = int(srv.stdout.readline())
+        agent = Agent(tmp_path, [port])
+        clients = _flood(port, 12)
+        deadline = time.monotonic() + 10
+        value = 0.0
+        while time.monotonic() < deadline and value <= 0:
+            time.sleep(0.3)
+            text = (
+                urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5)
+                .read()
+                .decode()
+            )
+            line = f'parallax_agent_listen_drops{{port="{port}"}}'
+            got = [ln for ln in text.splitlines() if ln.startswith(line)]
+            value = float(got[0].split()[-1]) if got else 0.0
+        assert value > 0, text
+    finally:
+        for c in clients:
+            c.close()
+        if agent is not None:
+            assert agent.stop() == 0
+        srv.kill()
+        srv.wait(5)
