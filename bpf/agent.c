@@ -30,6 +30,7 @@
 #define KIND_READ 1
 #define KIND_WRITE 2
 #define KIND_SENDFILE 3
+#define KIND_ACCEPT 4  // raw path only: accept()/accept4() in flight (buf: the peer sockaddr)
 
 #define IOV_NONE 0
 #define IOV_VEC 1
@@ -244,17 +245,17 @@ static __always_inline int px_port_ok(u16 lport) {
     return v && *v;
 }
 
-static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen) {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!px_traced(id >> 32))
-        return;
+// The caller has checked px_traced(id >> 32).
+static __always_inline void px_enter_id(u64 id, u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen) {
     u64 sk = 0;
 #ifdef PX_LINK_BY_TUPLE
-    u64 key = (id & 0xffffffff00000000ULL) | fd;
-    struct px_fd *f = px_fds.lookup(&key);
-    if (!f || !f->sk)
-        return;
-    sk = f->sk;
+    if (kind != KIND_ACCEPT) {
+        u64 key = (id & 0xffffffff00000000ULL) | fd;
+        struct px_fd *f = px_fds.lookup(&key);
+        if (!f || !f->sk)
+            return;
+        sk = f->sk;
+    }
 #endif
 #ifdef PX_TASK_STORAGE
     struct px_active *ap = px_active.task_storage_get(
@@ -275,6 +276,13 @@ static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen)
 #ifndef PX_TASK_STORAGE
     px_active.update(&id, &a);
 #endif
+}
+
+static __always_inline void px_enter(u32 fd, u64 buf, u8 kind, u8 iov, u64 vlen) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;
+    px_enter_id(id, fd, buf, kind, iov, vlen);
 }
 
 static __always_inline struct px_active *px_active_get(u64 id) {
@@ -600,13 +608,8 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         px_flush(id, a->fd, sk, c, t, flags);
 }
 
-static __always_inline void px_exit(long ret) {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!px_traced(id >> 32))
-        return;  // before the hash lookup: untraced processes stop here
-    struct px_active *ap = px_active_get(id);
-    if (!ap || !ap->busy)
-        return;
+// The exit of a read/write syscall whose entry recorded *ap (busy).
+static __always_inline void px_exit_active(struct px_active *ap, u64 id, long ret) {
     struct px_active a = *ap;
 #ifdef PX_TASK_STORAGE
     ap->busy = 0;
@@ -620,6 +623,16 @@ static __always_inline void px_exit(long ret) {
         px_on_read(&a, id, ret, t);
     else
         px_on_write(&a, id, ret, t);
+}
+
+static __always_inline void px_exit(long ret) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;  // before the hash lookup: untraced processes stop here
+    struct px_active *ap = px_active_get(id);
+    if (!ap || !ap->busy)
+        return;
+    px_exit_active(ap, id, ret);
 }
 
 // ---- syscalls ---------------------------------------------------------------------
@@ -800,19 +813,19 @@ struct px_args3 {
 };
 
 RAW_TRACEPOINT_PROBE(sys_enter) {
+    // The syscall number first (in the context, no helper call): every other syscall of
+    // every task stops at this switch.
     long nr = ctx->args[1];
     switch (nr) {
     case PX_NR_READ: case PX_NR_WRITE: case PX_NR_CLOSE: case PX_NR_READV: case PX_NR_WRITEV:
     case PX_NR_SENDFILE: case PX_NR_SENDTO: case PX_NR_RECVFROM: case PX_NR_SENDMSG:
-    case PX_NR_RECVMSG:
-#ifdef PX_LINK_BY_TUPLE
-    case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
-#endif
+    case PX_NR_RECVMSG: case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
         break;
     default:
-        return 0;  // every other syscall of every task stops here
+        return 0;
     }
-    if (!px_traced(bpf_get_current_pid_tgid() >> 32))
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
         return 0;
     struct px_args3 r = {};
     if (bpf_probe_read_kernel(&r, sizeof(r), (void *)(ctx->args[0] + PX_REGS_DX)))
@@ -820,55 +833,68 @@ RAW_TRACEPOINT_PROBE(sys_enter) {
     u32 fd = r.di;
     switch (nr) {
     case PX_NR_READ: case PX_NR_RECVFROM:
-        px_enter(fd, r.si, KIND_READ, IOV_NONE, 0);
+        px_enter_id(id, fd, r.si, KIND_READ, IOV_NONE, 0);
         break;
     case PX_NR_READV:
-        px_enter(fd, r.si, KIND_READ, IOV_VEC, r.dx);
+        px_enter_id(id, fd, r.si, KIND_READ, IOV_VEC, r.dx);
         break;
     case PX_NR_RECVMSG:
-        px_enter(fd, r.si, KIND_READ, IOV_MSG, 0);
+        px_enter_id(id, fd, r.si, KIND_READ, IOV_MSG, 0);
         break;
     case PX_NR_WRITE: case PX_NR_SENDTO:
-        px_enter(fd, r.si, KIND_WRITE, IOV_NONE, 0);
+        px_enter_id(id, fd, r.si, KIND_WRITE, IOV_NONE, 0);
         break;
     case PX_NR_WRITEV:
-        px_enter(fd, r.si, KIND_WRITE, IOV_VEC, r.dx);
+        px_enter_id(id, fd, r.si, KIND_WRITE, IOV_VEC, r.dx);
         break;
     case PX_NR_SENDMSG:
-        px_enter(fd, r.si, KIND_WRITE, IOV_MSG, 0);
+        px_enter_id(id, fd, r.si, KIND_WRITE, IOV_MSG, 0);
         break;
     case PX_NR_SENDFILE:
-        px_enter(fd, 0, KIND_SENDFILE, IOV_NONE, 0);
+        px_enter_id(id, fd, 0, KIND_SENDFILE, IOV_NONE, 0);
         break;
     case PX_NR_CLOSE:
         px_close(fd);
         break;
-#ifdef PX_LINK_BY_TUPLE
     case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
+        // marked in flight like a read/write: the exit then needs no syscall number
+#ifdef PX_LINK_BY_TUPLE
         px_accept_enter(r.si);
-        break;
 #endif
+        px_enter_id(id, fd, r.si, KIND_ACCEPT, IOV_NONE, 0);
+        break;
     }
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(sys_exit) {
-    if (!px_traced(bpf_get_current_pid_tgid() >> 32))
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
         return 0;  // untraced tasks: the program call and two inlined array lookups
-    u64 nr = 0;
-    if (bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(ctx->args[0] + PX_REGS_ORIG_AX)))
+    // A traced thread: one task-storage lookup; without a syscall of ours in flight (its
+    // epoll_wait, its file I/O) that is all — the syscall number is never read here.
+    struct px_active *ap = px_active_get(id);
+    if (!ap || !ap->busy) {
+#ifdef PX_LINK_BY_TUPLE
+        // Before Linux 6.3 an accept() that entered before the programs attached must still
+        // record its fd (the only fd->socket link there): read the number in that case.
+        u64 nr = 0;
+        if (bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(ctx->args[0] + PX_REGS_ORIG_AX)))
+            return 0;
+        if (nr == PX_NR_ACCEPT || nr == PX_NR_ACCEPT4)
+            px_accept_exit(ctx->args[1]);
+#endif
         return 0;
-    long ret = ctx->args[1];
-    switch (nr) {
-    case PX_NR_ACCEPT: case PX_NR_ACCEPT4:
-        px_accept_exit(ret);
-        break;
-    case PX_NR_READ: case PX_NR_WRITE: case PX_NR_READV: case PX_NR_WRITEV:
-    case PX_NR_SENDFILE: case PX_NR_SENDTO: case PX_NR_RECVFROM: case PX_NR_SENDMSG:
-    case PX_NR_RECVMSG:
-        px_exit(ret);
-        break;
     }
+    if (ap->kind == KIND_ACCEPT) {
+        ap->busy = 0;
+#ifndef PX_TASK_STORAGE
+        px_active.delete(&id);
+#endif
+        px_accept_exit(ctx->args[1]);
+        return 0;
+    }
+    px_exit_active(ap, id, ctx->args[1]);
     return 0;
 }
 #else  // per-syscall tracepoints (other architectures, kernels without raw tracepoints)
@@ -881,11 +907,22 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 
 // ---- fd <-> socket link (inside the syscall, Linux >= 6.3) ----------------------------
 
+// As raw tracepoints where the kernel allows (PX_RAW_SOCK): the arguments are the
+// TP_PROTO ones, (struct sock *sk, int ret, int flags), and the kernel builds no trace
+// record; the classic tracepoints otherwise (same program body).
 #ifdef PX_HAVE_SOCK_RECV_LENGTH
+#ifdef PX_RAW_SOCK
+RAW_TRACEPOINT_PROBE(sock_recv_length) { px_link((void *)ctx->args[0]); return 0; }
+#else
 TRACEPOINT_PROBE(sock, sock_recv_length) { px_link(args->sk); return 0; }
 #endif
+#endif
 #ifdef PX_HAVE_SOCK_SEND_LENGTH
+#ifdef PX_RAW_SOCK
+RAW_TRACEPOINT_PROBE(sock_send_length) { px_link((void *)ctx->args[0]); return 0; }
+#else
 TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk); return 0; }
+#endif
 #endif
 
 // ---- softirq side: keyed by socket address ----------------------------------------
@@ -1021,13 +1058,16 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 }
 
 #ifdef PX_HAVE_SK_DATA_READY
-TRACEPOINT_PROBE(sock, sk_data_ready) {
-    u64 sk = (u64)args->skaddr;
+static __always_inline void px_data_ready(u64 sk) {
     struct px_conn *c = px_conns.lookup(&sk);
     if (c && c->t_arr == 0)
         c->t_arr = bpf_ktime_get_ns();
-    return 0;
 }
+#ifdef PX_RAW_SOCK
+RAW_TRACEPOINT_PROBE(sk_data_ready) { px_data_ready(ctx->args[0]); return 0; }  // (sk)
+#else
+TRACEPOINT_PROBE(sock, sk_data_ready) { px_data_ready((u64)args->skaddr); return 0; }
+#endif
 #endif
 
 #ifdef PX_HAVE_TCP_PROBE
