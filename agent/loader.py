@@ -63,9 +63,7 @@ class Loaded:
 
 
 _RAW_FALLBACK = "per-syscall tracepoints instead"
-_RAW_FAILED = (
-    f"raw tracepoint programs did not load: {_RAW_FALLBACK} (and the classic sock tracepoints)"
-)
+_RAW_FAILED = f"raw tracepoint programs did not load: {_RAW_FALLBACK}"
 
 
 def _macro(tp: Tracepoint) -> str:
@@ -144,33 +142,29 @@ def load(opts: Options) -> Loaded:
     text = BPF_SOURCE.read_bytes()
     # Syscalls through raw_syscalls:sys_enter/sys_exit where possible (x86-64: its syscall
     # numbers and pt_regs layout are compiled in), else the per-syscall tracepoints.
-    # The sock:sk_data_ready / sock_{send,recv}_length programs read only the socket
-    # pointer: raw tracepoints too (any architecture; the kernel builds no record for
-    # them), unless raw tracepoints are off (`--disable-tracepoint raw_syscalls:sys_enter`
-    # turns both raw paths off) or refused, then the classic tracepoints.
-    raw_ok = {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids
-    raw = platform.machine() == "x86_64" and raw_ok
-    if not raw and raw_ok:
+    raw = (
+        platform.machine() == "x86_64"
+        and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids
+    )
+    if not raw and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids:
         line = f"raw_syscalls: not used on {platform.machine()} (x86-64 only): {_RAW_FALLBACK}"
         log.warning("degraded: %s", line)
         degraded.append(line)
     # per-thread syscall state in task-local storage (no hash lookups); kernels without
     # it for tracepoint programs get the hash-map variant
-    variants = [(r, ts) for r in ((True, False) if raw_ok else (False,)) for ts in (True, False)]
+    variants = [(r, ts) for r in ((True, False) if raw else (False,)) for ts in (True, False)]
     b = None
     err: Exception | None = None
     for use_raw, task_storage in variants:
-        extra = (
-            (["-DPX_RAW_SOCK"] if use_raw else [])
-            + (["-DPX_RAW_SYSCALLS"] if use_raw and raw else [])
-            + (["-DPX_TASK_STORAGE"] if task_storage else [])
+        extra = (["-DPX_RAW_SYSCALLS"] if use_raw else []) + (
+            ["-DPX_TASK_STORAGE"] if task_storage else []
         )
         try:
             b = BPF(text=text, cflags=[*cflags, *extra])
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception; next variant)
             err = e
             continue
-        if raw_ok and not use_raw:
+        if raw and not use_raw:
             line = f"raw_syscalls: {_RAW_FAILED}"
             log.warning("degraded: %s", line)
             degraded.append(line)

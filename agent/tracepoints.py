@@ -34,13 +34,11 @@ def _sys(name: str, fields: tuple[str, ...], required: bool, degrade: str) -> Tr
 
 _RAW = (
     "per-syscall tracepoints instead: the kernel builds a trace record for each traced"
-    " syscall of every process before the program runs (more node-wide cost); the sock"
-    " sk_data_ready/sock_*_length programs on their classic tracepoints too (a record each)"
+    " syscall of every process before the program runs (more node-wide cost)"
 )
 
 TRACEPOINTS: tuple[Tracepoint, ...] = (
-    # Used as raw tracepoints (x86-64): one program per side for the syscalls below. Their
-    # presence also enables raw sock:sk_data_ready / sock_{send,recv}_length programs.
+    # Used as raw tracepoints (x86-64): one program per side for the syscalls below.
     Tracepoint("raw_syscalls", "sys_enter", ("id", "args"), False, _RAW),
     Tracepoint("raw_syscalls", "sys_exit", ("id", "ret"), False, _RAW),
     _sys("sys_exit_accept4", ("ret",), True, "no new connections are followed"),

@@ -909,22 +909,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 
 // ---- fd <-> socket link (inside the syscall, Linux >= 6.3) ----------------------------
 
-// As raw tracepoints where the kernel allows (PX_RAW_SOCK): the arguments are the
-// TP_PROTO ones, (struct sock *sk, int ret, int flags), and the kernel builds no trace
-// record; the classic tracepoints otherwise (same program body).
+// Measured side by side as raw tracepoints too (no trace record): no better here — their
+// classic records are a few fields — so the classic ones stay (docs/agent.md).
 #ifdef PX_HAVE_SOCK_RECV_LENGTH
-#ifdef PX_RAW_SOCK
-RAW_TRACEPOINT_PROBE(sock_recv_length) { px_link((void *)ctx->args[0]); return 0; }
-#else
 TRACEPOINT_PROBE(sock, sock_recv_length) { px_link(args->sk); return 0; }
 #endif
-#endif
 #ifdef PX_HAVE_SOCK_SEND_LENGTH
-#ifdef PX_RAW_SOCK
-RAW_TRACEPOINT_PROBE(sock_send_length) { px_link((void *)ctx->args[0]); return 0; }
-#else
 TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk); return 0; }
-#endif
 #endif
 
 // ---- softirq side: keyed by socket address ----------------------------------------
@@ -1060,16 +1051,13 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 }
 
 #ifdef PX_HAVE_SK_DATA_READY
-static __always_inline void px_data_ready(u64 sk) {
+TRACEPOINT_PROBE(sock, sk_data_ready) {
+    u64 sk = (u64)args->skaddr;
     struct px_conn *c = px_conns.lookup(&sk);
     if (c && c->t_arr == 0)
         c->t_arr = bpf_ktime_get_ns();
+    return 0;
 }
-#ifdef PX_RAW_SOCK
-RAW_TRACEPOINT_PROBE(sk_data_ready) { px_data_ready(ctx->args[0]); return 0; }  // (sk)
-#else
-TRACEPOINT_PROBE(sock, sk_data_ready) { px_data_ready((u64)args->skaddr); return 0; }
-#endif
 #endif
 
 #ifdef PX_HAVE_TCP_PROBE
