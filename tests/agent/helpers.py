@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,26 @@ class Agent:
             if len(found) >= count or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
+
+    def metrics(self) -> dict[str, float]:
+        """The agent's /metrics as {'name{labels}': value}."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def wait_metric(self, name: str, pred: Callable[[float], bool], timeout: float = 5.0) -> float:
+        """Poll one sample until ``pred`` holds (NaN while it is absent); its last value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            v = self.metrics().get(name, float("nan"))
+            if pred(v) or time.monotonic() > deadline:
+                return v
+            time.sleep(0.2)
 
     def stop(self) -> int:
         if self.p.poll() is None:

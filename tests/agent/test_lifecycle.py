@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,31 +36,6 @@ def _app_log(path: Path, pred: Callable[[dict[str, Any]], bool]) -> list[dict[st
         time.sleep(0.05)
 
 
-def _metrics(agent: Agent) -> dict[str, float]:
-    text = (
-        urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5)
-        .read()
-        .decode()
-    )
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
-def _wait_metric(
-    agent: Agent, name: str, pred: Callable[[float], bool], timeout: float = 5.0
-) -> float:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = _metrics(agent).get(name, float("nan"))
-        if pred(v) or time.monotonic() > deadline:
-            return v
-        time.sleep(0.2)
-
-
 def test_server_killed_mid_stream_ends_with_a_partial_record_and_frees_its_state(
     tmp_path: Path,
 ) -> None:
@@ -76,7 +50,7 @@ def test_server_killed_mid_stream_ends_with_a_partial_record_and_frees_its_state
         got = b""
         while got.count(b"token-") < 5:
             got += s.recv(4096)
-        conns = _wait_metric(agent, 'parallax_agent_map_entries{map="px_conns"}', lambda v: v >= 1)
+        conns = agent.wait_metric('parallax_agent_map_entries{map="px_conns"}', lambda v: v >= 1)
         assert conns >= 1
         srv.p.kill()  # no close() of the app: the kernel closes its sockets at exit
         srv.p.wait(5)
@@ -86,12 +60,10 @@ def test_server_killed_mid_stream_ends_with_a_partial_record_and_frees_its_state
         s.close()
         # the kernel maps and the user-space table are empty again
         assert (
-            _wait_metric(agent, 'parallax_agent_map_entries{map="px_conns"}', lambda v: v == 0) == 0
+            agent.wait_metric('parallax_agent_map_entries{map="px_conns"}', lambda v: v == 0) == 0
         )
-        assert (
-            _wait_metric(agent, 'parallax_agent_map_entries{map="px_aggs"}', lambda v: v == 0) == 0
-        )
-        assert _wait_metric(agent, "parallax_agent_connections", lambda v: v == 0) == 0
+        assert agent.wait_metric('parallax_agent_map_entries{map="px_aggs"}', lambda v: v == 0) == 0
+        assert agent.wait_metric("parallax_agent_connections", lambda v: v == 0) == 0
     finally:
         rc = agent.stop()
         srv.stop()
@@ -217,7 +189,7 @@ def test_outbound_connections_of_a_traced_process_are_not_followed(tmp_path: Pat
         recs = agent.wait_for(lambda r: r["path"] == "/fetch", count=3)
         assert len(recs) == 3 and all(r["local_port"] == fport for r in recs)
         time.sleep(1.2)
-        m = _metrics(agent)
+        m = agent.metrics()
         unparsed = [k for k in m if k.startswith("parallax_agent_unparsed_connections_total")]
         assert not unparsed, unparsed  # the backend's responses were not taken for requests
         assert all(r["local_port"] == fport for r in agent.records())

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,19 +193,9 @@ def test_the_agent_exports_drops_per_traced_port(tmp_path: Path) -> None:
         port = int(srv.stdout.readline())
         agent = Agent(tmp_path, [port])
         clients = _flood(port, 12)
-        deadline = time.monotonic() + 10
-        value = 0.0
-        while time.monotonic() < deadline and value <= 0:
-            time.sleep(0.3)
-            text = (
-                urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5)
-                .read()
-                .decode()
-            )
-            line = f'parallax_agent_listen_drops{{port="{port}"}}'
-            got = [ln for ln in text.splitlines() if ln.startswith(line)]
-            value = float(got[0].split()[-1]) if got else 0.0
-        assert value > 0, text
+        name = f'parallax_agent_listen_drops{{port="{port}"}}'
+        value = agent.wait_metric(name, lambda v: v > 0, timeout=10)
+        assert value > 0, agent.metrics()
     finally:
         for c in clients:
             c.close()
