@@ -339,26 +339,30 @@ def _tune_merges(client: Executor, db: str) -> None:
     if not known or not int(str(known[0][0])):
         return
     want = f"merge_selector_base = {MERGE_SELECTOR_BASE}"
+    for table, ddl in _data_table_ddl(client, db).items():
+        if want not in ddl:
+            client.command(f"ALTER TABLE {db}.{table} MODIFY SETTING {want}")
+
+
+def _data_table_ddl(client: Executor, db: str) -> dict[str, str]:
+    """The CREATE statement of each data table that exists, as the server shows it now."""
+    out: dict[str, str] = {}
     for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES):
         rows = _scalar_rows(
             client,
             f"SELECT create_table_query FROM system.tables "  # noqa: S608
             f"WHERE database = '{db}' AND name = '{table}'",
         )
-        if rows and want not in str(rows[0][0]):
-            client.command(f"ALTER TABLE {db}.{table} MODIFY SETTING {want}")
+        if rows:
+            out[table] = str(rows[0][0])
+    return out
 
 
 def _align_ttl(client: Executor, db: str, days: int) -> None:
     """A changed retention setting rewrites the TTL; old parts are not rewritten (cheap)."""
     want = f"toIntervalDay({days})"
-    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES):
-        rows = _scalar_rows(
-            client,
-            f"SELECT create_table_query FROM system.tables "  # noqa: S608
-            f"WHERE database = '{db}' AND name = '{table}'",
-        )
-        if rows and want not in str(rows[0][0]):
+    for table, ddl in _data_table_ddl(client, db).items():
+        if want not in ddl:
             client.command(
                 f"ALTER TABLE {db}.{table} MODIFY TTL toDateTime(time) + {want} "
                 "SETTINGS materialize_ttl_after_modify = 0"
