@@ -340,14 +340,7 @@ class Conn:
             a.partial = incomplete and server_gone and not self.peer_fin
             out.append(self._finish(a))
             self.active = None
-        if self.mode == "ws" and self.ws_cur is not None and self.ws_cur.t2:
-            out.append(self._finalize_fields(self.ws_cur))
-        self.ws_cur = None
-        # requests never answered: no record (nothing was served), counted
-        self.stats.unanswered += len(self.pending)
-        self.pending.clear()
-        self.mode = "dead"
-        return out
+        return self._end(out, partial_ws=False)
 
     def flush_inflight(self) -> list[Exchange]:
         """The agent is stopping: the response in progress (and a WebSocket exchange) as
@@ -359,8 +352,15 @@ class Conn:
             a.partial = True
             out.append(self._finish(a))
             self.active = None
+        return self._end(out, partial_ws=True)
+
+    def _end(self, out: list[Exchange], partial_ws: bool) -> list[Exchange]:
+        """Both ends of a connection's life (closed, or the agent stopping): the WebSocket
+        exchange in progress is emitted; requests never answered get no record (nothing
+        was served), only a count."""
         if self.mode == "ws" and self.ws_cur is not None and self.ws_cur.t2:
-            self.ws_cur.partial = True
+            if partial_ws:
+                self.ws_cur.partial = True
             out.append(self._finalize_fields(self.ws_cur))
         self.ws_cur = None
         self.stats.unanswered += len(self.pending)
