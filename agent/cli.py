@@ -122,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
     # offsets cannot wrap (default about an hour); hidden from --help
     r.add_argument("--offset-span-ms", type=float, default=0, help=argparse.SUPPRESS)
+    # tests of the fallback: syscall tracepoints even where socket hooks work; hidden
+    r.add_argument(
+        "--io-hooks", choices=("auto", "syscalls"), default="auto", help=argparse.SUPPRESS
+    )
     return ap
 
 
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 offs_span_ns=int(args.offset_span_ms * 1e6),
                 nice=args.nice,
                 drain_ms=max(1.0, args.drain_ms),
+                io_hooks=args.io_hooks,
             )
         )
     return 2

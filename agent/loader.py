@@ -52,6 +52,9 @@ class Options:
     # span of one kernel write aggregate before it is flushed so that its u32 µs offsets
     # cannot wrap (~71 min); smaller only in tests
     offs_span_ns: int = 3_600_000_000_000
+    # "auto": socket hooks where the kernel allows them, else syscall tracepoints;
+    # "syscalls" forces the latter (tests of the fallback, kernels where the former misbehave)
+    io_hooks: str = "auto"
 
 
 @dataclass
@@ -60,6 +63,9 @@ class Loaded:
     attached: list[str]
     degraded: list[str]
     ring_bytes: int = 0
+    # how reads and writes are seen: "socket" (sock_*_length, no syscall tracepoint; accept
+    # times from libc uretprobes, agent.uprobes), "raw syscalls" or "syscalls"
+    hooks: str = "syscalls"
 
 
 _RAW_FALLBACK = "per-syscall tracepoints instead"
@@ -140,35 +146,52 @@ def load(opts: Options) -> Loaded:
         *(f"-D{m}" for m in sorted(macros)),
     ]
     text = BPF_SOURCE.read_bytes()
-    # Syscalls through raw_syscalls:sys_enter/sys_exit where possible (x86-64: its syscall
-    # numbers and pt_regs layout are compiled in), else the per-syscall tracepoints.
-    raw = (
-        platform.machine() == "x86_64"
-        and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids
+    x86 = platform.machine() == "x86_64"
+    # Reads and writes seen from the socket layer, no syscall tracepoint at all (x86-64:
+    # the syscall's arguments come from its user pt_regs; Linux >= 6.3). Else syscalls
+    # through raw_syscalls:sys_enter/sys_exit (x86-64), else the per-syscall tracepoints.
+    sock = (
+        x86
+        and opts.io_hooks != "syscalls"
+        and {"sock:sock_recv_length", "sock:sock_send_length"} <= have_ids
     )
-    if not raw and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids:
+    raw = x86 and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids
+    if not x86 and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids:
         line = f"raw_syscalls: not used on {platform.machine()} (x86-64 only): {_RAW_FALLBACK}"
         log.warning("degraded: %s", line)
         degraded.append(line)
-    # per-thread syscall state in task-local storage (no hash lookups); kernels without
-    # it for tracepoint programs get the hash-map variant
-    variants = [(r, ts) for r in ((True, False) if raw else (False,)) for ts in (True, False)]
+    # (hooks, cflags) in order of preference. Per-thread state in task-local storage (no
+    # hash lookups); kernels without it for tracepoint programs get the hash-map variant.
+    variants: list[tuple[str, list[str]]] = []
+    if sock:
+        variants.append(("socket", ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]))
+    for use_raw in (True, False) if raw else (False,):
+        for ts in (True, False):
+            variants.append(
+                (
+                    "raw syscalls" if use_raw else "syscalls",
+                    (["-DPX_RAW_SYSCALLS"] if use_raw else [])
+                    + (["-DPX_TASK_STORAGE"] if ts else []),
+                )
+            )
     b = None
+    hooks = ""
     err: Exception | None = None
-    for use_raw, task_storage in variants:
-        extra = (["-DPX_RAW_SYSCALLS"] if use_raw else []) + (
-            ["-DPX_TASK_STORAGE"] if task_storage else []
-        )
+    for hooks, extra in variants:
         try:
             b = BPF(text=text, cflags=[*cflags, *extra])
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception; next variant)
             err = e
             continue
-        if raw and not use_raw:
+        if sock and hooks != "socket":
+            line = "socket hooks did not load: syscall tracepoints instead (node-wide cost)"
+            log.warning("degraded: %s", line)
+            degraded.append(line)
+        if raw and hooks == "syscalls":
             line = f"raw_syscalls: {_RAW_FAILED}"
             log.warning("degraded: %s", line)
             degraded.append(line)
-        if not task_storage:
+        if "-DPX_TASK_STORAGE" not in extra:
             log.warning("degraded: no task-local storage for tracepoints → per-thread hash map")
         break
     if b is None:  # its compiler log went to stderr
@@ -178,7 +201,7 @@ def load(opts: Options) -> Loaded:
         k.decode() if isinstance(k, bytes) else str(k)
         for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
     )
-    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE)
+    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks)
 
 
 def _configure(b: Any, opts: Options) -> None:

@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import events, loader, metrics, procinfo
+from agent import events, loader, metrics, procinfo, uprobes
 from agent.clock import MonoClock
 from agent.httpcut import Conn, Exchange, Stats
 from agent.records import ConnInfo, build
@@ -44,6 +44,7 @@ class RunConfig:
     queue_size: int = 20000
     offs_span_ns: int = 0  # 0: the loader's default (tests shorten it)
     nice: int = 10
+    io_hooks: str = "auto"  # loader.Options.io_hooks
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Agent:
         self._last_full_scan = 0.0
         self.bpf: Any = None
         self.ring: Any = None
+        self.accept_probes: uprobes.AcceptProbes | None = None  # socket hooks only
         self.max_conns = 16384
         self._port_labels: set[str] = set()
         self._listeners = ListenerStats()
@@ -230,7 +232,9 @@ class Agent:
                 self._pids.discard(p)
                 del self._pid_start[p]
                 self._svc.pop(p, None)
-        if not self.cfg.ports:
+            if self.accept_probes is not None:
+                self.accept_probes.forget(gone)
+        if not self.cfg.ports and (self.accept_probes is None or self.cfg.pids):
             return
         # The owners of the listeners: a walk of /proc/net/tcp (the kernel walks its whole
         # connection hash for it: milliseconds) and of every process's fds. Done when a
@@ -241,8 +245,15 @@ class Agent:
         if changes == self._listen_changes and now - self._last_full_scan < 5.0:
             return
         self._listen_changes, self._last_full_scan = changes, now
+        if not self.cfg.ports:
+            # every process is traced: new servers' libc files get the accept probe
+            if self.accept_probes is not None:
+                self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts())))
+            return
         found = set(procinfo.listeners(set(self.cfg.ports)))
         new = found - self._pids
+        if new and self.accept_probes is not None:
+            self.accept_probes.add(new)
         if new:
             self._track(new)
             loader.set_pids(self.bpf, sorted(new))
@@ -351,6 +362,7 @@ class Agent:
             head_window=cfg.head_window,
             stream_limit_s=cfg.stream_limit_s,
             disabled=cfg.disabled_tracepoints,
+            io_hooks=cfg.io_hooks,
             **({"offs_span_ns": cfg.offs_span_ns} if cfg.offs_span_ns else {}),
         )
         # with only --port, pid filtering follows the owners of those listening ports
@@ -374,7 +386,11 @@ class Agent:
                 os.setpriority(os.PRIO_PROCESS, 0, max(-20, min(19, cfg.nice)))
             except OSError as e:
                 log.warning("cannot set nice %d: %s", cfg.nice, e)
-        loader.seed_listen(self.bpf, procinfo.listen_counts())
+        listen = procinfo.listen_counts()
+        loader.seed_listen(self.bpf, listen)
+        if loaded.hooks == "socket":
+            self.accept_probes = uprobes.AcceptProbes(self.bpf)
+            self.accept_probes.add(self._pids or procinfo.listeners(set(listen)))
         self._seed(self._pids)
         t = threading.Thread(target=self.exporter_loop, name="export", daemon=True)
         t.start()
@@ -387,8 +403,8 @@ class Agent:
         )
         deg = "; ".join(loaded.degraded) if loaded.degraded else "none"
         print(
-            f"parallax-agent: attached {len(loaded.attached)} tracepoints (degraded: {deg}),"
-            f" tracing {what}",
+            f"parallax-agent: attached {len(loaded.attached)} tracepoints, {loaded.hooks} hooks"
+            f" (degraded: {deg}), tracing {what}",
             file=sys.stderr,
             flush=True,
         )

@@ -132,6 +132,14 @@ TRACEPOINTS: tuple[Tracepoint, ...] = (
         "retransmits not counted",
     ),
     Tracepoint(
+        "tcp",
+        "tcp_sendmsg_locked",
+        ("skb_addr", "msg_left", "size_goal"),
+        False,
+        "socket hooks: a write is timed when its copy ends, not when it starts (later only"
+        " for a write that blocks on a full send buffer)",
+    ),
+    Tracepoint(
         "sched",
         "sched_process_exit",
         ("pid",),

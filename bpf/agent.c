@@ -5,15 +5,22 @@
 //   PX_RESP_WINDOW   bytes captured from a write that starts a response ("HTTP/")
 //   PX_MAX_CONNS     size of the connection LRU maps
 //   PX_HAVE_<TP>     one per optional tracepoint the running kernel has (fields checked)
+//   PX_SOCK_HOOKS    the default on x86-64 from Linux 6.3: no syscall tracepoint at all
+//   PX_RAW_SYSCALLS  else: raw_syscalls:sys_enter/exit (x86-64), else per-syscall ones
 //
-// Flow (see docs/agent.md):
-//   syscall enter (traced tgid only)  -> px_active[thread] = {fd, buf, kind}
-//   sock_{send,recv}_length (inside it) -> px_active[thread].sk = sk   (fd <-> socket link)
-//   syscall exit -> READ event with the request head; a write starting "HTTP/" -> RESP event;
-//                   other writes are aggregated per connection in px_aggs (first 256
-//                   timestamps, then counts and sums) and flushed as one WAGG event at the
-//                   next boundary (a read with data, the next response, close, the chunked
-//                   terminator, or the stream-length limit).
+// Flow with PX_SOCK_HOOKS (see docs/agent.md):
+//   sock_recv_length / sock_send_length (inside the read or write, traced tgid only): the
+//     socket, the length, and the syscall's own arguments from the task's user pt_regs
+//     (fd, buffer) -> READ event with the request head; a write starting "HTTP/" -> RESP
+//     event; other writes are aggregated per connection in px_aggs (first 256 timestamps,
+//     then counts and sums) and flushed as one WAGG event at the next boundary (a read
+//     with data, the next response, close, the chunked terminator, the stream limit).
+//   tcp_sendmsg_locked: the time a write starts (before the copy).
+//   libc accept()/accept4() return (uretprobe): the new fd and t_acc.
+//   Syscall tracepoints are never attached: once one is, every syscall of every task on
+//   the node takes the kernel's slow path (a 1-byte dd measured 1.3-1.6x slower).
+// Without it, a syscall's entry records {fd, buf, kind} in px_active[thread], the
+// sock_*_length tracepoints link the socket, and its exit does the above.
 //   softirq tracepoints (handshake, data arrival, srtt, retransmits) are keyed by the socket
 //   address, never by pid: they run with whatever task is on the CPU.
 
@@ -31,6 +38,7 @@
 #define KIND_WRITE 2
 #define KIND_SENDFILE 3
 #define KIND_ACCEPT 4  // raw path only: accept()/accept4() in flight (buf: the peer sockaddr)
+#define KIND_SENDFILE_CONT 5  // a later piece of the same sendfile(): bytes, not a new chunk
 
 #define IOV_NONE 0
 #define IOV_VEC 1
@@ -75,6 +83,10 @@ struct px_active {
     u8 kind;
     u8 iov;
     u16 vlen;  // iovec count for readv/writev (sendmsg: read from the msghdr)
+    u64 t_send;   // PX_SOCK_HOOKS: start of the write in progress on send_sk
+    u64 send_sk;
+    u64 sf_left;  // PX_SOCK_HOOKS: bytes a sendfile() on sf_sk still has to send
+    u64 sf_sk;
 };
 
 struct px_fd {
@@ -514,7 +526,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     u64 seglen = 0;
     u64 buf = 0;
     char head[16] = {};
-    if (a->kind != KIND_SENDFILE) {
+    if (a->kind != KIND_SENDFILE && a->kind != KIND_SENDFILE_CONT) {
         buf = px_first_buf(a, &seglen);
         if (buf && seglen >= 12 && ret >= 12)
             bpf_probe_read_user(head, 12, (void *)buf);
@@ -569,6 +581,12 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
             return;
         px_count(C_AGGS);
     }
+    if (a->kind == KIND_SENDFILE_CONT && g->n > 0) {
+        g->bytes += ret;
+        g->t_last = t;
+        c->agg_pending = 1;
+        return;
+    }
     // u32 µs offsets would wrap past ~71 min of one aggregate: flush what it holds first
     // (no flag: the same response continues) so offsets restart from this write.
     if (g->t_first && t - g->t_first >= PX_OFFS_SPAN_NS) {
@@ -578,7 +596,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     // that is only the terminator ends the response but carries no body (not a chunk).
     u32 flags = 0;
     u64 lastlen = 0;
-    u64 last = a->kind == KIND_SENDFILE ? 0 : px_last_buf(a, ret, &lastlen);
+    u64 last = a->kind >= KIND_SENDFILE ? 0 : px_last_buf(a, ret, &lastlen);
     if (last && lastlen >= 5) {
         char tail[5] = {};
         u64 off = lastlen - 5;
@@ -637,6 +655,34 @@ static __always_inline void px_exit(long ret) {
     px_exit_active(ap, id, ret);
 }
 
+// x86-64 syscall numbers, and the user pt_regs layout, fixed by the syscall entry code and
+// the ptrace ABI (not a header-derived kernel struct): r10 at 56, ax 80, dx, si, di at
+// 96..119, orig_ax 120. Used by the raw syscall path and by PX_SOCK_HOOKS (the loader
+// enables both on x86-64 only). A 32-bit (compat) task's syscall numbers differ: such
+// processes are not followed correctly on these paths.
+#define PX_NR_READ 0
+#define PX_NR_WRITE 1
+#define PX_NR_CLOSE 3
+#define PX_NR_READV 19
+#define PX_NR_WRITEV 20
+#define PX_NR_SENDFILE 40
+#define PX_NR_ACCEPT 43
+#define PX_NR_SENDTO 44
+#define PX_NR_RECVFROM 45
+#define PX_NR_SENDMSG 46
+#define PX_NR_RECVMSG 47
+#define PX_NR_ACCEPT4 288
+#define PX_REGS_R10 56
+#define PX_REGS_AX 80
+#define PX_REGS_DX 96
+#define PX_REGS_ORIG_AX 120
+
+struct px_args3 {
+    u64 dx;  // third argument
+    u64 si;  // second
+    u64 di;  // first
+};
+
 // ---- syscalls ---------------------------------------------------------------------
 
 static __always_inline void px_accept_exit(long ret) {
@@ -685,6 +731,7 @@ static __always_inline void px_accept_enter(u64 uaddr) {
 }
 #endif
 
+#ifndef PX_SOCK_HOOKS
 #ifndef PX_RAW_SYSCALLS
 #ifdef PX_LINK_BY_TUPLE
 #ifdef PX_HAVE_SYS_ENTER_ACCEPT4
@@ -788,32 +835,7 @@ static __always_inline void px_close(u32 fd) {
 #ifdef PX_RAW_SYSCALLS
 // raw_syscalls:sys_enter/sys_exit, one program each, switching on the syscall number: the
 // kernel builds no per-syscall trace record (that record building is most of what syscall
-// tracepoints cost every process on the node). x86-64 only (the loader checks): its syscall
-// numbers, and arguments read from the user pt_regs, whose layout is fixed by the syscall
-// entry code and the ptrace ABI (not a header-derived kernel struct): dx, si, di at 96..119,
-// orig_ax at 120. A 32-bit (compat) task's syscall numbers differ: such processes are not
-// followed correctly on this path.
-#define PX_NR_READ 0
-#define PX_NR_WRITE 1
-#define PX_NR_CLOSE 3
-#define PX_NR_READV 19
-#define PX_NR_WRITEV 20
-#define PX_NR_SENDFILE 40
-#define PX_NR_ACCEPT 43
-#define PX_NR_SENDTO 44
-#define PX_NR_RECVFROM 45
-#define PX_NR_SENDMSG 46
-#define PX_NR_RECVMSG 47
-#define PX_NR_ACCEPT4 288
-#define PX_REGS_DX 96
-#define PX_REGS_ORIG_AX 120
-
-struct px_args3 {
-    u64 dx;  // third argument
-    u64 si;  // second
-    u64 di;  // first
-};
-
+// tracepoints cost every process on the node). x86-64 only (the loader checks).
 RAW_TRACEPOINT_PROBE(sys_enter) {
     // The syscall number first (in the context, no helper call): every other syscall of
     // every task stops at this switch.
@@ -917,6 +939,115 @@ TRACEPOINT_PROBE(sock, sock_recv_length) { px_link(args->sk); return 0; }
 #ifdef PX_HAVE_SOCK_SEND_LENGTH
 TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk); return 0; }
 #endif
+#else  // PX_SOCK_HOOKS
+
+// ---- PX_SOCK_HOOKS: no syscall tracepoint ----------------------------------------------
+
+// The user registers of the syscall in progress, r10 (offset 56) to orig_ax (120).
+struct px_uregs {
+    u64 r10, r9, r8, ax, cx, dx, si, di, orig_ax;
+};
+
+// A socket read or write of a traced task, from inside the syscall (process context, so
+// the pid is the caller's): the syscall's number and arguments come from its user pt_regs.
+static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return;
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct px_active *ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!ap)
+        return;
+    u64 t = bpf_ktime_get_ns();
+    if (!is_read) {
+        if (ap->t_send && ap->send_sk == sk)
+            t = ap->t_send;  // when the write started (tcp_sendmsg_locked), not ended
+        ap->t_send = 0;
+        ap->send_sk = 0;
+    }
+    if (ret < 0)
+        return;  // EAGAIN (a server's read after each request) and errors
+    struct px_uregs r = {};
+    if (bpf_probe_read_kernel(&r, sizeof(r), (void *)((u64)bpf_task_pt_regs(task) + PX_REGS_R10)))
+        return;
+    struct px_active a = {};
+    a.sk = sk;
+    a.fd = r.di;
+    a.buf = r.si;
+    a.kind = is_read ? KIND_READ : KIND_WRITE;
+    u64 nr = r.orig_ax;
+    if (nr == PX_NR_READ || nr == PX_NR_RECVFROM || nr == PX_NR_WRITE || nr == PX_NR_SENDTO) {
+        a.iov = IOV_NONE;
+    } else if (nr == PX_NR_READV || nr == PX_NR_WRITEV) {
+        a.iov = IOV_VEC;
+        a.vlen = r.dx > 0xffff ? 0xffff : r.dx;
+    } else if (nr == PX_NR_RECVMSG || nr == PX_NR_SENDMSG) {
+        a.iov = IOV_MSG;
+    } else if (nr == PX_NR_SENDFILE && !is_read) {
+        // One sendfile() reaches the socket in pipe-sized pieces: one chunk, not one each.
+        a.buf = 0;
+        a.kind = KIND_SENDFILE;
+        u64 left = r.r10;  // the count argument
+        if (ap->sf_sk == sk && ap->sf_left > 0) {
+            a.kind = KIND_SENDFILE_CONT;
+            left = ap->sf_left;
+        }
+        ap->sf_left = left > (u64)ret ? left - ret : 0;
+        ap->sf_sk = sk;
+    } else {
+        return;  // io_uring, recvmmsg, splice(): not followed
+    }
+    if (is_read) {
+        px_on_read(&a, id, ret, t);
+    } else {
+        if (a.kind == KIND_WRITE)
+            ap->sf_left = 0;  // a new write ends any unfinished sendfile()
+        px_on_write(&a, id, ret, t);
+    }
+}
+
+TRACEPOINT_PROBE(sock, sock_recv_length) {
+    if (args->flags & 2)
+        return 0;  // MSG_PEEK: the bytes stay queued for the real read
+    px_sock_io((u64)args->sk, args->ret, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sock, sock_send_length) {
+    px_sock_io((u64)args->sk, args->ret, 0);
+    return 0;
+}
+
+#ifdef PX_HAVE_TCP_SENDMSG_LOCKED
+// The start of a TCP write, before the copy (sock_send_length fires after it, which for a
+// write blocked on a full send buffer is much later). It fires again per segment of a long
+// write: the first one is kept until sock_send_length takes it. Raw: the classic record
+// has no socket address.
+RAW_TRACEPOINT_PROBE(tcp_sendmsg_locked) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_traced(id >> 32))
+        return 0;
+    struct px_active *ap = px_active.task_storage_get(
+        (struct task_struct *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!ap)
+        return 0;
+    u64 sk = ctx->args[0];
+    if (!ap->t_send || ap->send_sk != sk) {
+        ap->t_send = bpf_ktime_get_ns();
+        ap->send_sk = sk;
+    }
+    return 0;
+}
+#endif
+
+// libc's accept()/accept4() returning (a uretprobe, attached by user space to each libc file
+// the traced processes map): the new fd and t_acc. Servers that do not call accept through
+// libc (Go) are still followed; only their accept-queue wait is unknown.
+int px_uret_accept(void *ctx) {
+    px_accept_exit((long)((u64 *)ctx)[PX_REGS_AX / 8]);
+    return 0;
+}
+#endif  // PX_SOCK_HOOKS
 
 // ---- softirq side: keyed by socket address ----------------------------------------
 
@@ -1029,14 +1160,23 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     }
     if (!closing)
         return 0;
-    px_count(C_SOCK_CLOSE);
+    u32 type = EV_SOCK_CLOSE;
+#ifdef PX_SOCK_HOOKS
+    // No close() is seen on this path: the app's own close is this transition, unless an
+    // exiting thread of the process makes it (a server killed or exiting mid-request).
+    u64 cur = bpf_get_current_pid_tgid();
+    if (px_exiting.lookup(&cur) == 0)
+        type = EV_CLOSE;
+#endif
+    if (type == EV_SOCK_CLOSE)
+        px_count(C_SOCK_CLOSE);
     u64 fdkey = c->fdkey;
     px_flush(owner, (u32)fdkey, sk, c, t, WAGG_CLOSE);
     struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
     if (!e) {
         px_lost(c);
     } else {
-        px_hdr_fill(e, EV_SOCK_CLOSE, owner, (u32)fdkey, sk, c, t);
+        px_hdr_fill(e, type, owner, (u32)fdkey, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
         px_count(C_EVENTS);
     }

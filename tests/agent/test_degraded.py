@@ -84,7 +84,9 @@ def test_per_syscall_tracepoints_when_raw_tracepoints_are_off(
     tmp = tmp_path_factory.mktemp("persyscall")
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / "t.jsonl")])
     port = srv.port()
-    agent = Agent(tmp, [port], ["--disable-tracepoint", "raw_syscalls:sys_enter"])
+    agent = Agent(
+        tmp, [port], ["--io-hooks", "syscalls", "--disable-tracepoint", "raw_syscalls:sys_enter"]
+    )
     try:
         ready = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
         assert "raw_syscalls:sys_enter" in ready
