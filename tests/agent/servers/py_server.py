@@ -6,7 +6,8 @@ first, then each body write), the path and the traceparent it received.
 
 Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length), ``/stream?n=K&gap_ms=G`` (chunked,
 one write per chunk), ``/fetch?port=P`` (fetches /plain from 127.0.0.1:P first: an outbound
-connection). ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
+connection), ``/file?n=BYTES`` (the body by ``os.sendfile``, each call timed as a
+write). ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
 
     python -m tests.agent.servers.py_server --port 0 --timing-log PATH   # prints the port
 """
@@ -92,6 +93,19 @@ class Handler(BaseHTTPRequestHandler):
             body = got.partition(b"\r\n\r\n")[2]
             self._headers(200, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
             self._write(body)
+        elif u.path == "/file":
+            import os
+            import tempfile
+
+            n = int(q.get("n", 1 << 20))
+            with tempfile.TemporaryFile() as f:
+                f.write(b"f" * n)
+                f.flush()
+                self._headers(200, [("Content-Type", "text/plain"), ("Content-Length", str(n))])
+                sent = 0
+                while sent < n:
+                    self.t_writes.append(time.monotonic_ns())
+                    sent += os.sendfile(self.connection.fileno(), f.fileno(), sent, n - sent)
         elif u.path == "/stream":
             n, gap = int(q.get("n", 5)), float(q.get("gap_ms", 20)) / 1000
             self._headers(200, [("Content-Type", "text/plain"), ("Transfer-Encoding", "chunked")])

@@ -1,0 +1,82 @@
+"""The socket-hook path, the default on x86-64 from Linux 6.3: what it attaches (no syscall
+tracepoint: those slow every syscall of every process on the node), and what it sees that
+the syscall path saw from the syscall itself (accept times from libc, sendfile pieces)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from parallax_contracts import trace_context
+from tests.agent.helpers import PY, Agent, Proc, http_request
+
+pytestmark = pytest.mark.ebpf
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent, Path]]:
+    tmp = tmp_path_factory.mktemp("hooks")
+    log = tmp / "t.jsonl"
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(log)])
+    port = srv.port()
+    try:
+        agent = Agent(tmp, [port])
+    except Exception:
+        srv.stop()
+        raise
+    yield port, agent, log
+    rc = agent.stop()
+    srv.stop()
+    assert rc == 0
+
+
+def _server_log(log: Path, traceparent: str) -> dict[str, object]:
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["traceparent"] == traceparent:
+            return dict(rec)
+    raise AssertionError(f"server logged no request with {traceparent}")
+
+
+def test_no_syscall_tracepoint_is_attached(stack: tuple[int, Agent, Path]) -> None:
+    port, agent, _ = stack
+    ready = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
+    assert "socket hooks" in ready
+    out = subprocess.run(
+        ["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    mine = [e for e in json.loads(out) if e.get("pid") == agent.p.pid]
+    names = {e.get("tracepoint", "") for e in mine if "tracepoint" in e["fd_type"]}
+    assert {"sock_recv_length", "sock_send_length", "inet_sock_set_state"} <= names
+    assert not [n for n in names if n.startswith(("sys_enter", "sys_exit"))]
+    # accept times come from a return probe on the server's libc, nothing node-wide
+    uret = [e for e in mine if e["fd_type"] == "uretprobe"]
+    assert uret and all("libc" in e["filename"] for e in uret)
+    ctx = trace_context.generate()
+    head = f"GET /plain?n=5 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+    http_request(port, head.encode())
+    [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+    assert r["accept_queue_us"] is not None and r["ttfb_us"] is not None
+
+
+def test_sendfile_body_is_one_chunk_per_call(stack: tuple[int, Agent, Path]) -> None:
+    """One sendfile() reaches the socket in pipe-sized pieces (64 KiB): the record counts
+    the server's calls, not the pieces, and every byte."""
+    port, agent, log = stack
+    n = 4 << 20
+    ctx = trace_context.generate()
+    head = f"GET /file?n={n} HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+    resp = http_request(port, head.encode())
+    assert resp.startswith(b"HTTP/1.1 200") and resp.endswith(b"f" * 100)
+    [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+    srv = _server_log(log, ctx.header())
+    writes = srv["t_writes_ns"]
+    assert isinstance(writes, list)
+    head_len = len(resp) - n
+    assert r["bytes_out"] == len(resp) and head_len > 0
+    assert r["chunks"] == len(writes) - 1  # the head write is not a chunk
+    assert r["partial"] is False
