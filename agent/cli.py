@@ -117,6 +117,15 @@ def _parser() -> argparse.ArgumentParser:
         " CPU contention the traced servers come first and the agent sheds (lost events are"
         " counted) rather than slowing them; 0 keeps the caller's",
     )
+    r.add_argument(
+        "--cpu-budget",
+        type=float,
+        default=0.5,
+        metavar="CORES",
+        help="the agent's CPU budget in cores (default %(default)s, the DaemonSet's limit):"
+        " above it, tracing pauses until the agent is back under, and the requests it"
+        " skips are counted (parallax_agent_shed_requests_total); 0 = no budget",
+    )
     # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
     r.add_argument("--drain-ms", type=float, default=50.0, help=argparse.SUPPRESS)
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
@@ -178,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 nice=args.nice,
                 drain_ms=max(1.0, args.drain_ms),
                 io_hooks=args.io_hooks,
+                cpu_budget=max(0.0, args.cpu_budget),
             )
         )
     return 2

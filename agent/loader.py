@@ -32,6 +32,7 @@ COUNTER_NAMES = (
     "aggs_deleted",
     "sock_closes",
     "listen_changes",
+    "shed_reads",
 )
 
 
@@ -215,6 +216,15 @@ def _configure(b: Any, opts: Options) -> None:
     for p in opts.ports:
         ports[ports.Key(p)] = ports.Leaf(1)
     set_pids(b, opts.pids)
+    cfg[ctypes.c_int(0)] = v
+
+
+def set_paused(b: Any, paused: bool) -> None:
+    """Over the CPU budget: the programs trace nothing (and count the traced processes'
+    reads as shed) until this is cleared."""
+    cfg = b["px_config"]
+    v = cfg[ctypes.c_int(0)]
+    v.paused = 1 if paused else 0
     cfg[ctypes.c_int(0)] = v
 
 

@@ -82,6 +82,17 @@ class Metrics:
             " began: not recorded",
             registry=r,
         )
+        self.shed_requests = Counter(
+            "parallax_agent_shed_requests",
+            "Requests not traced because the agent was over its CPU budget (--cpu-budget):"
+            " reads with data by traced processes while tracing was paused",
+            registry=r,
+        )
+        self.paused = Gauge(
+            "parallax_agent_paused",
+            "1 while tracing is paused because the agent is over its CPU budget",
+            registry=r,
+        )
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )

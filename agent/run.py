@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import events, loader, metrics, procinfo, uprobes
+from agent.budget import CpuBudget
 from agent.clock import MonoClock
 from agent.httpcut import Conn, Exchange, Stats
 from agent.records import ConnInfo, build
@@ -45,6 +46,7 @@ class RunConfig:
     offs_span_ns: int = 0  # 0: the loader's default (tests shorten it)
     nice: int = 10
     io_hooks: str = "auto"  # loader.Options.io_hooks
+    cpu_budget: float = 0.5  # cores; 0 = none (agent.budget)
 
 
 @dataclass
@@ -95,6 +97,8 @@ class Agent:
         self.max_conns = 16384
         self._port_labels: set[str] = set()
         self._listeners = ListenerStats()
+        self._budget_warned = False
+        self._shed_reads = 0
         self._last_stats = Stats()
 
     # -- events ---------------------------------------------------------------------
@@ -287,6 +291,7 @@ class Agent:
         self._push_counter("evicted", self.m.evicted, self.n_evicted)
         self._push_counter("unanswered", self.m.unanswered, self.stats.unanswered)
         self._push_counter("lost_exchanges", self.m.lost_exchanges, self.stats.lost_exchanges)
+        self._push_counter("shed_requests", self.m.shed_requests, c["shed_reads"])
         for port, n in loader.synack_retransmits(self.bpf).items():
             self.m.synack_retransmits.labels(str(port)).set(n)
         self.m.listen_overflows.set(metrics.listen_overflows())
@@ -411,9 +416,12 @@ class Agent:
         last_slow = 0.0
         period = cfg.drain_ms / 1000
         idle = 0
+        budget = CpuBudget(cfg.cpu_budget) if cfg.cpu_budget > 0 else None
         while not self.stop.is_set():
             before = self.n_events
             self.ring.drain()
+            if budget is not None:
+                self._apply_budget(budget.step())
             if self.q:
                 self._have_records.set()
             # Idle (no event in the last 5 drains, no response waiting for the sweep):
@@ -437,13 +445,34 @@ class Agent:
         srv.shutdown()
         log.info(
             "stopped: %d records; %d in-flight responses flushed as partial; %d requests"
-            " never answered (not recorded); %d shed",
+            " never answered (not recorded); %d records shed by the export queue; %d requests"
+            " not traced over the CPU budget",
             sum(self.n_requests.values()),
             self.n_final_partial,
             self.stats.unanswered,
             self.n_shed,
+            self._shed_reads,
         )
         return 0
+
+    def _apply_budget(self, change: bool | None) -> None:
+        if change is None:
+            return
+        loader.set_paused(self.bpf, change)
+        self.m.paused.set(1 if change else 0)
+        if change:
+            if not self._budget_warned:
+                self._budget_warned = True
+                log.warning(
+                    "over the CPU budget (%.2f cores): tracing paused until back under;"
+                    " requests meanwhile are counted in parallax_agent_shed_requests_total",
+                    self.cfg.cpu_budget,
+                )
+            return
+        # What the kernel skipped while paused cannot be framed: every connection
+        # resynchronises at its next request (what it had in flight is counted as lost).
+        for st in self.conns.values():
+            st.cut.on_loss()
 
     def shutdown(self) -> None:
         """SIGTERM/SIGINT: stop tracing new work, take everything the kernel holds, and
@@ -483,6 +512,7 @@ class Agent:
             self.n_final_partial += len(out)
             self._emit(st, out)
         self.conns.clear()
+        self._shed_reads = loader.counters(self.bpf)["shed_reads"]
         self.ring.close()
         self._listeners.close()
         loader.detach(self.bpf)

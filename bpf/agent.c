@@ -58,7 +58,8 @@
 #define C_AGGS_DEL 6
 #define C_SOCK_CLOSE 7  // connections ended by the socket's own state change (no close())
 #define C_LISTEN_CHG 8  // listening sockets opened or closed: user space rescans /proc then
-#define C_NCOUNTERS 9
+#define C_SHED_READS 9  // reads with data by traced processes while paused (over CPU budget)
+#define C_NCOUNTERS 10
 
 // Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
 // (without a flag: user space merges it into the same response) before it could wrap.
@@ -73,6 +74,8 @@ struct px_cfg {
     u32 all_pids;   // 1: every process (no --pid/--port given)
     u32 all_ports;  // 1: every local port (no --port given)
     u64 stream_limit_ns;
+    u32 paused;  // 1: the agent is over its CPU budget; trace nothing until it clears this
+    u32 pad;
 };
 
 struct px_active {
@@ -238,7 +241,18 @@ static __always_inline struct px_cfg *px_cfg_get(void) {
 // The earliest exit: two inlined array lookups for an untraced process.
 static __always_inline int px_traced(u32 tgid) {
     struct px_cfg *cfg = px_cfg_get();
-    if (!cfg)
+    if (!cfg || cfg->paused)
+        return 0;
+    if (cfg->all_pids)
+        return 1;
+    u8 *v = px_pids.lookup(&tgid);
+    return v && *v;
+}
+
+// A traced process's read while the agent is paused: counted as a request not traced.
+static __always_inline int px_shed(u32 tgid) {
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || !cfg->paused)
         return 0;
     if (cfg->all_pids)
         return 1;
@@ -952,8 +966,11 @@ struct px_uregs {
 // the pid is the caller's): the syscall's number and arguments come from its user pt_regs.
 static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     u64 id = bpf_get_current_pid_tgid();
-    if (!px_traced(id >> 32))
+    if (!px_traced(id >> 32)) {
+        if (is_read && ret > 0 && px_shed(id >> 32))
+            px_count(C_SHED_READS);
         return;
+    }
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     struct px_active *ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!ap)

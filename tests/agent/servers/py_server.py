@@ -7,7 +7,7 @@ first, then each body write), the path and the traceparent it received.
 Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length), ``/stream?n=K&gap_ms=G`` (chunked,
 one write per chunk), ``/fetch?port=P`` (fetches /plain from 127.0.0.1:P first: an outbound
 connection), ``/file?n=BYTES`` (the body by ``os.sendfile``, each call timed as a
-write). ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
+write). ``--nodelay`` sets TCP_NODELAY. ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
 
     python -m tests.agent.servers.py_server --port 0 --timing-log PATH   # prints the port
 """
@@ -145,7 +145,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--timing-log", required=True)
     ap.add_argument("--accept-delay-ms", type=float, default=0)
+    # load tests: without it, the head and body writes meet Nagle and the client's delayed
+    # ACK (~25 requests/s per keep-alive connection)
+    ap.add_argument("--nodelay", action="store_true")
     a = ap.parse_args()
+    Handler.disable_nagle_algorithm = a.nodelay
     LOG = open(a.timing_log, "a")  # noqa: SIM115
     ACCEPT_DELAY_S = a.accept_delay_ms / 1000
     srv = Server(("127.0.0.1", a.port), Handler)
