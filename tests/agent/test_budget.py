@@ -39,9 +39,12 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
                 s.sendall(b"GET /plain?n=10 HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert read_response(s).startswith(b"HTTP/1.1 200")
                 sent += 1
-                if sent % 200 == 0 and paused_at is None:
-                    if agent.metrics().get("parallax_agent_paused") == 1:
-                        paused_at = sent
+                if (
+                    sent % 200 == 0
+                    and paused_at is None
+                    and agent.metrics().get("parallax_agent_paused") == 1
+                ):
+                    paused_at = sent
                 if paused_at is not None and sent >= paused_at + 300:
                     break
             assert paused_at is not None, "the agent never went over its budget"
