@@ -79,55 +79,70 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
     # says by how much (wall = time_origin + t + drift). time_origin_ms and the relative times
     # are kept as sent; the absolute entry time is the wall-clock one.
     wall = origin + (float(drift) if isinstance(drift, int | float) else 0.0)
-    common = (
-        str(doc["site"]),
-        str(doc["session"]),
-        str(doc.get("page") or ""),
-    )
+    site, session, page = str(doc["site"]), str(doc["session"]), str(doc.get("page") or "")
     sdk = str(doc.get("sdk") or "")
+    drift_f = _f(drift)
+    rows_append = out.rows.append
     oldest_ms, newest_ms = oldest_ns / 1e6, (now_ns + FUTURE_SLACK_NS) / 1e6
     for i, e in enumerate(doc["entries"]):
         reason = bad_entries.get(i) or _check(e, wall, oldest_ms, newest_ms)
         if reason:
             out.rejected[reason] += 1
             continue
+        # The entry passed the schema: strings are str, times int or float (hot path: no
+        # calls where a value only needs a default; the float() calls stay, the columns
+        # and the pairing arithmetic want floats).
+        g = e.get
         start = float(e["start_ms"])
-        url = str(e.get("url") or "")
-        chunk_ms = [float(x) for x in e.get("chunk_ms") or []]
-        st = e.get("server_timing")
-        out.rows.append(
+        url = g("url") or ""
+        chunk_ms = list(map(float, g("chunk_ms") or ()))
+        st = g("server_timing")
+        t0, t3, t_end, dns, conn, tls, t_first, t_rend = (
+            g("request_start_ms"),
+            g("response_start_ms"),
+            g("response_end_ms"),
+            g("dns_ms"),
+            g("connect_ms"),
+            g("tls_ms"),
+            g("first_chunk_ms"),
+            g("rendered_ms"),
+        )
+        seq = g("seq")
+        rows_append(
             (
                 round((wall + start) * 1000),  # DateTime64(6): µs ticks
                 received_ms,
-                *common,
+                site,
+                session,
+                page,
                 e["trace_id"],
                 e["span_id"],
                 e["kind"],
-                int(e.get("seq") or 0),
-                str(e.get("method") or ""),
+                int(seq) if seq else 0,
+                g("method") or "",
                 url,
                 _route_of_url(url) if url else "",
-                e.get("status"),
+                g("status"),
                 origin,
                 start,
-                _f(e.get("request_start_ms")),
-                _f(e.get("response_start_ms")),
-                _f(e.get("response_end_ms")),
-                _f(e.get("dns_ms")),
-                _f(e.get("connect_ms")),
-                _f(e.get("tls_ms")),
-                _f(e.get("first_chunk_ms")),
+                None if t0 is None else float(t0),
+                None if t3 is None else float(t3),
+                None if t_end is None else float(t_end),
+                None if dns is None else float(dns),
+                None if conn is None else float(conn),
+                None if tls is None else float(tls),
+                None if t_first is None else float(t_first),
                 chunk_ms,
-                e.get("chunks"),
-                _f(e.get("rendered_ms")),
-                bool(e.get("coarse")),
-                bool(e.get("chunks_coarse")),
-                bool(e.get("hidden")),
-                e.get("transfer_size"),
-                str(e.get("protocol") or ""),
+                g("chunks"),
+                None if t_rend is None else float(t_rend),
+                g("coarse") is True,
+                g("chunks_coarse") is True,
+                g("hidden") is True,
+                g("transfer_size"),
+                g("protocol") or "",
                 json.dumps(st, separators=(",", ":")) if st else "",
-                str(e.get("error") or ""),
-                _f(drift),
+                g("error") or "",
+                drift_f,
                 sdk,
             )
         )

@@ -124,29 +124,124 @@ def _value(v: Any) -> Any:
     return getattr(v, which)
 
 
-def _attrs(kvs: Any) -> dict[str, Any]:
-    """Attributes as Python values; the common scalar and int-array cases inline (hot path:
-    every access to a protobuf element builds a Python object, so each is read once)."""
-    out: dict[str, Any] = {}
+def _any(v: Any) -> Any:
+    """One AnyValue; the common scalar and int-array cases inline (hot path: every access to
+    a protobuf element builds a Python object, so each is read once)."""
+    w = v.WhichOneof("value")
+    if w == "int_value":
+        return v.int_value
+    if w == "string_value":
+        return v.string_value
+    if w == "array_value":
+        vals = v.array_value.values
+        ints = [x.int_value for x in vals]
+        # int_value reads 0 for an element of another type: take the slow path then.
+        if 0 in ints or not ints:
+            ints = [
+                x.int_value if x.WhichOneof("value") == "int_value" else _value(x) for x in vals
+            ]
+        return ints
+    return _value(v)
+
+
+# The attributes that have a column, by slot in the list _span_attrs fills (one pass over a
+# span's attributes puts each where _span_row unpacks it; the rest go to ``attributes``).
+_SLOT_NAMES = (
+    _TTFB,
+    _RECV_Q,
+    _ACCEPT_Q,
+    _TTFT,
+    _GAP_MAX,
+    _SRTT,
+    _DURATION,
+    _CHUNKS,
+    _BYTES_IN,
+    _BYTES_OUT,
+    _RETRANS,
+    _OFFSETS,
+    _ARRIVAL,
+    _URL_PATH,
+    "http.target",
+    _HTTP_ROUTE,
+    _METHOD,
+    "http.method",
+    _STATUS,
+    "http.status_code",
+    _SOURCE,
+    _SERVER_ADDRESS,
+    _SERVER_PORT,
+    _CLIENT_ADDRESS,
+    _CLIENT_PORT,
+    _WS_SEQ,
+    _PARTIAL,
+    _CLIENT_ABORTED,
+    _TRACEPARENT_MISSED,
+)
+_SLOT = {name: i for i, name in enumerate(_SLOT_NAMES)}.get
+_INT_SLOT = {
+    name: i
+    for i, name in enumerate(_SLOT_NAMES)
+    if name in _INT_US
+    or name in _INT_COUNT
+    or name
+    in (
+        _DURATION,
+        _ARRIVAL,
+        _STATUS,
+        "http.status_code",
+        _SERVER_PORT,
+        _CLIENT_PORT,
+        _WS_SEQ,
+    )
+}.get
+_STR_SLOT = {
+    name: i
+    for i, name in enumerate(_SLOT_NAMES)
+    if name
+    in (
+        _URL_PATH,
+        "http.target",
+        _HTTP_ROUTE,
+        _METHOD,
+        "http.method",
+        _SOURCE,
+        _SERVER_ADDRESS,
+        _CLIENT_ADDRESS,
+    )
+}.get
+_NO_VALUES = (None,) * len(_SLOT_NAMES)
+assert frozenset(_SLOT_NAMES) == _CONSUMED
+
+
+def _span_attrs(kvs: Any) -> tuple[list[Any], dict[str, Any] | None]:
+    """(values of the attributes with a column, by slot; the others by name, or None).
+
+    An attribute whose column is an integer (a string) is read as one first: a value of
+    another type reads 0 (''), and only then is its type asked (WhichOneof is a call per
+    attribute, a tenth of the span's parsing)."""
+    vals = list(_NO_VALUES)
+    rest: dict[str, Any] | None = None
     for kv in kvs:
+        k = kv.key
         v = kv.value
-        w = v.WhichOneof("value")
-        if w == "int_value":
-            out[kv.key] = v.int_value
-        elif w == "string_value":
-            out[kv.key] = v.string_value
-        elif w == "array_value":
-            vals = v.array_value.values
-            ints = [x.int_value for x in vals]
-            # int_value reads 0 for an element of another type: take the slow path then.
-            if 0 in ints or not ints:
-                ints = [
-                    x.int_value if x.WhichOneof("value") == "int_value" else _value(x) for x in vals
-                ]
-            out[kv.key] = ints
+        i = _INT_SLOT(k)
+        if i is not None:
+            x = v.int_value
+            vals[i] = x if x else _any(v)
+            continue
+        i = _STR_SLOT(k)
+        if i is not None:
+            x = v.string_value
+            vals[i] = x if x else _any(v)
+            continue
+        i = _SLOT(k)
+        if i is not None:
+            vals[i] = _any(v)
+        elif rest is None:
+            rest = {k: _any(v)}
         else:
-            out[kv.key] = _value(v)
-    return out
+            rest[k] = _any(v)
+    return vals, rest
 
 
 @lru_cache(maxsize=4096)
@@ -259,32 +354,53 @@ def _span_row(
     if start > now_ns + FUTURE_SLACK_NS:
         out.rejected["in_future"] += 1
         return None
-    attrs = _attrs(sp.attributes)
-    g = attrs.get
-    # Unrolled on purpose (hot path): an int attribute is taken as it is, anything else
-    # through _int (a float with no fraction, a digit string; else None).
-    ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur = (
-        g(_TTFB),
-        g(_RECV_Q),
-        g(_ACCEPT_Q),
-        g(_TTFT),
-        g(_GAP_MAX),
-        g(_SRTT),
-        g(_DURATION),
-    )
-    if type(ttfb) is not int:
+    vals, extra = _span_attrs(sp.attributes)
+    (
+        ttfb,
+        recv_q,
+        accept_q,
+        ttft,
+        gap_max,
+        srtt,
+        dur,
+        chunks,
+        bytes_in,
+        bytes_out,
+        retrans,
+        offsets_raw,
+        arrival,
+        url_path,
+        http_target,
+        http_route,
+        method_v,
+        http_method,
+        status_v,
+        http_status,
+        source,
+        server_address,
+        server_port,
+        client_address,
+        client_port,
+        ws_seq,
+        partial,
+        client_aborted,
+        traceparent_missed,
+    ) = vals
+    # Unrolled on purpose (hot path): an int attribute (or an absent one) is taken as it
+    # is, anything else through _int (a float with no fraction, a digit string; else None).
+    if ttfb is not None and type(ttfb) is not int:
         ttfb = _int(ttfb)
-    if type(recv_q) is not int:
+    if recv_q is not None and type(recv_q) is not int:
         recv_q = _int(recv_q)
-    if type(accept_q) is not int:
+    if accept_q is not None and type(accept_q) is not int:
         accept_q = _int(accept_q)
-    if type(ttft) is not int:
+    if ttft is not None and type(ttft) is not int:
         ttft = _int(ttft)
-    if type(gap_max) is not int:
+    if gap_max is not None and type(gap_max) is not int:
         gap_max = _int(gap_max)
-    if type(srtt) is not int:
+    if srtt is not None and type(srtt) is not int:
         srtt = _int(srtt)
-    if type(dur) is not int:
+    if dur is not None and type(dur) is not int:
         dur = _int(dur)
     durations = [v for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur) if v is not None]
     if durations and min(durations) < 0:
@@ -293,24 +409,21 @@ def _span_row(
     if dur is not None and dur * 1000 > MAX_DURATION_NS:
         out.rejected["duration_over_24h"] += 1
         return None
-    chunks, bytes_in, bytes_out, retrans = g(_CHUNKS), g(_BYTES_IN), g(_BYTES_OUT), g(_RETRANS)
-    if type(chunks) is not int:
+    if chunks is not None and type(chunks) is not int:
         chunks = _int(chunks)
-    if type(bytes_in) is not int:
+    if bytes_in is not None and type(bytes_in) is not int:
         bytes_in = _int(bytes_in)
-    if type(bytes_out) is not int:
+    if bytes_out is not None and type(bytes_out) is not int:
         bytes_out = _int(bytes_out)
-    if type(retrans) is not int:
+    if retrans is not None and type(retrans) is not int:
         retrans = _int(retrans)
-    offsets_raw = g(_OFFSETS)
     if type(offsets_raw) is not list:
         offsets: list[int] = []
     elif all(type(x) is int for x in offsets_raw):
         offsets = offsets_raw
     else:
         offsets = [v for v in (_int(x) for x in offsets_raw) if v is not None]
-    arrival = g(_ARRIVAL)
-    if type(arrival) is not int:
+    if arrival is not None and type(arrival) is not int:
         arrival = _int(arrival)
     # A value its column cannot hold would make the whole batch's insert fail for ever (and
     # block every later one behind it): reject the span here, where it entered.
@@ -325,19 +438,15 @@ def _span_row(
     ):
         out.rejected["out_of_range"] += 1
         return None
-    path = str(g(_URL_PATH) or g("http.target") or "")
-    http_route = g(_HTTP_ROUTE)
+    path = str(url_path or http_target or "")
     route = (
         _route(path, str(http_route) if http_route else None) if (path or http_route) else sp.name
     )
-    method = str(g(_METHOD) or g("http.method") or "")
-    status = _int(g(_STATUS) or g("http.status_code"))
+    method = str(method_v or http_method or "")
+    status = status_v or http_status
+    status = status if type(status) is int and 0 <= status < 65536 else _u16(_int(status))
     # Attributes without a column of their own are kept as strings (few, for the agent).
-    rest = (
-        {}
-        if attrs.keys() <= _CONSUMED
-        else {k: _str(v) for k, v in attrs.items() if k not in _CONSUMED}
-    )
+    rest = {} if extra is None else {k: _str(v) for k, v in extra.items()}
     return (
         start,
         end,
@@ -346,18 +455,18 @@ def _span_row(
         sid.hex(),
         pid_b.hex() if pid_b else "",
         sp.name,
-        str(g(_SOURCE) or "sdk"),
+        str(source or "sdk"),
         service,
         host,
         pid,
         method.upper()[:16],
         route[:512],
         path.split("?", 1)[0][:2048],
-        _u16(status),
-        str(g(_SERVER_ADDRESS) or ""),
-        _u16(_int(g(_SERVER_PORT))),
-        str(g(_CLIENT_ADDRESS) or ""),
-        _u16(_int(g(_CLIENT_PORT))),
+        status,
+        str(server_address or ""),
+        _port(server_port),
+        str(client_address or ""),
+        _port(client_port),
         arrival if arrival and arrival > 0 else None,
         ttfb,
         recv_q,
@@ -371,12 +480,16 @@ def _span_row(
         _nonneg(bytes_out),
         srtt,
         _nonneg(retrans),
-        _u32(_int(g(_WS_SEQ))),
-        g(_PARTIAL) is True,
-        g(_CLIENT_ABORTED) is True,
-        g(_TRACEPARENT_MISSED) is True,
+        _u32(_int(ws_seq)) if ws_seq is not None else 0,
+        partial is True,
+        client_aborted is True,
+        traceparent_missed is True,
         rest,
     )
+
+
+def _port(v: Any) -> int:
+    return v if type(v) is int and 0 <= v < 65536 else _u16(_int(v))
 
 
 def _str(v: Any) -> str:
