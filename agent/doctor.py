@@ -122,8 +122,25 @@ def check_tracepoints(tfs: Path | None) -> list[Check]:
 
 def check_uprobes(tfs: Path | None) -> Check:
     if Path("/sys/bus/event_source/devices/uprobe").exists():
-        return Check("uprobes", "ok", "uprobe PMU present (CUDA/library probes possible)")
-    return Check("uprobes", "degraded", "no uprobe PMU → no user-space library probes (CUDA)")
+        return Check("uprobes", "ok", "uprobe PMU present (libc accept times, library probes)")
+    return Check("uprobes", "degraded", "no uprobe PMU → no accept-queue wait on the socket hooks")
+
+
+def check_io_hooks(tfs: Path | None) -> Check:
+    """How reads and writes will be seen (loader.load makes the same choice)."""
+    sock = tfs is not None and all(
+        (f := tracefs.fields(tfs, tp.category, tp.name)) is not None and set(tp.fields) <= f
+        for tp in TRACEPOINTS
+        if tp.id in ("sock:sock_recv_length", "sock:sock_send_length")
+    )
+    if platform.machine() == "x86_64" and sock:
+        return Check("I/O hooks", "ok", "socket tracepoints: no syscall tracepoint attached")
+    why = "not x86-64" if platform.machine() != "x86_64" else "no sock_*_length (Linux < 6.3)"
+    return Check(
+        "I/O hooks",
+        "degraded",
+        f"{why} → syscall tracepoints: every syscall on the node takes the slow path",
+    )
 
 
 def check_kprobes() -> Check:
@@ -175,7 +192,8 @@ def run_checks() -> list[Check]:
     tfs_check, tfs = check_tracefs()
     checks = [check_privilege(), check_bpf_syscall(), check_ringbuf(), tfs_check]
     checks += check_tracepoints(tfs)
-    checks += [check_uprobes(tfs), check_kprobes(), check_headers(), check_bcc(), check_nvml()]
+    checks += [check_io_hooks(tfs), check_uprobes(tfs), check_kprobes()]
+    checks += [check_headers(), check_bcc(), check_nvml()]
     return checks
 
 
