@@ -246,14 +246,16 @@ class Agent:
         # workers forked later that inherit a listener without any state change.
         changes = loader.counters(self.bpf)["listen_changes"]
         now = time.monotonic()
+        if not self.cfg.ports:
+            # Every process is traced: a new server's libc gets the accept probe. Only on a
+            # listener change (a forked worker maps its parent's libc, already probed).
+            if changes != self._listen_changes and self.accept_probes is not None:
+                self._listen_changes = changes
+                self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts())))
+            return
         if changes == self._listen_changes and now - self._last_full_scan < 5.0:
             return
         self._listen_changes, self._last_full_scan = changes, now
-        if not self.cfg.ports:
-            # every process is traced: new servers' libc files get the accept probe
-            if self.accept_probes is not None:
-                self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts())))
-            return
         found = set(procinfo.listeners(set(self.cfg.ports)))
         new = found - self._pids
         if new and self.accept_probes is not None:

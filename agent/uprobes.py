@@ -7,12 +7,18 @@ the processes that run the probed instruction, nothing node-wide. A uprobe is at
 containerised server maps its image's own libc, found through /proc/<pid>/maps and reached
 through /proc/<pid>/root. Servers that make the syscall themselves (Go) are still followed;
 their accept-queue wait is unknown (null).
+
+Linux 6.11 made a uretprobe return through a new syscall; a seccomp filter that does not
+know it (container runtimes' default profiles of that time) kills the process making it.
+6.14 lets seccomp pass it. On 6.11–6.13 the probe is therefore not attached (stable
+backports of the fix are not detected): accept times are unknown there, servers unharmed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import platform
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -25,6 +31,12 @@ _LIBC = re.compile(
 )
 SYMBOLS = ("accept4", "accept")
 PROGRAM = "px_uret_accept"
+
+
+def uretprobe_hazard(release: str | None = None) -> bool:
+    """True on kernels where a uretprobe may get a seccomp-confined server killed."""
+    m = re.match(r"(\d+)\.(\d+)", release or platform.release())
+    return m is not None and (6, 11) <= (int(m[1]), int(m[2])) < (6, 14)
 
 
 def libc_path(pid: int) -> str | None:
@@ -49,8 +61,17 @@ class AcceptProbes:
         self._files: set[tuple[int, int]] = set()
         self._pids: set[int] = set()
         self.attached = 0
+        self.enabled = not uretprobe_hazard()
+        if not self.enabled:
+            log.warning(
+                "degraded: Linux %s: no libc accept uretprobe (a seccomp filter of this era"
+                " kills the process its return syscall runs in) → accept_queue_us null",
+                platform.release(),
+            )
 
     def add(self, pids: Iterable[int]) -> None:
+        if not self.enabled:
+            return
         for pid in pids:
             if pid in self._pids:
                 continue

@@ -80,3 +80,21 @@ def test_sendfile_body_is_one_chunk_per_call(stack: tuple[int, Agent, Path]) -> 
     assert r["bytes_out"] == len(resp) and head_len > 0
     assert r["chunks"] == len(writes) - 1  # the head write is not a chunk
     assert r["partial"] is False
+
+
+@pytest.mark.parametrize(
+    ("release", "hazard"),
+    [
+        ("6.10.14", False),
+        ("6.11.0", True),
+        ("6.13.12-200.fc41", True),
+        ("6.14.0", False),
+        ("6.18.44-fc-v669", False),
+        ("5.15.0-105-generic", False),
+        ("weird", False),
+    ],
+)
+def test_uretprobe_kept_off_where_seccomp_would_kill(release: str, hazard: bool) -> None:
+    from agent.uprobes import uretprobe_hazard
+
+    assert uretprobe_hazard(release) is hazard
