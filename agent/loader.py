@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import kernel_headers, ringbuf, tracefs
+from agent import btf, kernel_headers, ringbuf, tracefs
 from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
@@ -165,7 +165,13 @@ def load(opts: Options) -> Loaded:
     # hash lookups); kernels without it for tracepoint programs get the hash-map variant.
     variants: list[tuple[str, list[str]]] = []
     if sock:
-        variants.append(("socket", ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]))
+        sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
+        # srtt read from the socket at each request (its offset from the kernel's BTF)
+        # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
+        srtt = btf.member_offset("tcp_sock", "srtt_us")
+        if srtt is not None:
+            sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
+        variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
             variants.append(

@@ -395,10 +395,13 @@ class Agent:
                 log.warning("cannot set nice %d: %s", cfg.nice, e)
         listen = procinfo.listen_counts()
         loader.seed_listen(self.bpf, listen)
+        # with every process traced, the servers are the owners of listening sockets
+        servers = self._pids or set(procinfo.listeners(set(listen)))
         if loaded.hooks == "socket":
             self.accept_probes = uprobes.AcceptProbes(self.bpf)
-            self.accept_probes.add(self._pids or procinfo.listeners(set(listen)))
-        self._seed(self._pids)
+            self.accept_probes.add(servers)
+        # connections older than the agent: followed from their next read or write
+        self._seed(servers)
         t = threading.Thread(target=self.exporter_loop, name="export", daemon=True)
         t.start()
         # Everything loaded so far (bcc, the OpenTelemetry SDK, compiled tables) lives for

@@ -484,6 +484,13 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     struct px_conn *c = px_conn_for(id, a->fd, sk);
     if (!c)
         return;
+#ifdef PX_OFF_TCP_SRTT
+    // tcp_sock.srtt_us (microseconds << 3) at its offset in the running kernel's BTF: one
+    // read per request instead of tcp_probe on every segment of every socket on the node
+    u32 srtt8 = 0;
+    if (ret > 0 && bpf_probe_read_kernel(&srtt8, sizeof(srtt8), (void *)(sk + PX_OFF_TCP_SRTT)) == 0)
+        c->srtt_us = srtt8 >> 3;
+#endif
     if (ret <= 0) {
         if (ret == 0)
             c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
@@ -1217,7 +1224,7 @@ TRACEPOINT_PROBE(sock, sk_data_ready) {
 }
 #endif
 
-#ifdef PX_HAVE_TCP_PROBE
+#if defined(PX_HAVE_TCP_PROBE) && !defined(PX_OFF_TCP_SRTT)
 TRACEPOINT_PROBE(tcp, tcp_probe) {
     // the port first (an inlined array lookup): client-side segments stop here
     if (!px_port_ok(args->sport))

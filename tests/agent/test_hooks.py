@@ -53,6 +53,9 @@ def test_no_syscall_tracepoint_is_attached(stack: tuple[int, Agent, Path]) -> No
     names = {e.get("tracepoint", "") for e in mine if "tracepoint" in e["fd_type"]}
     assert {"sock_recv_length", "sock_send_length", "inet_sock_set_state"} <= names
     assert not [n for n in names if n.startswith(("sys_enter", "sys_exit"))]
+    # srtt comes from the socket at each request (its offset from the kernel's BTF), not
+    # from tcp_probe, which would run for every segment of every socket on the node
+    assert "tcp_probe" not in names
     # accept times come from a return probe on the server's libc, nothing node-wide
     uret = [e for e in mine if e["fd_type"] == "uretprobe"]
     assert uret and all("libc" in e["filename"] for e in uret)
@@ -61,6 +64,7 @@ def test_no_syscall_tracepoint_is_attached(stack: tuple[int, Agent, Path]) -> No
     http_request(port, head.encode())
     [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
     assert r["accept_queue_us"] is not None and r["ttfb_us"] is not None
+    assert r["srtt_us"] is not None and 0 < r["srtt_us"] < 100_000  # loopback
 
 
 def test_sendfile_body_is_one_chunk_per_call(stack: tuple[int, Agent, Path]) -> None:
