@@ -88,9 +88,16 @@ class Metrics:
             " reads with data by traced processes while tracing was paused",
             registry=r,
         )
+        self.pauses = Counter(
+            "parallax_agent_pauses",
+            "Times tracing was paused, by reason: cpu_budget (over --cpu-budget) or behind"
+            " (the ring buffer more than half full at a drain)",
+            ["reason"],
+            registry=r,
+        )
         self.paused = Gauge(
             "parallax_agent_paused",
-            "1 while tracing is paused because the agent is over its CPU budget",
+            "1 while tracing is paused (over the CPU budget, or behind the ring buffer)",
             registry=r,
         )
         self.connections = Gauge(

@@ -76,6 +76,12 @@ class RingReader:
             break
         return n
 
+    def backlog(self) -> float:
+        """Share of the ring holding records not consumed yet (0..1)."""
+        prod: int = _U64.unpack_from(self._prod, 0)[0]
+        cons: int = _U64.unpack_from(self._cons, 0)[0]
+        return (prod - cons) / self.size
+
     def close(self) -> None:
         self._view.release()
         self._prod.close()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import events, loader, metrics, procinfo, uprobes
-from agent.budget import CpuBudget
+from agent.budget import Shedder
 from agent.clock import MonoClock
 from agent.httpcut import Conn, Exchange, Stats
 from agent.records import ConnInfo, build
@@ -97,7 +97,7 @@ class Agent:
         self.max_conns = 16384
         self._port_labels: set[str] = set()
         self._listeners = ListenerStats()
-        self._budget_warned = False
+        self._shed_warned: set[str] = set()
         self._shed_reads = 0
         self._last_stats = Stats()
 
@@ -421,12 +421,13 @@ class Agent:
         last_slow = 0.0
         period = cfg.drain_ms / 1000
         idle = 0
-        budget = CpuBudget(cfg.cpu_budget) if cfg.cpu_budget > 0 else None
+        shedder = Shedder(cfg.cpu_budget)
+        reader = self.ring.reader
         while not self.stop.is_set():
             before = self.n_events
+            fill = reader.backlog() if reader is not None else None
             self.ring.drain()
-            if budget is not None:
-                self._apply_budget(budget.step())
+            self._apply_shedding(shedder, shedder.step(fill))
             if self.q:
                 self._have_records.set()
             # Idle (no event in the last 5 drains, no response waiting for the sweep):
@@ -460,18 +461,24 @@ class Agent:
         )
         return 0
 
-    def _apply_budget(self, change: bool | None) -> None:
+    def _apply_shedding(self, shedder: Shedder, change: bool | None) -> None:
         if change is None:
             return
         loader.set_paused(self.bpf, change)
         self.m.paused.set(1 if change else 0)
         if change:
-            if not self._budget_warned:
-                self._budget_warned = True
+            self.m.pauses.labels(shedder.reason).inc()
+            if shedder.reason not in self._shed_warned:
+                self._shed_warned.add(shedder.reason)
+                why = (
+                    f"over the CPU budget ({self.cfg.cpu_budget:g} cores)"
+                    if shedder.reason == "cpu_budget"
+                    else "the ring buffer is filling faster than it is drained"
+                )
                 log.warning(
-                    "over the CPU budget (%.2f cores): tracing paused until back under;"
-                    " requests meanwhile are counted in parallax_agent_shed_requests_total",
-                    self.cfg.cpu_budget,
+                    "%s: tracing paused for a while; requests meanwhile are counted in"
+                    " parallax_agent_shed_requests_total",
+                    why,
                 )
             return
         # What the kernel skipped while paused cannot be framed: every connection

@@ -63,3 +63,55 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
         rc = agent.stop()
         srv.stop()
     assert rc == 0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.cpu = 0.0
+
+
+@pytest.fixture
+def clock() -> _Clock:
+    return _Clock()
+
+
+def test_behind_the_ring_pauses_holds_and_backs_off(clock: _Clock) -> None:
+    from agent.budget import Shedder
+
+    s = Shedder(0, lambda: clock.t, lambda: clock.cpu)  # no CPU budget: the ring decides
+    assert s.step(0.2) is None
+    assert s.step(0.6) is True and s.reason == "behind"
+    clock.t += 0.5
+    assert s.step(0.0) is None  # held for 1 s
+    clock.t += 0.6
+    assert s.step(0.3) is None  # not drained yet
+    assert s.step(0.0) is False
+    # behind again soon after: held twice as long
+    clock.t += 1
+    assert s.step(0.9) is True
+    clock.t += 1.5
+    assert s.step(0.0) is None
+    clock.t += 0.6
+    assert s.step(0.0) is False
+    # after a calm spell the hold is back to 1 s
+    clock.t += 60
+    assert s.step(0.9) is True
+    clock.t += 1.1
+    assert s.step(0.0) is False
+
+
+def test_cpu_budget_pauses_until_half_refilled(clock: _Clock) -> None:
+    from agent.budget import Shedder
+
+    s = Shedder(0.5, lambda: clock.t, lambda: clock.cpu)
+    clock.t += 1
+    clock.cpu += 0.4  # within 0.5 cores
+    assert s.step(None) is None
+    clock.t += 1
+    clock.cpu += 2.0  # 2 s of CPU in a second (threads): 1 s over
+    assert s.step(None) is True and s.reason == "cpu_budget"
+    clock.t += 1.1  # hold over, but the bucket at -0.45 s: not yet half full
+    assert s.step(None) is None
+    clock.t += 1.5  # +0.75: 0.3 of 0.5
+    assert s.step(None) is False
