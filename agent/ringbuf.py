@@ -49,31 +49,27 @@ class RingReader:
         self._view = memoryview(self._prod)
 
     def consume(self, handle: Callable[[bytes], object], limit: int = 1 << 20) -> int:
-        """Hand every committed record to ``handle`` (as bytes), in order; returns how many.
-        Stops at the first record still being written (BUSY) or after ``limit``."""
+        """Hand the records committed when the call starts to ``handle`` (as bytes), in
+        order; returns how many. Stops at the first record still being written (BUSY) or
+        after ``limit``. Records produced meanwhile wait for the next call: a producer
+        faster than the consumer cannot keep it here (the caller must get to look at its
+        backlog and shed)."""
         cons_map, prod, view, page, mask = self._cons, self._prod, self._view, self._page, self.mask
         u64, u32 = _U64.unpack_from, _U32.unpack_from
         cons = u64(cons_map, 0)[0]
+        prod_pos = u64(prod, 0)[0]
         n = 0
-        while n < limit:
-            prod_pos = u64(prod, 0)[0]
-            if cons >= prod_pos:
-                break
-            while cons < prod_pos and n < limit:
-                off = page + (cons & mask)
-                hdr = u32(prod, off)[0]
-                if hdr & _BUSY:
-                    prod_pos = cons  # not committed yet: stop here, try again next drain
-                    break
-                ln = hdr & _LEN_MASK
-                if not hdr & _DISCARD:
-                    handle(bytes(view[off + 8 : off + 8 + ln]))
-                    n += 1
-                cons += (ln + 8 + 7) & ~7
-                _U64.pack_into(cons_map, 0, cons)
-            else:
-                continue
-            break
+        while cons < prod_pos and n < limit:
+            off = page + (cons & mask)
+            hdr = u32(prod, off)[0]
+            if hdr & _BUSY:
+                break  # not committed yet: try again next drain
+            ln = hdr & _LEN_MASK
+            if not hdr & _DISCARD:
+                handle(bytes(view[off + 8 : off + 8 + ln]))
+                n += 1
+            cons += (ln + 8 + 7) & ~7
+            _U64.pack_into(cons_map, 0, cons)
         return n
 
     def backlog(self) -> float:
