@@ -979,11 +979,12 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
         return;
     }
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-    struct px_active *ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (!ap)
-        return;
     u64 t = bpf_ktime_get_ns();
+    struct px_active *ap = 0;  // per-thread write state: reads need none
     if (!is_read) {
+        ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+        if (!ap)
+            return;
         if (ap->t_send && ap->send_sk == sk)
             t = ap->t_send;  // when the write started (tcp_sendmsg_locked), not ended
         ap->t_send = 0;
@@ -1007,7 +1008,7 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
         a.vlen = r.dx > 0xffff ? 0xffff : r.dx;
     } else if (nr == PX_NR_RECVMSG || nr == PX_NR_SENDMSG) {
         a.iov = IOV_MSG;
-    } else if (nr == PX_NR_SENDFILE && !is_read) {
+    } else if (nr == PX_NR_SENDFILE && ap) {
         // One sendfile() reaches the socket in pipe-sized pieces: one chunk, not one each.
         a.buf = 0;
         a.kind = KIND_SENDFILE;
@@ -1021,7 +1022,7 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     } else {
         return;  // io_uring, recvmmsg, splice(): not followed
     }
-    if (is_read) {
+    if (!ap) {
         px_on_read(&a, id, ret, t);
     } else {
         if (a.kind == KIND_WRITE)
