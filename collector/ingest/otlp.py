@@ -210,6 +210,7 @@ _STR_SLOT = {
     )
 }.get
 _NO_VALUES = (None,) * len(_SLOT_NAMES)
+_JUST_INT = {int}
 assert frozenset(_SLOT_NAMES) == _CONSUMED
 
 
@@ -419,7 +420,7 @@ def _span_row(
         retrans = _int(retrans)
     if type(offsets_raw) is not list:
         offsets: list[int] = []
-    elif all(type(x) is int for x in offsets_raw):
+    elif {*map(type, offsets_raw)} == _JUST_INT:  # every element an int (no bool): as is
         offsets = offsets_raw
     else:
         offsets = [v for v in (_int(x) for x in offsets_raw) if v is not None]
@@ -464,9 +465,13 @@ def _span_row(
         path.split("?", 1)[0][:2048],
         status,
         str(server_address or ""),
-        _port(server_port),
+        server_port
+        if type(server_port) is int and 0 <= server_port < 65536
+        else _port(server_port),
         str(client_address or ""),
-        _port(client_port),
+        client_port
+        if type(client_port) is int and 0 <= client_port < 65536
+        else _port(client_port),
         arrival if arrival and arrival > 0 else None,
         ttfb,
         recv_q,
@@ -474,12 +479,12 @@ def _span_row(
         ttft,
         dur if dur is not None else (end - start) // 1000,
         offsets,
-        _nonneg(chunks),
+        chunks if chunks is None or chunks >= 0 else None,
         gap_max,
-        _nonneg(bytes_in),
-        _nonneg(bytes_out),
+        bytes_in if bytes_in is None or bytes_in >= 0 else None,
+        bytes_out if bytes_out is None or bytes_out >= 0 else None,
         srtt,
-        _nonneg(retrans),
+        retrans if retrans is None or retrans >= 0 else None,
         _u32(_int(ws_seq)) if ws_seq is not None else 0,
         partial is True,
         client_aborted is True,
@@ -502,10 +507,6 @@ def _u16(v: int | None) -> int:
 
 def _u32(v: int | None) -> int:
     return v if v is not None and 0 <= v < 2**32 else 0
-
-
-def _nonneg(v: int | None) -> int | None:
-    return v if v is not None and v >= 0 else None
 
 
 def response(rejected: int, message: str, json_body: bool) -> tuple[bytes, str]:
