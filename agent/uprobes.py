@@ -5,7 +5,10 @@ connection off its listen queue (t_acc). libc's accept functions do, and a uprob
 the processes that run the probed instruction, nothing node-wide. A uprobe is attached to a
 *file*: every process mapping that libc runs it and the program keeps the traced pids. A
 containerised server maps its image's own libc, found through /proc/<pid>/maps and reached
-through /proc/<pid>/root. Servers that make the syscall themselves (Go) are still followed;
+through /proc/<pid>/root — opened there by the agent and handed to the kernel as
+/proc/self/fd/<n>: the kernel's own lookup of another process's root link, when it creates
+the probe, is refused without CAP_SYS_ADMIN (EACCES), which the DaemonSet does not grant.
+Servers that make the syscall themselves (Go) are still followed;
 their accept-queue wait is unknown (null).
 
 Linux 6.11 made a uretprobe return through a new syscall; a seccomp filter that does not
@@ -59,6 +62,7 @@ class AcceptProbes:
     def __init__(self, bpf: Any) -> None:
         self._b = bpf
         self._files: set[tuple[int, int]] = set()
+        self._fds: list[int] = []  # kept open: a probe's path names its fd
         self._pids: set[int] = set()
         self.attached = 0
         self.enabled = not uretprobe_hazard()
@@ -80,16 +84,19 @@ class AcceptProbes:
             if path is None:
                 continue  # a static binary: followed, accept times unknown
             try:
-                st = os.stat(path)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 continue
+            st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
             if key in self._files:
+                os.close(fd)
                 continue
             self._files.add(key)
+            self._fds.append(fd)
             for sym in SYMBOLS:
                 try:
-                    self._b.attach_uretprobe(name=path, sym=sym, fn_name=PROGRAM)
+                    self._b.attach_uretprobe(name=f"/proc/self/fd/{fd}", sym=sym, fn_name=PROGRAM)
                     self.attached += 1
                 except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
                     log.warning("no accept times for users of %s (%s: %s)", path, sym, e)

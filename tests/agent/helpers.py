@@ -66,11 +66,18 @@ def wait_port(port: int, timeout: float = 15.0) -> None:
 
 
 class Agent:
-    def __init__(self, tmp: Path, ports: list[int], extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        ports: list[int],
+        extra: list[str] | None = None,
+        wrapper: list[str] | None = None,  # e.g. setpriv with fewer capabilities
+    ) -> None:
         self.jsonl = tmp / "agent.jsonl"
         self.err = tmp / "agent.err"
         self.metrics_port = free_port()
         argv = [
+            *(wrapper or []),
             PY,
             "-m",
             "agent.cli",

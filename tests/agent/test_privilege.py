@@ -1,0 +1,51 @@
+"""The agent with only the DaemonSet's capabilities (deploy/k8s/agent-daemonset.yaml).
+
+In a module of its own: while an agent with full root holds the libc uretprobe, the kernel
+refuses (EACCES) the same probe to a later agent without CAP_SYS_ADMIN — not a deployment
+case (one agent per node; two reduced agents, as in a rolling update, coexist: checked by
+hand), but the other modules' root agents must be gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from parallax_contracts import trace_context
+from tests.agent.helpers import PY, Agent, Proc, http_request
+
+pytestmark = pytest.mark.ebpf
+
+
+def test_accept_times_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
+    """Only CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (the DaemonSet's, less CAP_SYS_RESOURCE,
+    which this sandbox cannot grant): the kernel refuses to resolve another process's
+    /proc/<pid>/root link for a probe without CAP_SYS_ADMIN, so the agent opens the libc
+    itself and names it /proc/self/fd/<n> — accept times still come."""
+    caps = "-all,+bpf,+perfmon,+sys_ptrace"
+    setpriv = ["setpriv", "--reuid", "0", f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+    setpriv.append(f"--bounding-set={caps}")
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
+    port = srv.port()
+    agent = Agent(tmp_path, [port], wrapper=setpriv)
+    try:
+        eff = int(
+            next(
+                ln.split()[1]
+                for ln in Path(f"/proc/{agent.p.pid}/status").read_text().splitlines()
+                if ln.startswith("CapEff:")
+            ),
+            16,
+        )
+        assert not eff & (1 << 21)  # CAP_SYS_ADMIN really dropped
+        ctx = trace_context.generate()
+        head = f"GET /plain HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+        http_request(port, head.encode())
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        assert r["accept_queue_us"] is not None
+        assert "no accept times" not in agent.err.read_text()
+    finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0
