@@ -14,6 +14,7 @@ from pathlib import Path
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
 _MAGIC = 0xEB9F
 _STRUCT, _UNION = 4, 5
+_MAX_KIND = 19  # BTF_KIND_ENUM64
 # bytes after the 12-byte common header, per kind: fixed, and per vlen entry
 _EXTRA = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 14: (4, 0)}
 _EXTRA |= {15: (0, 12), 17: (4, 0), 19: (0, 12)}
@@ -38,6 +39,8 @@ def _parse(
     while pos < end:
         name_off, info, size_type = struct.unpack_from("<III", data, pos)
         kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
+        if not 1 <= kind <= _MAX_KIND:
+            raise BtfError(f"BTF kind {kind} unknown")  # its size is unknown: stop, not guess
         pos += 12
         tid = len(types)
         types.append((name_off, kind, size_type, kflag))
@@ -56,27 +59,51 @@ def member_offset(struct_name: str, member: str, path: Path = VMLINUX) -> int | 
     """Byte offset of ``member`` in ``struct struct_name`` (looking into anonymous structs
     and unions), None when the struct, the member or BTF itself is missing, or the member
     is a bitfield."""
+    return member_offsets([(struct_name, member)], path)[(struct_name, member)]
+
+
+def member_offsets(
+    wanted: list[tuple[str, str]], path: Path = VMLINUX
+) -> dict[tuple[str, str], int | None]:
+    """:func:`member_offset` for several (struct, member) pairs, the file parsed once."""
+    out: dict[tuple[str, str], int | None] = dict.fromkeys(wanted)
     try:
         types, strings, members = _parse(path.read_bytes())
-    except (OSError, BtfError, struct.error):
-        return None
+        by_name: dict[str, int] = {}
+        names = {s for s, _ in wanted}
+        for tid, (name_off, kind, _size, _kflag) in enumerate(types):
+            if kind == _STRUCT and name_off:
+                name = _name(strings, name_off)
+                if name in names and name not in by_name:
+                    by_name[name] = tid
+        for struct_name, member in wanted:
+            if struct_name in by_name:
+                out[(struct_name, member)] = _find(
+                    types, strings, members, by_name[struct_name], member, 0
+                )
+    except (OSError, BtfError, struct.error, ValueError, IndexError):
+        return dict.fromkeys(wanted)
+    return out
 
-    def find(tid: int, base_bits: int) -> int | None:
-        kflag = types[tid][3]
-        for name_off, mtype, off in members.get(tid, []):
-            bits = off & 0xFFFFFF if kflag else off
-            size = off >> 24 if kflag else 0
-            if name_off == 0:  # anonymous struct/union: its members are ours
-                inner = find(mtype, base_bits + bits)
-                if inner is not None:
-                    return inner
-            elif _name(strings, name_off) == member:
-                if size or bits % 8:
-                    return None
-                return (base_bits + bits) // 8
-        return None
 
-    for tid, (name_off, kind, _size, _kflag) in enumerate(types):
-        if kind == _STRUCT and name_off and _name(strings, name_off) == struct_name:
-            return find(tid, 0)
+def _find(
+    types: list[tuple[int, int, int, int]],
+    strings: bytes,
+    members: dict[int, list[tuple[int, int, int]]],
+    tid: int,
+    member: str,
+    base_bits: int,
+) -> int | None:
+    kflag = types[tid][3]
+    for name_off, mtype, off in members.get(tid, []):
+        bits = off & 0xFFFFFF if kflag else off
+        size = off >> 24 if kflag else 0
+        if name_off == 0:  # anonymous struct/union: its members are ours
+            inner = _find(types, strings, members, mtype, member, base_bits + bits)
+            if inner is not None:
+                return inner
+        elif _name(strings, name_off) == member:
+            if size or bits % 8:
+                return None
+            return (base_bits + bits) // 8
     return None

@@ -120,9 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--cpu-budget",
         type=float,
-        default=0.5,
+        default=0.4,
         metavar="CORES",
-        help="the agent's CPU budget in cores (default %(default)s, the DaemonSet's limit):"
+        help="the agent's CPU budget in cores (default %(default)s, under the DaemonSet's"
+        " 500m limit, so that it sheds before the kernel throttles it):"
         " above it, tracing pauses until the agent is back under, and the requests it"
         " skips are counted (parallax_agent_shed_requests_total); 0 = no budget",
     )

@@ -11,6 +11,7 @@ import logging
 import mmap
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,7 +156,13 @@ def load(opts: Options) -> Loaded:
         x86
         and opts.io_hooks != "syscalls"
         and {"sock:sock_recv_length", "sock:sock_send_length"} <= have_ids
+        and kernel_at_least(6, 5)  # before, sendfile() bypassed sock_sendmsg (->sendpage)
     )
+    if x86 and opts.io_hooks != "syscalls" and not sock and kernel_at_least(6, 3):
+        line = "socket hooks need Linux 6.5 (sendfile reaches sock_sendmsg from 6.5): syscall"
+        line += " tracepoints instead"
+        log.warning("degraded: %s", line)
+        degraded.append(line)
     raw = x86 and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids
     if not x86 and {"raw_syscalls:sys_enter", "raw_syscalls:sys_exit"} <= have_ids:
         line = f"raw_syscalls: not used on {platform.machine()} (x86-64 only): {_RAW_FALLBACK}"
@@ -168,9 +175,12 @@ def load(opts: Options) -> Loaded:
         sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
         # srtt read from the socket at each request (its offset from the kernel's BTF)
         # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
-        srtt = btf.member_offset("tcp_sock", "srtt_us")
-        if srtt is not None:
+        off = btf.member_offsets([("tcp_sock", "srtt_us"), ("sock_common", "skc_num")])
+        if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
             sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
+        # the local port, to tell a seeded fd from a later socket that reuses its number
+        if (num := off[("sock_common", "skc_num")]) is not None:
+            sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
@@ -223,6 +233,11 @@ def _configure(b: Any, opts: Options) -> None:
         ports[ports.Key(p)] = ports.Leaf(1)
     set_pids(b, opts.pids)
     cfg[ctypes.c_int(0)] = v
+
+
+def kernel_at_least(major: int, minor: int, release: str | None = None) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", release or platform.release())
+    return m is not None and (int(m[1]), int(m[2])) >= (major, minor)
 
 
 def set_paused(b: Any, paused: bool) -> None:

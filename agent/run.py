@@ -46,7 +46,7 @@ class RunConfig:
     offs_span_ns: int = 0  # 0: the loader's default (tests shorten it)
     nice: int = 10
     io_hooks: str = "auto"  # loader.Options.io_hooks
-    cpu_budget: float = 0.5  # cores; 0 = none (agent.budget)
+    cpu_budget: float = 0.4  # cores; 0 = none (agent.budget)
 
 
 @dataclass
@@ -229,6 +229,8 @@ class Agent:
         """Every second: drop traced pids whose process exited (or whose pid now names
         another process: a reused pid is not traced because its previous owner was), then
         add the new owners of the --port listeners."""
+        if self.accept_probes is not None:
+            self.accept_probes.sweep()
         gone = [p for p, st in self._pid_start.items() if procinfo.start_time(p) != st]
         if gone:
             loader.remove_pids(self.bpf, gone)
@@ -236,8 +238,6 @@ class Agent:
                 self._pids.discard(p)
                 del self._pid_start[p]
                 self._svc.pop(p, None)
-            if self.accept_probes is not None:
-                self.accept_probes.forget(gone)
         if not self.cfg.ports and (self.accept_probes is None or self.cfg.pids):
             return
         # The owners of the listeners: a walk of /proc/net/tcp (the kernel walks its whole

@@ -133,6 +133,14 @@ TRACEPOINTS: tuple[Tracepoint, ...] = (
     ),
     Tracepoint(
         "tcp",
+        "tcp_receive_reset",
+        ("skaddr",),
+        False,
+        "socket hooks: a server's abortive close (unread data, SO_LINGER 0) is reported as"
+        " the client's abort",
+    ),
+    Tracepoint(
+        "tcp",
         "tcp_sendmsg_locked",
         ("skb_addr", "msg_left", "size_goal"),
         False,

@@ -24,7 +24,10 @@ import os
 import platform
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
+
+from agent import procinfo
 
 log = logging.getLogger("parallax.agent")
 
@@ -55,16 +58,23 @@ def libc_path(pid: int) -> str | None:
     return None
 
 
+@dataclass
+class _Probe:
+    fd: int  # kept open while attached: the probe's path names it
+    path: str  # where it was found (for log lines)
+    pids: set[int] = field(default_factory=set)  # live processes mapping it
+
+
 class AcceptProbes:
-    """The libc files probed so far (by device and inode: one probe per file, whatever
-    path or namespace it was reached through)."""
+    """One probe pair per libc *file*, shared by the processes that map it and detached
+    when the last of them has exited (pods come and go; probes, fds and the overlay
+    superblocks they pin must not pile up). A file is known by inode, size and mtime: an
+    overlay mount gives each container its own st_dev for the same underlying file."""
 
     def __init__(self, bpf: Any) -> None:
         self._b = bpf
-        self._files: set[tuple[int, int]] = set()
-        self._fds: list[int] = []  # kept open: a probe's path names its fd
-        self._pids: set[int] = set()
-        self.attached = 0
+        self._probes: dict[tuple[int, int, int], _Probe] = {}
+        self._pid_key: dict[int, tuple[tuple[int, int, int] | None, int | None]] = {}
         self.enabled = not uretprobe_hazard()
         if not self.enabled:
             log.warning(
@@ -73,34 +83,62 @@ class AcceptProbes:
                 platform.release(),
             )
 
+    @property
+    def attached(self) -> int:
+        return len(self._probes)
+
     def add(self, pids: Iterable[int]) -> None:
         if not self.enabled:
             return
         for pid in pids:
-            if pid in self._pids:
+            if pid in self._pid_key:
                 continue
-            self._pids.add(pid)
-            path = libc_path(pid)
-            if path is None:
-                continue  # a static binary: followed, accept times unknown
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino)
-            if key in self._files:
-                os.close(fd)
-                continue
-            self._files.add(key)
-            self._fds.append(fd)
-            for sym in SYMBOLS:
-                try:
-                    self._b.attach_uretprobe(name=f"/proc/self/fd/{fd}", sym=sym, fn_name=PROGRAM)
-                    self.attached += 1
-                except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-                    log.warning("no accept times for users of %s (%s: %s)", path, sym, e)
+            self._pid_key[pid] = (self._probe_for(pid), procinfo.start_time(pid))
 
-    def forget(self, pids: Iterable[int]) -> None:
-        """Exited pids: a reused pid's libc is looked up again."""
-        self._pids.difference_update(pids)
+    def _probe_for(self, pid: int) -> tuple[int, int, int] | None:
+        path = libc_path(pid)
+        if path is None:
+            return None  # a static binary, or gone: followed, accept times unknown
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            log.warning("no accept times for pid %d: cannot open its libc (%s)", pid, e)
+            return None
+        st = os.fstat(fd)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        probe = self._probes.get(key)
+        if probe is not None:
+            os.close(fd)
+            probe.pids.add(pid)
+            return key
+        ok = 0
+        for sym in SYMBOLS:
+            try:
+                self._b.attach_uretprobe(name=f"/proc/self/fd/{fd}", sym=sym, fn_name=PROGRAM)
+                ok += 1
+            except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+                log.warning("no accept times for users of %s (%s: %s)", path, sym, e)
+        if not ok:
+            os.close(fd)
+            return None
+        self._probes[key] = _Probe(fd, path, {pid})
+        return key
+
+    def sweep(self) -> None:
+        """Forget exited processes (or reused pids); detach a file's probes with its last."""
+        for pid, (key, start) in list(self._pid_key.items()):
+            if procinfo.start_time(pid) == start and start is not None:
+                continue
+            del self._pid_key[pid]
+            probe = self._probes.get(key) if key is not None else None
+            if key is None or probe is None:
+                continue
+            probe.pids.discard(pid)
+            if not probe.pids:
+                del self._probes[key]
+                for sym in SYMBOLS:
+                    try:
+                        self._b.detach_uretprobe(name=f"/proc/self/fd/{probe.fd}", sym=sym)
+                    except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+                        log.debug("detach %s %s: %s", probe.path, sym, e)
+                os.close(probe.fd)

@@ -121,7 +121,7 @@ struct px_conn {
     u8 laddr[16];
     u8 raddr[16];
     u32 lost;        // an event of this connection was lost (ring full): told with the next
-    u32 pad;
+    u32 peer_rst;    // tcp_receive_reset: the reset that closes it is the peer's
 };
 
 struct px_agg {
@@ -238,26 +238,33 @@ static __always_inline struct px_cfg *px_cfg_get(void) {
     return px_config.lookup(&zero);
 }
 
-// The earliest exit: two inlined array lookups for an untraced process.
-static __always_inline int px_traced(u32 tgid) {
-    struct px_cfg *cfg = px_cfg_get();
-    if (!cfg || cfg->paused)
-        return 0;
+static __always_inline int px_pid_on(struct px_cfg *cfg, u32 tgid) {
     if (cfg->all_pids)
         return 1;
     u8 *v = px_pids.lookup(&tgid);
     return v && *v;
 }
 
-// A traced process's read while the agent is paused: counted as a request not traced.
+// The earliest exit: two inlined array lookups for an untraced process.
+static __always_inline int px_traced(u32 tgid) {
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || cfg->paused)
+        return 0;
+    return px_pid_on(cfg, tgid);
+}
+
+// A process we trace while tracing is paused (the agent shedding load).
 static __always_inline int px_shed(u32 tgid) {
     struct px_cfg *cfg = px_cfg_get();
     if (!cfg || !cfg->paused)
         return 0;
-    if (cfg->all_pids)
-        return 1;
-    u8 *v = px_pids.lookup(&tgid);
-    return v && *v;
+    return px_pid_on(cfg, tgid);
+}
+
+// A process we trace, paused or not (process exit must be seen either way).
+static __always_inline int px_followed(u32 tgid) {
+    struct px_cfg *cfg = px_cfg_get();
+    return cfg && px_pid_on(cfg, tgid);
 }
 
 static __always_inline int px_port_ok(u16 lport) {
@@ -319,10 +326,39 @@ static __always_inline struct px_active *px_active_get(u64 id) {
 #endif
 }
 
-static __always_inline void px_link(void *sk) {
+// A socket read or write of a traced process while tracing is paused: a read with data on
+// a followed connection is a request not traced (counted); the connection's pending
+// arrival time and the thread's write state are stale afterwards, and its next event tells
+// user space to resynchronise.
+static __always_inline void px_paused_io(u64 sk, long ret, int is_read) {
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c) {
+        c->lost = 1;
+        if (is_read && ret > 0) {
+            px_count(C_SHED_READS);
+            c->t_arr = 0;
+        }
+    }
+#ifdef PX_TASK_STORAGE
+    if (!is_read) {
+        struct px_active *ap = px_active.task_storage_get(
+            (struct task_struct *)bpf_get_current_task_btf(), 0, 0);
+        if (ap) {
+            ap->t_send = 0;
+            ap->send_sk = 0;
+            ap->sf_left = 0;
+        }
+    }
+#endif
+}
+
+static __always_inline void px_link(void *sk, long ret, int is_read) {
     u64 id = bpf_get_current_pid_tgid();
-    if (!px_traced(id >> 32))
+    if (!px_traced(id >> 32)) {
+        if (px_shed(id >> 32))
+            px_paused_io((u64)sk, ret, is_read);
         return;
+    }
     struct px_active *a = px_active_get(id);
     if (a && a->busy)
         a->sk = (u64)sk;
@@ -434,6 +470,16 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
         // A connection older than the agent: seeded from /proc by user space.
         if (!f || !f->seeded || !px_port_ok(f->lport))
             return 0;
+#ifdef PX_OFF_SKC_NUM
+        // Its close is not seen on the socket path: a seeded fd may since name another
+        // socket (an outbound connection, a unix socket). The local port tells.
+        u16 num = 0;
+        if (bpf_probe_read_kernel(&num, sizeof(num), (void *)(sk + PX_OFF_SKC_NUM)) ||
+            num != f->lport) {
+            px_fds.delete(&key);
+            return 0;
+        }
+#endif
         struct px_conn nc = {};
         nc.ident = bpf_ktime_get_ns();
         nc.lport = f->lport;
@@ -955,10 +1001,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_close) {
 // Measured side by side as raw tracepoints too (no trace record): no better here — their
 // classic records are a few fields — so the classic ones stay (docs/agent.md).
 #ifdef PX_HAVE_SOCK_RECV_LENGTH
-TRACEPOINT_PROBE(sock, sock_recv_length) { px_link(args->sk); return 0; }
+TRACEPOINT_PROBE(sock, sock_recv_length) { px_link(args->sk, args->ret, 1); return 0; }
 #endif
 #ifdef PX_HAVE_SOCK_SEND_LENGTH
-TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk); return 0; }
+TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk, args->ret, 0); return 0; }
 #endif
 #else  // PX_SOCK_HOOKS
 
@@ -974,8 +1020,8 @@ struct px_uregs {
 static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32)) {
-        if (is_read && ret > 0 && px_shed(id >> 32))
-            px_count(C_SHED_READS);
+        if (px_shed(id >> 32))
+            px_paused_io(sk, ret, is_read);
         return;
     }
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
@@ -1091,7 +1137,7 @@ BPF_TABLE("lru_hash", u64, u8, px_exiting, 1024);
 #ifdef PX_HAVE_SCHED_PROCESS_EXIT
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
-    if (!px_traced(id >> 32))
+    if (!px_followed(id >> 32))
         return 0;
     u8 one = 1;
     px_exiting.update(&id, &one);
@@ -1171,6 +1217,11 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         // resets instead of sending a FIN) unless an exiting thread of ours sent it.
         u64 id = bpf_get_current_pid_tgid();
         peer_fin = px_exiting.lookup(&id) == 0;
+#if defined(PX_SOCK_HOOKS) && defined(PX_HAVE_TCP_RECEIVE_RESET)
+        // No close() is seen on this path: a server's abortive close (unread data,
+        // SO_LINGER 0) makes this transition too. Only a received reset is the peer's.
+        peer_fin = c->peer_rst;
+#endif
     }
     if (peer_fin) {
         // The peer is gone: its FIN (CLOSE_WAIT) or its RST.
@@ -1265,6 +1316,16 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     if (args->data_len && c->t_arr == 0)
         c->t_arr = bpf_ktime_get_ns();
 #endif
+    return 0;
+}
+#endif
+
+#if defined(PX_SOCK_HOOKS) && defined(PX_HAVE_TCP_RECEIVE_RESET)
+TRACEPOINT_PROBE(tcp, tcp_receive_reset) {
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c)
+        c->peer_rst = 1;
     return 0;
 }
 #endif

@@ -32,33 +32,37 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
         # keep-alive load until the agent pauses (a few hundred requests are enough to
         # spend 20 ms of CPU in a second), then a little more while paused
         sent = 0
-        with socket.create_connection(("127.0.0.1", port), 5) as s:
-            deadline = time.monotonic() + 20
-            paused_at = None
-            while time.monotonic() < deadline:
-                s.sendall(b"GET /plain?n=10 HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert read_response(s).startswith(b"HTTP/1.1 200")
-                sent += 1
-                if (
-                    sent % 200 == 0
-                    and paused_at is None
-                    and agent.metrics().get("parallax_agent_paused") == 1
-                ):
-                    paused_at = sent
-                if paused_at is not None and sent >= paused_at + 300:
-                    break
-            assert paused_at is not None, "the agent never went over its budget"
+        s = socket.create_connection(("127.0.0.1", port), 5)
+        deadline = time.monotonic() + 20
+        paused_at = None
+        while time.monotonic() < deadline:
+            s.sendall(b"GET /plain?n=10 HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(s).startswith(b"HTTP/1.1 200")
+            sent += 1
+            if (
+                sent % 200 == 0
+                and paused_at is None
+                and agent.metrics().get("parallax_agent_paused") == 1
+            ):
+                paused_at = sent
+            if paused_at is not None and sent >= paused_at + 300:
+                break
+        assert paused_at is not None, "the agent never went over its budget"
         shed = agent.wait_metric("parallax_agent_shed_requests_total", lambda v: v > 0)
         assert 0 < shed <= sent
-        # idle again: tracing resumes, and a new request is recorded whole
+        # idle again: tracing resumes; a request on the keep-alive connection that lived
+        # through the pause is recorded whole, with its own arrival (not one from the pause)
         assert agent.wait_metric("parallax_agent_paused", lambda v: v == 0, timeout=15) == 0
-        ctx = trace_context.generate()
-        head = f"GET /after HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
-        assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
-        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-        assert r["path"] == "/after" and r["status"] == 200 and r["ttfb_us"] is not None
+        for path, sock in (("/after", s), ("/fresh", None)):
+            ctx = trace_context.generate()
+            head = f"GET {path} HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"
+            assert http_request(port, head.encode(), sock).startswith(b"HTTP/1.1 200")
+            [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)  # noqa: B023
+            assert r["path"] == path and r["status"] == 200 and r["ttfb_us"] is not None
+            assert r["recv_queue_us"] is not None and r["recv_queue_us"] < 200_000
+        s.close()
         # nothing recorded twice or invented: at most one record per request sent
-        assert len(agent.records()) <= sent + 1
+        assert len(agent.records()) <= sent + 2
     finally:
         rc = agent.stop()
         srv.stop()

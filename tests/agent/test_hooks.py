@@ -5,7 +5,10 @@ the syscall path saw from the syscall itself (accept times from libc, sendfile p
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +105,37 @@ def test_uretprobe_kept_off_where_seccomp_would_kill(release: str, hazard: bool)
     from agent.uprobes import uretprobe_hazard
 
     assert uretprobe_hazard(release) is hazard
+
+
+def test_reused_fd_and_abortive_close(tmp_path: Path) -> None:
+    """No close() is seen on the socket path: a seeded fd whose number an outbound
+    connection reuses is not followed as a served one (the socket's local port, from BTF,
+    tells them apart), and a server's own abortive close (reset on unread data) is not the
+    client's abort."""
+    back = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "b")])
+    srv = Proc([PY, "-m", "tests.agent.servers.fd_reuse_server", str(back.port())])
+    try:
+        port = srv.port()
+        early = socket.create_connection(("127.0.0.1", port), 5)
+        assert srv.p.stdout is not None and srv.p.stdout.readline().strip() == "ready"
+        agent = Agent(tmp_path, [port])
+        try:
+            time.sleep(1.2)  # seeded, rescanned
+            srv.p.send_signal(signal.SIGUSR1)
+            assert srv.p.stdout.readline().strip() == "reused True"
+            with socket.create_connection(("127.0.0.1", port), 5) as c:
+                c.sendall(b"POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+                c.sendall(b"x" * 100000)
+                assert srv.p.stdout.readline().strip() == "done"
+            [r] = agent.wait_for(lambda r: r["path"] == "/up")
+            assert r["status"] == 200 and r["client_aborted"] is False
+            time.sleep(1.2)  # metrics refresh
+            assert not [k for k in agent.metrics() if k.startswith("parallax_agent_unparsed")]
+            assert [r["path"] for r in agent.records()] == ["/up"]
+        finally:
+            rc = agent.stop()
+            early.close()
+        assert rc == 0
+    finally:
+        srv.stop()
+        back.stop()
