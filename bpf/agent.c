@@ -1,4 +1,6 @@
-// Parallax agent: kernel side (bcc C, tracepoints only; no kprobes, no kernel structs).
+// Parallax agent: kernel side (bcc C; tracepoints and a libc uretprobe, no kprobes; no
+// header-derived kernel struct: the two socket fields read directly have their offsets from
+// the running kernel's BTF, PX_OFF_*).
 //
 // The loader defines, with -D:
 //   PX_HEAD_WINDOW   request bytes captured per read (power of two, 256..16384)
@@ -7,6 +9,7 @@
 //   PX_HAVE_<TP>     one per optional tracepoint the running kernel has (fields checked)
 //   PX_SOCK_HOOKS    the default on x86-64 from Linux 6.3: no syscall tracepoint at all
 //   PX_RAW_SYSCALLS  else: raw_syscalls:sys_enter/exit (x86-64), else per-syscall ones
+//   PX_OFF_TCP_SRTT, PX_OFF_SKC_NUM  tcp_sock.srtt_us, sock_common.skc_num (from BTF)
 //
 // Flow with PX_SOCK_HOOKS (see docs/agent.md):
 //   sock_recv_length / sock_send_length (inside the read or write, traced tgid only): the
