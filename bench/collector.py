@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -502,6 +503,7 @@ def main() -> int:
         timeout=300,
     )
     disk = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    shutil.rmtree(tmp, ignore_errors=True)  # the store and spool of this run (GBs over runs)
     lines += [
         "Collector (`make bench-collector` = `python -m bench.collector`): a real collector "
         "on the embedded store, loads offered from a separate process (OTLP/protobuf, 500 "
