@@ -175,12 +175,17 @@ def load(opts: Options) -> Loaded:
         sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
         # srtt read from the socket at each request (its offset from the kernel's BTF)
         # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
-        off = btf.member_offsets([("tcp_sock", "srtt_us"), ("sock_common", "skc_num")])
+        off = btf.member_offsets(
+            [("tcp_sock", "srtt_us"), ("sock_common", "skc_num"), ("msghdr", "msg_flags")]
+        )
         if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
             sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
         # the local port, to tell a seeded fd from a later socket that reuses its number
         if (num := off[("sock_common", "skc_num")]) is not None:
             sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
+        # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
+        if (mf := off[("msghdr", "msg_flags")]) is not None:
+            sock_flags.append(f"-DPX_OFF_MSG_FLAGS={mf}")
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):

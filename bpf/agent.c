@@ -586,7 +586,10 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
         px_count(C_EVENTS);
 }
 
-static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u64 t) {
+// t: when the write began (a chunk's time); t_done: when it returned (the end of a
+// response is its last write's return: a blocking write can last seconds).
+static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u64 t,
+                                        u64 t_done) {
     if (ret <= 0)
         return;
     u64 sk = a->sk;
@@ -653,7 +656,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     }
     if (a->kind == KIND_SENDFILE_CONT && g->n > 0) {
         g->bytes += ret;
-        g->t_last = t;
+        g->t_last = t_done;
         c->agg_pending = 1;
         return;
     }
@@ -687,7 +690,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         g->n = i + 1;
     }
     g->bytes += ret;
-    g->t_last = t;
+    g->t_last = t_done;
     c->agg_pending = 1;
     struct px_cfg *cfg = px_cfg_get();
     if (!flags && cfg && cfg->stream_limit_ns && t - g->t_first >= cfg->stream_limit_ns)
@@ -712,7 +715,7 @@ static __always_inline void px_exit_active(struct px_active *ap, u64 id, long re
     if (a.kind == KIND_READ)
         px_on_read(&a, id, ret, t);
     else
-        px_on_write(&a, id, ret, t);
+        px_on_write(&a, id, ret, t, t);
 }
 
 static __always_inline void px_exit(long ret) {
@@ -1013,9 +1016,9 @@ TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk, args->ret, 0); retu
 
 // ---- PX_SOCK_HOOKS: no syscall tracepoint ----------------------------------------------
 
-// The user registers of the syscall in progress, r10 (offset 56) to orig_ax (120).
+// The user registers of the syscall in progress, dx (offset 96) to orig_ax (120).
 struct px_uregs {
-    u64 r10, r9, r8, ax, cx, dx, si, di, orig_ax;
+    u64 dx, si, di, orig_ax;
 };
 
 // A socket read or write of a traced task, from inside the syscall (process context, so
@@ -1029,6 +1032,7 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     }
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     u64 t = bpf_ktime_get_ns();
+    u64 t_done = t;
     struct px_active *ap = 0;  // per-thread write state: reads need none
     if (!is_read) {
         ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -1041,8 +1045,9 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     }
     if (ret < 0)
         return;  // EAGAIN (a server's read after each request) and errors
+    u64 regs = (u64)bpf_task_pt_regs(task);
     struct px_uregs r = {};
-    if (bpf_probe_read_kernel(&r, sizeof(r), (void *)((u64)bpf_task_pt_regs(task) + PX_REGS_R10)))
+    if (bpf_probe_read_kernel(&r, sizeof(r), (void *)(regs + PX_REGS_DX)))
         return;
     struct px_active a = {};
     a.sk = sk;
@@ -1061,10 +1066,12 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
         // One sendfile() reaches the socket in pipe-sized pieces: one chunk, not one each.
         a.buf = 0;
         a.kind = KIND_SENDFILE;
-        u64 left = r.r10;  // the count argument
+        u64 left = 0;
         if (ap->sf_sk == sk && ap->sf_left > 0) {
             a.kind = KIND_SENDFILE_CONT;
             left = ap->sf_left;
+        } else if (bpf_probe_read_kernel(&left, sizeof(left), (void *)(regs + PX_REGS_R10))) {
+            left = 0;  // the count argument (r10): unknown, each piece its own chunk
         }
         ap->sf_left = left > (u64)ret ? left - ret : 0;
         ap->sf_sk = sk;
@@ -1076,7 +1083,7 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     } else {
         if (a.kind == KIND_WRITE)
             ap->sf_left = 0;  // a new write ends any unfinished sendfile()
-        px_on_write(&a, id, ret, t);
+        px_on_write(&a, id, ret, t, t_done);
     }
 }
 
@@ -1101,11 +1108,19 @@ RAW_TRACEPOINT_PROBE(tcp_sendmsg_locked) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
         return 0;
+    u64 sk = ctx->args[0];
+#ifdef PX_OFF_MSG_FLAGS
+    // A non-blocking write (every event-loop server) never waits for buffer space: its end
+    // at sock_send_length is its start within microseconds. Only a blocking one is stamped.
+    u32 mflags = 0;
+    if (bpf_probe_read_kernel(&mflags, sizeof(mflags), (void *)(ctx->args[1] + PX_OFF_MSG_FLAGS)) == 0 &&
+        (mflags & 0x40))  // MSG_DONTWAIT
+        return 0;
+#endif
     struct px_active *ap = px_active.task_storage_get(
         (struct task_struct *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!ap)
         return 0;
-    u64 sk = ctx->args[0];
     if (!ap->t_send || ap->send_sk != sk) {
         ap->t_send = bpf_ktime_get_ns();
         ap->send_sk = sk;

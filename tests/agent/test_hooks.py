@@ -139,3 +139,26 @@ def test_reused_fd_and_abortive_close(tmp_path: Path) -> None:
     finally:
         srv.stop()
         back.stop()
+
+
+def test_a_blocked_write_is_timed_at_its_start(stack: tuple[int, Agent, Path]) -> None:
+    """A blocking write larger than the socket buffers waits for the slow client; its time
+    is when the server began it (tcp_sendmsg_locked), not when the copy ended a second later."""
+    port, agent, log = stack
+    ctx = trace_context.generate()
+    n = 16 << 20
+    with socket.create_connection(("127.0.0.1", port), 10) as s:
+        s.sendall(f"GET /plain?n={n} HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n".encode())
+        time.sleep(1.0)  # the server's body write blocks on the full buffers meanwhile
+        got = 0
+        while got < n:
+            d = s.recv(1 << 20)
+            assert d
+            got += len(d)
+    [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+    srv = _server_log(log, ctx.header())
+    t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
+    assert isinstance(t_read, int) and isinstance(writes, list) and len(writes) == 2
+    body_start_us = (writes[1] - t_read) / 1000
+    assert abs(r["ttft_us"] - body_start_us) < 5_000, (r["ttft_us"], body_start_us)
+    assert r["duration_us"] > 500_000  # the write itself lasted until the client read
