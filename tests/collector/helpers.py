@@ -130,3 +130,18 @@ def wait_for(pred: Any, timeout_s: float = 20.0, every_s: float = 0.1) -> Any:
             return last
         time.sleep(every_s)
     raise TimeoutError(f"condition not met in {timeout_s}s (last: {last!r})")
+
+
+def run_store_script(script: str, data_dir: Path) -> dict[str, Any]:
+    """Run ``script`` (which prints one JSON line last) in a fresh interpreter against a
+    chDB store in ``data_dir``: chDB allows one store path per process."""
+    p = subprocess.run(
+        [sys.executable, "-c", script, str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    return out

@@ -8,10 +8,9 @@ lives until the cyclic GC runs (docs/collector.md, Performance). Real chDB, in a
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.collector.helpers import run_store_script
 
 _SCRIPT = """
 import gc, json, sys, time
@@ -48,15 +47,7 @@ print(json.dumps({'ours': ours, 'intact': intact, 'driver': driver, 'rows': int(
 
 
 def test_insert_leaves_no_batch_to_the_cyclic_gc(tmp_path: Path) -> None:
-    p = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "chdb")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_store_script(_SCRIPT, tmp_path / "chdb")
     assert out["rows"] == 600  # every batch was written
     assert out["intact"]  # the caller's columns are left as they were
     assert out["ours"] == 0, out

@@ -3,10 +3,9 @@ start changes nothing, and the tables still deduplicate a replayed insert by its
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.collector.helpers import run_store_script
 
 _SCRIPT = """
 import json, sys
@@ -30,15 +29,7 @@ print(json.dumps({'first': first, 'same': first == second, 'rows': int(n)}))
 
 
 def test_merge_selector_base_set_once(tmp_path: Path) -> None:
-    p = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "chdb")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_store_script(_SCRIPT, tmp_path / "chdb")
     data = ("server_spans", "browser_entries", "pairs", "span_traces", "entry_traces")
     for t in data:
         assert "merge_selector_base = 10" in out["first"][t], t
