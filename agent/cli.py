@@ -139,6 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+MIN_CPU_BUDGET = 0.05
+
 RUN_DESCRIPTION = """\
 Attach the eBPF probes and follow every TCP connection of the traced servers: cut the bytes
 into HTTP/1.x exchanges (keep-alive, pipelining, chunked, SSE, WebSocket after 101) and
@@ -173,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
             names[int(port)] = name
+        if not (args.cpu_budget == 0 or args.cpu_budget >= MIN_CPU_BUDGET):  # NaN too
+            # the agent's own idle work (drains, /metrics, rescans) takes ~0.01 cores:
+            # below this a paused agent could never earn its way back to tracing
+            print(
+                f"parallax-agent: --cpu-budget wants 0 (none) or at least {MIN_CPU_BUDGET}"
+                f" cores, got {args.cpu_budget:g}",
+                file=sys.stderr,
+            )
+            return 2
         return run.main(
             run.RunConfig(
                 ports=args.port,
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 nice=args.nice,
                 drain_ms=max(1.0, args.drain_ms),
                 io_hooks=args.io_hooks,
-                cpu_budget=max(0.0, args.cpu_budget),
+                cpu_budget=args.cpu_budget,
             )
         )
     return 2
