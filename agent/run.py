@@ -452,7 +452,7 @@ class Agent:
         log.info(
             "stopped: %d records; %d in-flight responses flushed as partial; %d requests"
             " never answered (not recorded); %d records shed by the export queue; %d requests"
-            " not traced over the CPU budget",
+            " not traced while shedding load",
             sum(self.n_requests.values()),
             self.n_final_partial,
             self.stats.unanswered,
