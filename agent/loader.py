@@ -150,7 +150,7 @@ def load(opts: Options) -> Loaded:
     text = BPF_SOURCE.read_bytes()
     x86 = platform.machine() == "x86_64"
     # Reads and writes seen from the socket layer, no syscall tracepoint at all (x86-64:
-    # the syscall's arguments come from its user pt_regs; Linux >= 6.3). Else syscalls
+    # the syscall's arguments come from its user pt_regs; Linux >= 6.5). Else syscalls
     # through raw_syscalls:sys_enter/sys_exit (x86-64), else the per-syscall tracepoints.
     sock = (
         x86
@@ -158,7 +158,8 @@ def load(opts: Options) -> Loaded:
         and {"sock:sock_recv_length", "sock:sock_send_length"} <= have_ids
         and kernel_at_least(6, 5)  # before, sendfile() bypassed sock_sendmsg (->sendpage)
     )
-    if x86 and opts.io_hooks != "syscalls" and not sock and kernel_at_least(6, 3):
+    sock_tps = {"sock:sock_recv_length", "sock:sock_send_length"} <= have_ids
+    if x86 and opts.io_hooks != "syscalls" and sock_tps and not kernel_at_least(6, 5):
         line = "socket hooks need Linux 6.5 (sendfile reaches sock_sendmsg from 6.5): syscall"
         line += " tracepoints instead"
         log.warning("degraded: %s", line)
