@@ -46,9 +46,10 @@ class Shedder:
         self._t = clock()
         self._cpu = cpu_clock()
 
-    def step(self, ring_fill: float | None) -> bool | None:
-        """Account the CPU used since the last step and look at the ring (None: unknown):
-        True to pause now (``reason`` says why), False to resume now, None for no change."""
+    def step(self, ring_fill: float | None, ring_full: bool = False) -> bool | None:
+        """Account the CPU used since the last step and look at the ring (fill None:
+        unknown; ``ring_full``: the programs paused themselves on a full ring): True to
+        pause now (``reason`` says why), False to resume now, None for no change."""
         now, cpu = self._clock(), self._cpu_clock()
         if self.rate > 0:
             spent = cpu - self._cpu
@@ -56,10 +57,10 @@ class Shedder:
         self._t, self._cpu = now, cpu
         if not self.paused:
             over = self.rate > 0 and self.tokens < 0
-            behind = ring_fill is not None and ring_fill > BEHIND
+            behind = ring_full or (ring_fill is not None and ring_fill > BEHIND)
             if not (over or behind):
                 return None
-            self.reason = "cpu_budget" if over else "behind"
+            self.reason = "cpu_budget" if over else "ring_full" if ring_full else "behind"
             if now - self._resumed > CALM_S:
                 self._hold = HOLD_S
             self._until = now + self._hold

@@ -132,6 +132,8 @@ def _parser() -> argparse.ArgumentParser:
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
     # offsets cannot wrap (default about an hour); hidden from --help
     r.add_argument("--offset-span-ms", type=float, default=0, help=argparse.SUPPRESS)
+    # tests only: the ring buffer's size in pages (a power of two; default 2048 = 8 MiB)
+    r.add_argument("--ringbuf-pages", type=int, default=0, help=argparse.SUPPRESS)
     # tests of the fallback: syscall tracepoints even where socket hooks work; hidden
     r.add_argument(
         "--io-hooks", choices=("auto", "syscalls"), default="auto", help=argparse.SUPPRESS
@@ -200,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 drain_ms=max(1.0, args.drain_ms),
                 io_hooks=args.io_hooks,
                 cpu_budget=args.cpu_budget,
+                ringbuf_pages=args.ringbuf_pages,
             )
         )
     return 2

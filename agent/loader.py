@@ -246,9 +246,14 @@ def kernel_at_least(major: int, minor: int, release: str | None = None) -> bool:
     return m is not None and (int(m[1]), int(m[2])) >= (major, minor)
 
 
+def paused_by_kernel(b: Any) -> bool:
+    """The programs paused themselves: the ring buffer was full (px_lost)."""
+    return int(b["px_config"][ctypes.c_int(0)].paused) == 2
+
+
 def set_paused(b: Any, paused: bool) -> None:
-    """Over the CPU budget: the programs trace nothing (and count the traced processes'
-    reads as shed) until this is cleared."""
+    """Shedding load: the programs trace nothing (and count the traced processes' reads
+    on followed connections as shed) until this is cleared."""
     cfg = b["px_config"]
     v = cfg[ctypes.c_int(0)]
     v.paused = 1 if paused else 0

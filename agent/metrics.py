@@ -90,8 +90,9 @@ class Metrics:
         )
         self.pauses = Counter(
             "parallax_agent_pauses",
-            "Times tracing was paused, by reason: cpu_budget (over --cpu-budget) or behind"
-            " (the ring buffer more than half full at a drain)",
+            "Times tracing was paused, by reason: cpu_budget (over --cpu-budget), behind (the"
+            " ring buffer more than half full at a drain) or ring_full (the programs paused"
+            " themselves when the ring had no room)",
             ["reason"],
             registry=r,
         )

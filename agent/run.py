@@ -47,6 +47,7 @@ class RunConfig:
     nice: int = 10
     io_hooks: str = "auto"  # loader.Options.io_hooks
     cpu_budget: float = 0.4  # cores; 0 = none (agent.budget)
+    ringbuf_pages: int = 0  # 0: the loader's default (tests shrink it)
 
 
 @dataclass
@@ -370,6 +371,7 @@ class Agent:
             stream_limit_s=cfg.stream_limit_s,
             disabled=cfg.disabled_tracepoints,
             io_hooks=cfg.io_hooks,
+            **({"ringbuf_pages": cfg.ringbuf_pages} if cfg.ringbuf_pages else {}),
             **({"offs_span_ns": cfg.offs_span_ns} if cfg.offs_span_ns else {}),
         )
         # with only --port, pid filtering follows the owners of those listening ports
@@ -427,7 +429,8 @@ class Agent:
             before = self.n_events
             fill = reader.backlog() if reader is not None else None
             self.ring.drain()
-            self._apply_shedding(shedder, shedder.step(fill))
+            full = not shedder.paused and loader.paused_by_kernel(self.bpf)
+            self._apply_shedding(shedder, shedder.step(fill, full))
             if self.q:
                 self._have_records.set()
             # Idle (no event in the last 5 drains, no response waiting for the sweep):
@@ -470,11 +473,11 @@ class Agent:
             self.m.pauses.labels(shedder.reason).inc()
             if shedder.reason not in self._shed_warned:
                 self._shed_warned.add(shedder.reason)
-                why = (
-                    f"over the CPU budget ({self.cfg.cpu_budget:g} cores)"
-                    if shedder.reason == "cpu_budget"
-                    else "the ring buffer is filling faster than it is drained"
-                )
+                why = {
+                    "cpu_budget": f"over the CPU budget ({self.cfg.cpu_budget:g} cores)",
+                    "behind": "the ring buffer is filling faster than it is drained",
+                    "ring_full": "the ring buffer was full (the kernel paused itself)",
+                }[shedder.reason]
                 log.warning(
                     "%s: tracing paused for a while; requests meanwhile are counted in"
                     " parallax_agent_shed_requests_total",

@@ -77,7 +77,7 @@ struct px_cfg {
     u32 all_pids;   // 1: every process (no --pid/--port given)
     u32 all_ports;  // 1: every local port (no --port given)
     u64 stream_limit_ns;
-    u32 paused;  // 1: the agent is over its CPU budget; trace nothing until it clears this
+    u32 paused;  // trace nothing until the agent clears it: 1 set by the agent, 2 by a full ring
     u32 pad;
 };
 
@@ -435,6 +435,12 @@ static __always_inline void px_lost(struct px_conn *c) {
     px_count(C_LOST);
     if (c)
         c->lost = 1;
+    // The ring is full: whatever the programs build from now on is thrown away too. Pause
+    // at once (2: paused by the kernel) rather than when the agent next gets the CPU; the
+    // agent holds the pause, drains, and clears it.
+    struct px_cfg *cfg = px_cfg_get();
+    if (cfg && !cfg->paused)
+        cfg->paused = 2;
 }
 
 static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t,

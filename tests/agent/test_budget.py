@@ -139,3 +139,37 @@ def test_cpu_budget_pauses_until_half_refilled(clock: _Clock) -> None:
     assert s.step(None) is None
     clock.t += 1.5  # +0.75: 0.3 of 0.5
     assert s.step(None) is False
+
+
+def test_a_full_ring_pauses_the_programs_themselves(tmp_path: Path) -> None:
+    """A one-page ring fills within a drain period under load: the program that finds no
+    room pauses tracing at once (the agent need not get the CPU first); the agent holds
+    the pause, drains, resumes, and the next request is recorded whole."""
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
+    port = srv.port()
+    agent = Agent(tmp_path, [port], ["--ringbuf-pages", "1", "--cpu-budget", "0"])
+    try:
+        sent = _wrk_requests(port, 3)
+        full = agent.wait_metric(
+            'parallax_agent_pauses_total{reason="ring_full"}', lambda v: v >= 1
+        )
+        assert full >= 1
+        assert agent.wait_metric("parallax_agent_lost_events", lambda v: v > 0) > 0
+        assert agent.wait_metric("parallax_agent_paused", lambda v: v == 0, timeout=30) == 0
+        ctx = trace_context.generate()
+        head = f"GET /after HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+        assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        assert r["path"] == "/after" and r["ttfb_us"] is not None
+        assert len(agent.records()) <= sent + 1
+    finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0
+
+
+def test_ring_full_counts_as_its_own_reason(clock: _Clock) -> None:
+    from agent.budget import Shedder
+
+    s = Shedder(0, lambda: clock.t, lambda: clock.cpu)
+    assert s.step(0.1, ring_full=True) is True and s.reason == "ring_full"
