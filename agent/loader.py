@@ -257,6 +257,8 @@ def set_paused(b: Any, paused: bool) -> None:
     cfg = b["px_config"]
     v = cfg[ctypes.c_int(0)]
     v.paused = 1 if paused else 0
+    if not paused:
+        v.epoch += 1  # what the programs wrote before the pause is stale from here on
     cfg[ctypes.c_int(0)] = v
 
 

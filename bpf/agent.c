@@ -78,7 +78,10 @@ struct px_cfg {
     u32 all_ports;  // 1: every local port (no --port given)
     u64 stream_limit_ns;
     u32 paused;  // trace nothing until the agent clears it: 1 set by the agent, 2 by a full ring
-    u32 pad;
+    // Incremented by the agent at each resume. State written before it (a connection's
+    // framing, its pending arrival, a thread's write start) is stale after a pause: the
+    // paused path does no work at all, so staleness is found by the epoch instead.
+    u32 epoch;
 };
 
 struct px_active {
@@ -93,6 +96,8 @@ struct px_active {
     u64 send_sk;
     u64 sf_left;  // PX_SOCK_HOOKS: bytes a sendfile() on sf_sk still has to send
     u64 sf_sk;
+    u32 epoch;    // px_cfg.epoch when t_send / sf_left were written
+    u32 pad;
 };
 
 struct px_fd {
@@ -125,6 +130,8 @@ struct px_conn {
     u8 raddr[16];
     u32 lost;        // an event of this connection was lost (ring full): told with the next
     u32 peer_rst;    // tcp_receive_reset: the reset that closes it is the peer's
+    u32 epoch;       // px_cfg.epoch of its last event: another one means a pause in between
+    u32 arr_epoch;   // px_cfg.epoch when t_arr was stamped
 };
 
 struct px_agg {
@@ -241,6 +248,11 @@ static __always_inline struct px_cfg *px_cfg_get(void) {
     return px_config.lookup(&zero);
 }
 
+static __always_inline u32 px_epoch(void) {
+    struct px_cfg *cfg = px_cfg_get();
+    return cfg ? cfg->epoch : 0;
+}
+
 static __always_inline int px_pid_on(struct px_cfg *cfg, u32 tgid) {
     if (cfg->all_pids)
         return 1;
@@ -329,37 +341,30 @@ static __always_inline struct px_active *px_active_get(u64 id) {
 #endif
 }
 
-// A socket read or write of a traced process while tracing is paused: a read with data on
-// a followed connection is a request not traced (counted); the connection's pending
-// arrival time and the thread's write state are stale afterwards, and its next event tells
-// user space to resynchronise.
-static __always_inline void px_paused_io(u64 sk, long ret, int is_read) {
-    struct px_conn *c = px_conns.lookup(&sk);
-    if (c) {
-        c->lost = 1;
-        if (is_read && ret > 0) {
-            px_count(C_SHED_READS);
-            c->t_arr = 0;
-        }
+// A thread's write state from before a pause is stale (its write ended unseen).
+static __always_inline void px_active_fresh(struct px_active *ap) {
+    u32 ep = px_epoch();
+    if (ap->epoch != ep) {
+        ap->t_send = 0;
+        ap->send_sk = 0;
+        ap->sf_left = 0;
+        ap->epoch = ep;
     }
-#ifdef PX_TASK_STORAGE
-    if (!is_read) {
-        struct px_active *ap = px_active.task_storage_get(
-            (struct task_struct *)bpf_get_current_task_btf(), 0, 0);
-        if (ap) {
-            ap->t_send = 0;
-            ap->send_sk = 0;
-            ap->sf_left = 0;
-        }
-    }
-#endif
+}
+
+// A socket read of a traced process while tracing is paused: with data, on a followed
+// connection, a request not traced (counted). Nothing else is done while paused — what
+// goes stale meanwhile is recognised by px_cfg.epoch afterwards.
+static __always_inline void px_paused_read(u64 sk, long ret) {
+    if (ret > 0 && px_conns.lookup(&sk))
+        px_count(C_SHED_READS);
 }
 
 static __always_inline void px_link(void *sk, long ret, int is_read) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32)) {
-        if (px_shed(id >> 32))
-            px_paused_io((u64)sk, ret, is_read);
+        if (is_read && px_shed(id >> 32))
+            px_paused_read((u64)sk, ret);
         return;
     }
     struct px_active *a = px_active_get(id);
@@ -472,8 +477,14 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
 static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     struct px_conn *c = px_conns.lookup(&sk);
     u64 key = (id & 0xffffffff00000000ULL) | fd;
-    if (c && c->fdkey == key)
-        return c;  // the common case: one hash lookup per event
+    if (c && c->fdkey == key) {  // the common case: one hash lookup per event
+        u32 ep = px_epoch();
+        if (c->epoch != ep) {
+            c->epoch = ep;
+            c->lost = 1;
+        }
+        return c;
+    }
     struct px_fd *f = px_fds.lookup(&key);
     if (!c) {
         // A connection older than the agent: seeded from /proc by user space.
@@ -491,6 +502,8 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
 #endif
         struct px_conn nc = {};
         nc.ident = bpf_ktime_get_ns();
+        nc.epoch = px_epoch();
+        nc.arr_epoch = nc.epoch;
         nc.lport = f->lport;
         nc.rport = f->rport;
         nc.family = f->family;
@@ -514,6 +527,11 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     }
     c->tgid = id >> 32;
     c->fdkey = key;
+    u32 ep = px_epoch();
+    if (c->epoch != ep) {
+        c->epoch = ep;
+        c->lost = 1;  // tracing was paused since its last event: user space resynchronises
+    }
     return c;
 }
 
@@ -559,7 +577,7 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     px_hdr_fill(&e->h, EV_READ, id, a->fd, sk, c, t);
     e->t_est = c->t_est;
     e->t_acc = c->t_acc;
-    e->t_arr = c->t_arr;
+    e->t_arr = c->arr_epoch == c->epoch ? c->t_arr : 0;  // not stamped before a pause
     c->t_arr = 0;
     e->n = ret;
     e->lport = c->lport;
@@ -1032,8 +1050,8 @@ struct px_uregs {
 static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32)) {
-        if (px_shed(id >> 32))
-            px_paused_io(sk, ret, is_read);
+        if (is_read && px_shed(id >> 32))
+            px_paused_read(sk, ret);
         return;
     }
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
@@ -1044,6 +1062,7 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
         ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
         if (!ap)
             return;
+        px_active_fresh(ap);
         if (ap->t_send && ap->send_sk == sk)
             t = ap->t_send;  // when the write started (tcp_sendmsg_locked), not ended
         ap->t_send = 0;
@@ -1127,6 +1146,7 @@ RAW_TRACEPOINT_PROBE(tcp_sendmsg_locked) {
         (struct task_struct *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!ap)
         return 0;
+    px_active_fresh(ap);
     if (!ap->t_send || ap->send_sk != sk) {
         ap->t_send = bpf_ktime_get_ns();
         ap->send_sk = sk;
@@ -1189,6 +1209,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
             return 0;
         struct px_conn c = {};
         c.t_est = bpf_ktime_get_ns();
+        c.epoch = px_epoch();
+        c.arr_epoch = c.epoch;
         c.ident = c.t_est;
         c.lport = args->sport;
         c.rport = args->dport;
@@ -1293,9 +1315,14 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 #ifdef PX_HAVE_SK_DATA_READY
 TRACEPOINT_PROBE(sock, sk_data_ready) {
     u64 sk = (u64)args->skaddr;
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || cfg->paused)
+        return 0;  // nothing while paused (a request read meanwhile is not timed)
     struct px_conn *c = px_conns.lookup(&sk);
-    if (c && c->t_arr == 0)
+    if (c && (c->t_arr == 0 || c->arr_epoch != cfg->epoch)) {
         c->t_arr = bpf_ktime_get_ns();
+        c->arr_epoch = cfg->epoch;
+    }
     return 0;
 }
 #endif
@@ -1319,6 +1346,8 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
             return 0;
         struct px_conn nc = {};
         nc.ident = bpf_ktime_get_ns();
+        nc.epoch = px_epoch();
+        nc.arr_epoch = nc.epoch;
         nc.lport = args->sport;
         nc.rport = args->dport;
         nc.family = args->family;
@@ -1337,8 +1366,10 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
     }
     c->srtt_us = args->srtt;  // already microseconds (tp->srtt_us >> 3)
 #ifndef PX_HAVE_SK_DATA_READY
-    if (args->data_len && c->t_arr == 0)
+    if (args->data_len && (c->t_arr == 0 || c->arr_epoch != px_epoch())) {
         c->t_arr = bpf_ktime_get_ns();
+        c->arr_epoch = px_epoch();
+    }
 #endif
     return 0;
 }
