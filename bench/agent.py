@@ -403,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         f" (goal ≥ 0.90; per round {', '.join(f'{x:.2f}' for x in ratios)}). Over the"
         f" traced rounds the agent recorded {sat_extra['records']:.0f} of"
         f" {sat_extra['requests']:.0f} requests ({100 * sat_extra['records'] / sat_n:.0f} %),"
-        f" counted {sat_extra['shed']:.0f} reads as shed while it had paused tracing (over"
-        " its CPU budget or behind its ring buffer) and"
+        f" counted {sat_extra['shed']:.0f} reads as shed while tracing was paused (over"
+        " its CPU budget, behind its ring buffer, or paused by the programs themselves on a"
+        " full ring) and"
         f" {sat_extra['lost']:.0f} events lost to a full ring before it paused.",
         f"Untraced process (1-byte `dd`, {a.dd_count} read+write pairs, best of 3):"
         f" **{extra.get('dd_ratio', float('nan')):.2f}×** slower with the agent attached"
