@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import procinfo
+from agent.loader import kernel_at_least
 
 log = logging.getLogger("parallax.agent")
 
@@ -41,8 +42,7 @@ PROGRAM = "px_uret_accept"
 
 def uretprobe_hazard(release: str | None = None) -> bool:
     """True on kernels where a uretprobe may get a seccomp-confined server killed."""
-    m = re.match(r"(\d+)\.(\d+)", release or platform.release())
-    return m is not None and (6, 11) <= (int(m[1]), int(m[2])) < (6, 14)
+    return kernel_at_least(6, 11, release) and not kernel_at_least(6, 14, release)
 
 
 def libc_path(pid: int) -> str | None:

@@ -774,11 +774,28 @@ static __always_inline void px_exit(long ret) {
 #define PX_REGS_DX 96
 #define PX_REGS_ORIG_AX 120
 
-struct px_args3 {
-    u64 dx;  // third argument
-    u64 si;  // second
-    u64 di;  // first
+// The user registers of the syscall in progress, dx (offset 96) to orig_ax (120): its third,
+// second and first arguments, and its number.
+struct px_uregs {
+    u64 dx, si, di, orig_ax;
 };
+
+// How a followed read or write syscall passes its buffer: IOV_NONE, IOV_VEC, IOV_MSG; -1 for
+// any other syscall (one mapping for the raw syscall path and the socket hooks).
+static __always_inline int px_iov_of(u64 nr) {
+    if (nr == PX_NR_READ || nr == PX_NR_RECVFROM || nr == PX_NR_WRITE || nr == PX_NR_SENDTO)
+        return IOV_NONE;
+    if (nr == PX_NR_READV || nr == PX_NR_WRITEV)
+        return IOV_VEC;
+    if (nr == PX_NR_RECVMSG || nr == PX_NR_SENDMSG)
+        return IOV_MSG;
+    return -1;
+}
+
+static __always_inline int px_nr_reads(u64 nr) {
+    return nr == PX_NR_READ || nr == PX_NR_RECVFROM || nr == PX_NR_READV ||
+           nr == PX_NR_RECVMSG;
+}
 
 // ---- syscalls ---------------------------------------------------------------------
 
@@ -948,29 +965,16 @@ RAW_TRACEPOINT_PROBE(sys_enter) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
         return 0;
-    struct px_args3 r = {};
+    struct px_uregs r = {};
     if (bpf_probe_read_kernel(&r, sizeof(r), (void *)(ctx->args[0] + PX_REGS_DX)))
         return 0;
     u32 fd = r.di;
+    int iov = px_iov_of(nr);
+    if (iov >= 0) {  // vlen (dx) is read only for IOV_VEC
+        px_enter_id(id, fd, r.si, px_nr_reads(nr) ? KIND_READ : KIND_WRITE, iov, r.dx);
+        return 0;
+    }
     switch (nr) {
-    case PX_NR_READ: case PX_NR_RECVFROM:
-        px_enter_id(id, fd, r.si, KIND_READ, IOV_NONE, 0);
-        break;
-    case PX_NR_READV:
-        px_enter_id(id, fd, r.si, KIND_READ, IOV_VEC, r.dx);
-        break;
-    case PX_NR_RECVMSG:
-        px_enter_id(id, fd, r.si, KIND_READ, IOV_MSG, 0);
-        break;
-    case PX_NR_WRITE: case PX_NR_SENDTO:
-        px_enter_id(id, fd, r.si, KIND_WRITE, IOV_NONE, 0);
-        break;
-    case PX_NR_WRITEV:
-        px_enter_id(id, fd, r.si, KIND_WRITE, IOV_VEC, r.dx);
-        break;
-    case PX_NR_SENDMSG:
-        px_enter_id(id, fd, r.si, KIND_WRITE, IOV_MSG, 0);
-        break;
     case PX_NR_SENDFILE:
         px_enter_id(id, fd, 0, KIND_SENDFILE, IOV_NONE, 0);
         break;
@@ -1040,11 +1044,6 @@ TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk, args->ret, 0); retu
 
 // ---- PX_SOCK_HOOKS: no syscall tracepoint ----------------------------------------------
 
-// The user registers of the syscall in progress, dx (offset 96) to orig_ax (120).
-struct px_uregs {
-    u64 dx, si, di, orig_ax;
-};
-
 // A socket read or write of a traced task, from inside the syscall (process context, so
 // the pid is the caller's): the syscall's number and arguments come from its user pt_regs.
 static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
@@ -1080,13 +1079,10 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     a.buf = r.si;
     a.kind = is_read ? KIND_READ : KIND_WRITE;
     u64 nr = r.orig_ax;
-    if (nr == PX_NR_READ || nr == PX_NR_RECVFROM || nr == PX_NR_WRITE || nr == PX_NR_SENDTO) {
-        a.iov = IOV_NONE;
-    } else if (nr == PX_NR_READV || nr == PX_NR_WRITEV) {
-        a.iov = IOV_VEC;
-        a.vlen = r.dx > 0xffff ? 0xffff : r.dx;
-    } else if (nr == PX_NR_RECVMSG || nr == PX_NR_SENDMSG) {
-        a.iov = IOV_MSG;
+    int iov = px_iov_of(nr);
+    if (iov >= 0) {
+        a.iov = iov;
+        a.vlen = r.dx > 0xffff ? 0xffff : r.dx;  // read only for IOV_VEC
     } else if (nr == PX_NR_SENDFILE && ap) {
         // One sendfile() reaches the socket in pipe-sized pieces: one chunk, not one each.
         a.buf = 0;
