@@ -48,8 +48,14 @@ def test_clean_app_straight_to_browser(collector: tuple[str, str], stack: Stack)
 def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack) -> None:
     ingest, query = collector
     one_way, jitter = 15.0, 4.0
+    # 300 chats, as for the event-loop lag: the interval's low end must clear the band.
     sc = Scenario(
-        "e2e-network", app_args=FAST, topology="relay", delay_ms=one_way, jitter_ms=jitter
+        "e2e-network",
+        app_args=FAST,
+        topology="relay",
+        delay_ms=one_way,
+        jitter_ms=jitter,
+        requests=300,
     )
     out = run(sc, stack, ingest, query)
     ttfb = out.route("/v1/chat")["metrics"]["ttfb"]
@@ -93,8 +99,13 @@ def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, ex
 def test_event_loop_lag_shows_as_server_queue(collector: tuple[str, str], stack: Stack) -> None:
     ingest, query = collector
     block = 50.0
+    # 300 chats: with ~120 the distribution-free interval's upper bound for the server P95 is
+    # the sample maximum, and one scheduling spike on a busy 2-core machine pulled the interval's
+    # low end under the band (CI run at 9be2d2d: divergence 46 ms, interval from 11 ms).
     sc = Scenario(
-        "e2e-loop-lag", app_args=[*FAST, "--block-ms", str(block), "--block-every-ms", "100"]
+        "e2e-loop-lag",
+        app_args=[*FAST, "--block-ms", str(block), "--block-every-ms", "100"],
+        requests=300,
     )
     out = run(sc, stack, ingest, query)
     ttfb = out.route("/v1/chat")["metrics"]["ttfb"]
