@@ -17,8 +17,30 @@ servers it measures; with it, it sheds whole stretches and says how many request
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+
+# The default budget: a share of the node, as overhead targets for node agents are stated,
+# within a floor (the agent's idle work takes ~0.01 cores: below the floor a paused agent
+# could never earn its way back) and a cap (under the DaemonSet's 500m CPU limit, so it
+# sheds before the CFS quota throttles it). Measured at nginx saturation on 2 cores: a
+# 0.4-core budget is a fifth of that node, and the traced throughput fell to 0.81 of
+# untraced; at 0.1 (5 %) it was 0.90 (docs/benchmarks.md).
+NODE_SHARE = 0.05
+MIN_CORES = 0.05
+MAX_CORES = 0.4
+
+
+def default_cores(cpus: int | None = None) -> float:
+    """5 % of the CPUs this process may run on, within [MIN_CORES, MAX_CORES]."""
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except OSError:
+            cpus = os.cpu_count() or 1
+    return round(min(MAX_CORES, max(MIN_CORES, NODE_SHARE * cpus)), 3)
+
 
 HOLD_S = 1.0
 HOLD_MAX_S = 8.0

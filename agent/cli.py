@@ -120,12 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--cpu-budget",
         type=float,
-        default=0.4,
+        default=None,
         metavar="CORES",
-        help="the agent's CPU budget in cores (default %(default)s, under the DaemonSet's"
-        " 500m limit, so that it sheds before the kernel throttles it):"
-        " above it, tracing pauses until the agent is back under, and the requests it"
-        " skips are counted (parallax_agent_shed_requests_total); 0 = no budget",
+        help="the agent's CPU budget in cores (default: 5%% of the node's CPUs, at least"
+        " 0.05 and at most 0.4 — under the DaemonSet's 500m limit, so that it sheds before"
+        " the kernel throttles it): above it, tracing pauses until the agent is back under,"
+        " and the requests it skips are counted (parallax_agent_shed_requests_total);"
+        " 0 = no budget",
     )
     # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
     r.add_argument("--drain-ms", type=float, default=50.0, help=argparse.SUPPRESS)
@@ -140,8 +141,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     return ap
 
-
-MIN_CPU_BUDGET = 0.05
 
 RUN_DESCRIPTION = """\
 Attach the eBPF probes and follow every TCP connection of the traced servers: cut the bytes
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.main(as_json=args.json)
     if args.command == "run":
         try:
-            from agent import run  # noqa: PLC0415
+            from agent import budget, run  # noqa: PLC0415
         except KeyboardInterrupt:  # Ctrl-C while starting: nothing attached yet
             return 0
 
@@ -177,11 +176,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
             names[int(port)] = name
-        if not (args.cpu_budget == 0 or args.cpu_budget >= MIN_CPU_BUDGET):  # NaN too
+        if args.cpu_budget is None:
+            args.cpu_budget = budget.default_cores()
+        if not (args.cpu_budget == 0 or args.cpu_budget >= budget.MIN_CORES):  # NaN too
             # the agent's own idle work (drains, /metrics, rescans) takes ~0.01 cores:
             # below this a paused agent could never earn its way back to tracing
             print(
-                f"parallax-agent: --cpu-budget wants 0 (none) or at least {MIN_CPU_BUDGET}"
+                f"parallax-agent: --cpu-budget wants 0 (none) or at least {budget.MIN_CORES}"
                 f" cores, got {args.cpu_budget:g}",
                 file=sys.stderr,
             )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import events, loader, metrics, procinfo, uprobes
-from agent.budget import Shedder
+from agent.budget import Shedder, default_cores
 from agent.clock import MonoClock
 from agent.httpcut import Conn, Exchange, Stats
 from agent.records import ConnInfo, build
@@ -46,7 +46,7 @@ class RunConfig:
     offs_span_ns: int = 0  # 0: the loader's default (tests shorten it)
     nice: int = 10
     io_hooks: str = "auto"  # loader.Options.io_hooks
-    cpu_budget: float = 0.4  # cores; 0 = none (agent.budget)
+    cpu_budget: float = field(default_factory=default_cores)  # cores; 0 = none
     ringbuf_pages: int = 0  # 0: the loader's default (tests shrink it)
 
 
@@ -416,7 +416,8 @@ class Agent:
         deg = "; ".join(loaded.degraded) if loaded.degraded else "none"
         print(
             f"parallax-agent: attached {len(loaded.attached)} tracepoints, {loaded.hooks} hooks"
-            f" (degraded: {deg}), tracing {what}",
+            f" (degraded: {deg}), tracing {what}, CPU budget "
+            + (f"{cfg.cpu_budget:g} cores" if cfg.cpu_budget else "none"),
             file=sys.stderr,
             flush=True,
         )

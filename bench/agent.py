@@ -263,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="2000,5000")
     ap.add_argument("--dd-count", type=int, default=1_000_000)
     ap.add_argument("--sat-rounds", type=int, default=5, help="untraced/traced saturation pairs")
+    ap.add_argument(
+        "--sat-seconds",
+        type=float,
+        default=10,
+        help="length of each saturation run (the CPU budget's one-second burst and the first"
+        " pause's hold weigh less in a longer one)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
@@ -291,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     sat_tr: list[float] = []
     sat_extra = {"requests": 0.0, "records": 0.0, "shed": 0.0, "lost": 0.0}
     hooks_line = ""
+    sat_budget = "?"
     try:
         _wait_port(port)
         wrk(port, 1, conns, None)  # warm-up
@@ -300,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         extra["dd_floor_raw"] = dd_floor(a.dd_count, dd_base, RAW_FLOOR_PROGRAMS)
         dd_base = min(dd_base, dd_seconds(a.dd_count))
         for mode in ("untraced", "traced"):
-            agent = AgentProc(port, tmp) if mode == "traced" else None
+            # No CPU budget at the fixed loads: every request traced, so the per-request
+            # figures are the cost of tracing, not diluted by stretches of shedding.
+            agent = AgentProc(port, tmp, ("--cpu-budget", "0")) if mode == "traced" else None
             try:
                 if agent:
                     time.sleep(1.5)  # the first rescan has picked up nginx
@@ -338,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                         reverse=True,
                     )
                     extra["records"] = (tmp / "agent.jsonl").read_text().count("\n")
+                    extra["fixed_shed"] = agent.metric("parallax_agent_shed_requests_total")
                     ready = [ln for ln in agent.err.read_text().splitlines() if "attached" in ln]
                     hooks_line = ready[0] if ready else ""
             finally:
@@ -347,13 +358,17 @@ def main(argv: list[str] | None = None) -> int:
         # Saturation, untraced and traced in alternation (the machine is shared: a single
         # pair is mostly noise); bpf_stats off (its clock reads are not the agent's cost).
         for i in range(a.sat_rounds):
-            sat_un.append(wrk(port, a.seconds, 50, None)["rps"])
-            agent = AgentProc(port, tmp)
+            sat_un.append(wrk(port, a.sat_seconds, 50, None)["rps"])
+            agent = AgentProc(port, tmp)  # the default CPU budget
             try:
                 time.sleep(1.5)  # the first rescan has picked up nginx
                 recs0 = (tmp / "agent.jsonl").read_text().count("\n")
-                res = wrk(port, a.seconds, 50, None)
+                res = wrk(port, a.sat_seconds, 50, None)
                 sat_tr.append(res["rps"])
+                budget_line = next(
+                    (ln for ln in agent.err.read_text().splitlines() if "CPU budget" in ln), ""
+                )
+                sat_budget = budget_line.rpartition("CPU budget ")[2] or "?"
                 time.sleep(1.5)  # the agent's metrics refresh each second
                 sat_extra["requests"] += res["requests"]
                 sat_extra["records"] += (tmp / "agent.jsonl").read_text().count("\n") - recs0
@@ -397,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines += [
         "",
-        f"Saturation (50 connections, unpaced; bpf_stats off), {len(ratios)} rounds of"
+        f"Saturation (50 connections, unpaced, {a.sat_seconds:g} s each; bpf_stats off; the"
+        f" agent's default CPU budget, here {sat_budget}), {len(ratios)} rounds of"
         f" untraced then traced: {', '.join(f'{x:.0f}' for x in sat_un)} req/s untraced,"
         f" {', '.join(f'{x:.0f}' for x in sat_tr)} traced → median ratio **{ratio:.2f}**"
         f" (goal ≥ 0.90; per round {', '.join(f'{x:.2f}' for x in ratios)}). Over the"
@@ -419,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         f" {extra.get('foreign_progs', -1):.0f} (when some are syscall tracepoints, the"
         " untraced baseline already pays the kernel's slow path and the ratio shrinks;"
         " across runs on this shared machine the dd ratio ranged 1.0–3.3×).",
-        f"Records the agent wrote: {extra.get('records', 0):.0f}.",
+        f"Records the agent wrote at the fixed loads: {extra.get('records', 0):.0f}, with no"
+        " CPU budget (`--cpu-budget 0`: every request traced, so the per-request figures"
+        " are the cost of tracing, not diluted by shedding); requests shed there:"
+        f" {extra.get('fixed_shed', float('nan')):.0f}.",
         "",
         "Caveat: measured on 2 cores shared with other jobs; the untraced and traced runs"
         " are sequential, so the p99 and saturation columns carry that noise (compare the"
