@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.stack import free_port
 from parallax_contracts import trace_context
 from tests.agent.helpers import PY, Agent, Proc, http_request, read_response
 
@@ -173,3 +174,28 @@ def test_ring_full_counts_as_its_own_reason(clock: _Clock) -> None:
 
     s = Shedder(0, lambda: clock.t, lambda: clock.cpu)
     assert s.step(0.1, ring_full=True) is True and s.reason == "ring_full"
+
+
+def test_default_budget_is_a_share_of_the_node() -> None:
+    from agent.budget import default_cores
+
+    # 5 % of the CPUs, never below what the agent's idle work needs to resume, never above
+    # the DaemonSet's 500m limit
+    assert [default_cores(n) for n in (1, 2, 4, 6, 8, 96)] == [0.05, 0.1, 0.2, 0.3, 0.4, 0.4]
+    assert 0.05 <= default_cores() <= 0.4  # this machine's
+
+
+def test_attach_line_names_the_budget(tmp_path: Path) -> None:
+    from agent.budget import default_cores
+
+    agent = Agent(tmp_path, [free_port()])
+    try:
+        line = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
+        assert line.endswith(f"CPU budget {default_cores():g} cores"), line
+    finally:
+        agent.stop()
+    agent = Agent(tmp_path, [free_port()], ["--cpu-budget", "0"])
+    try:
+        assert "CPU budget none" in agent.err.read_text()
+    finally:
+        agent.stop()
