@@ -7,6 +7,12 @@ is looked at once more ``recheck_s`` later (the other side may be in flight thro
 collector). A late beacon pairs when it is written: its trace id is marked like any other.
 At start, browser entries of the look-back window without a pair are marked again (pairs a
 crash interrupted).
+
+With the embedded store the collector is its only writer, and a TraceIndex per side answers
+"is the other side in the store?" from memory: a trace whose other side is nowhere is not
+marked at all (its other side marks it when it is written), no store lookup is made for it,
+and a one-sided trace is not looked at again ``recheck_s`` later (that recheck is for a
+server store that other collectors write to as well).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collector.metrics import Metrics
 from collector.pairing import pair_row
 from collector.store import schema
 from collector.store.client import Store
+from collector.trace_index import TraceIndex
 
 log = logging.getLogger("parallax.collector")
 
@@ -182,6 +189,11 @@ def pairs_for_rows(
     return out, one_sided
 
 
+def _maybe(index: TraceIndex, ids: list[str]) -> list[str]:
+    """The ids the index cannot rule out."""
+    return [t for t, m in zip(ids, index.maybe(ids), strict=True) if m]
+
+
 class Pairer:
     def __init__(
         self,
@@ -193,6 +205,9 @@ class Pairer:
         max_batch: int = 10_000,
         coverage_interval_s: float = 30.0,
         memory_traces: int = 200_000,
+        exclusive: bool | None = None,
+        index_max_ids: int = 50_000_000,
+        index_load_max: int = 1_000_000,
     ):
         self.store = store
         self.metrics = metrics
@@ -219,17 +234,84 @@ class Pairer:
             OrderedDict()
         )
         self.memory_traces = memory_traces
+        # The embedded store has no other writer: what is not in the indexes (once loaded
+        # with what the store held at start) is not in the store.
+        if exclusive is None:
+            exclusive = bool(getattr(store, "is_embedded", False))
+        self.exclusive = exclusive
+        self.span_index = TraceIndex(lookback_s, index_max_ids)
+        self.entry_index = TraceIndex(lookback_s, index_max_ids)
+        self.index_load_max = index_load_max
+        self.lookups_skipped = 0
+
+    def authoritative(self) -> bool:
+        """True when the indexes answer for the store (no other writer, loaded, complete)."""
+        return (
+            self.exclusive and self.span_index.authoritative() and self.entry_index.authoritative()
+        )
+
+    def load_index(self) -> None:
+        """Fill the indexes with the trace ids the store holds in the look-back window (at
+        start, before the sweep). More than ``index_load_max`` per side: not loaded, and the
+        index says "maybe" until those rows have left the window (store lookups as before)."""
+        if not self.exclusive:
+            return
+        db = self.store.database
+        for index, table in (
+            (self.span_index, schema.SPAN_TRACES),
+            (self.entry_index, schema.ENTRY_TRACES),
+        ):
+            where = f"FROM {db}.{table} WHERE time >= now64() - toIntervalSecond({{lb:UInt32}})"
+            p = {"lb": self.lookback_s}
+            r = self.store.query(
+                f"SELECT count(), toUnixTimestamp64Milli(max(time)) {where}", p
+            ).result_rows
+            n, newest_ms = int(r[0][0]), r[0][1]
+            newest_s = float(newest_ms) / 1e3 if n else None
+            if n > self.index_load_max:
+                assert newest_s is not None
+                index.incomplete(newest_s)
+                log.info(
+                    "pairing: %d trace ids in the store's %d s window, over %d: store "
+                    "look-ups for every one-sided trace until they leave it",
+                    n,
+                    self.lookback_s,
+                    self.index_load_max,
+                )
+                continue
+            ids = (
+                [
+                    row[0]
+                    for row in self.store.query(f"SELECT DISTINCT trace_id {where}", p).result_rows
+                ]
+                if n
+                else []
+            )
+            index.loaded(ids, newest_s)
 
     def offer(self, spans: list[tuple[Any, ...]], entries: list[tuple[Any, ...]]) -> None:
         """Rows just written: remember them and mark their traces. A span without a parent
         cannot pair (no browser span) and marks nothing."""
         now: list[str] = []
         later: list[str] = []
+        # Into the indexes before anything else sees these rows: a trace visible in memory
+        # is in the index too (memory forgets, the index covers the look-back window).
+        if spans:
+            self.span_index.add([r[3] for r in spans], max(r[0] for r in spans) / 1e9)
+        if entries:
+            self.entry_index.add([r[5] for r in entries], max(r[0] for r in entries) / 1e6)
+        auth = self.authoritative()
+        # Traces whose other side is not in memory: (id, is it a span?), asked of the index.
+        ask: list[tuple[str, bool]] = []
         with self._lock:
             for r in entries:
                 t = r[5]
-                self._mem.setdefault(t, ([], []))[1].append(r)
-                now.append(t)
+                m = self._mem.setdefault(t, ([], []))
+                m[1].append(r)
+                if m[0] or not auth:
+                    now.append(t)
+                else:
+                    ask.append((t, False))
             for r in spans:
                 t = r[3]
                 m = self._mem.setdefault(t, ([], []))
@@ -237,9 +319,26 @@ class Pairer:
                 if r[5]:
                     # The beacon usually comes after the span (it is sent when the stream
                     # has ended): look for it in the store only if it has not come here.
-                    (now if m[1] else later).append(t)
+                    if m[1]:
+                        now.append(t)
+                    elif auth:
+                        ask.append((t, True))
+                    else:
+                        later.append(t)
             while len(self._mem) > self.memory_traces:
                 self._mem.popitem(last=False)
+        if ask:
+            # The other side may be in the store (written before memory forgot it): look now.
+            # Where the index is sure it is not, nothing to do — when it is written, its own
+            # offer finds this side in memory or in the index and marks the trace.
+            want_entry = [t for t, is_span in ask if is_span]
+            want_span = [t for t, is_span in ask if not is_span]
+            for ids, index in ((want_entry, self.entry_index), (want_span, self.span_index)):
+                for t, maybe in zip(ids, index.maybe(ids), strict=True):
+                    if maybe:
+                        now.append(t)
+                    else:
+                        self.lookups_skipped += 1
         self.mark(now)
         self.mark(later, delay_s=self.recheck_s, attempt=1)
 
@@ -328,10 +427,13 @@ class Pairer:
         except Exception:
             self.mark(ids, delay_s=self.recheck_s)
             raise
-        attempts = dict(batch)
-        self.mark(
-            (i for i in one_sided if attempts.get(i, 1) == 0), delay_s=self.recheck_s, attempt=1
-        )
+        if not self.authoritative():  # another writer may bring the other side: look again
+            attempts = dict(batch)
+            self.mark(
+                (i for i in one_sided if attempts.get(i, 1) == 0),
+                delay_s=self.recheck_s,
+                attempt=1,
+            )
         self.rounds += 1
         self.metrics.pairing_seconds.observe(time.perf_counter() - t)
         return n_fresh
@@ -359,6 +461,13 @@ class Pairer:
                 else:
                     neither.append(t)
         lb = self.lookback_s
+        if self.authoritative():
+            # What the indexes are sure of needs no store lookup.
+            n0 = len(no_entries) + len(no_spans) + len(neither)
+            no_entries = _maybe(self.entry_index, no_entries)
+            no_spans = {t: no_spans[t] for t in _maybe(self.span_index, list(no_spans))}
+            neither = _maybe(self.entry_index, _maybe(self.span_index, neither))
+            self.lookups_skipped += n0 - len(no_entries) - len(no_spans) - len(neither)
         self.store_lookups += len(no_entries) + len(no_spans) + len(neither)
         # Which of the missing sides exist at all (primary-key lookups in the small trace-id
         # tables); only those traces are read. The usual answer is "none yet".

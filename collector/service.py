@@ -155,6 +155,11 @@ class Collector:
             self.migrated.set()
             break
         if self.migrated.is_set():
+            try:
+                # What the store holds now; rows written from here on are added as written.
+                self.pairer.load_index()
+            except Exception as e:  # noqa: BLE001 — the index stays "maybe": store lookups
+                log.warning("pairing: trace index not loaded: %s", str(e).splitlines()[0][:200])
             with contextlib.suppress(Exception):
                 n = self.pairer.sweep()
                 if n:

@@ -1,0 +1,118 @@
+"""The trace index never says "not in the store" for a trace the store has, and the pairer
+skips the store lookups it rules out — pairing still happens, including across a restart
+(the index is loaded from the store) and for a late side written long after the first."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from collector.trace_index import TraceIndex
+from tests.collector.helpers import run_store_script
+
+
+def _ids(n: int) -> list[str]:
+    return [os.urandom(16).hex() for _ in range(n)]
+
+
+def test_index_answers_only_once_loaded_and_never_misses() -> None:
+    ix = TraceIndex(lookback_s=900)
+    have = _ids(20_000)
+    ix.add(have[:10_000], time.time())
+    assert ix.maybe(_ids(5)) == [True] * 5  # not loaded: it cannot answer for the store
+    ix.loaded(have[10_000:], time.time())
+    assert ix.authoritative()
+    for i in range(0, 20_000, 100):  # many small batches: merged runs stay few
+        ix.add(have[i : i + 100], time.time())
+    assert all(ix.maybe(have))
+    assert len(ix._runs) <= 16
+    others = _ids(20_000)
+    false_pos = sum(ix.maybe(others))
+    assert false_pos <= 5  # ≈ 40,000 / 2³² per id: about 0.0002 expected
+
+
+def test_index_drops_what_left_the_window_and_says_maybe_after_overflow() -> None:
+    ix = TraceIndex(lookback_s=60, max_ids=1_000)
+    ix.loaded([], None)
+    old, new = _ids(300), _ids(300)
+    ix.add(old, time.time() - 61)  # events already out of the look-back window
+    ix.add(new, time.time())
+    assert ix.maybe(old) == [False] * 300  # the store lookup would not find them either
+    assert all(ix.maybe(new))
+    assert ix.authoritative()
+    ix.add(_ids(900), time.time())  # over max_ids: the oldest run in the window goes
+    assert not ix.authoritative()  # …so "not here" no longer means "not in the store"
+    assert all(ix.maybe(_ids(50)))
+    ix2 = TraceIndex(lookback_s=60)
+    ix2.loaded([], None)
+    ix2.incomplete(time.time())  # a start-up load that was too large
+    assert not ix2.authoritative()
+
+
+_SCRIPT = """
+import json, os, sys, time
+from bench.collector import _bodies
+from collector.ingest import beacons, otlp
+from collector.metrics import Metrics
+from collector.pairer import Pairer
+from collector.store import schema
+from collector.store.client import Store
+
+st = Store('chdb://' + sys.argv[1]); st.migrate(7)
+now = time.time_ns()
+spans_b, beacons_b = _bodies(600, 3)  # 600 traces: one span + one entry each
+sr = [r for b in spans_b for r in otlp.parse(b, False, now, 0, now).rows]
+er = [r for b in beacons_b for r in beacons.parse(beacons.load(b), now, 0, now).rows]
+def write(table, cols, rows):
+    st.insert(table, list(zip(*rows)), schema.column_names(cols))
+def drain(p):
+    while (b := p._take_due()):
+        p.pair_round(b)
+def pairs():
+    q = 'SELECT count() FROM (SELECT DISTINCT trace_id FROM parallax.pairs)'
+    return int(st.query(q).result_rows[0][0])
+out = {}
+# A previous run wrote the entries of traces 0-99 and the spans of 100-199 (not paired yet).
+write(schema.ENTRIES, schema.ENTRY_COLUMNS, er[:100])
+write(schema.SPANS, schema.SPAN_COLUMNS, sr[100:200])
+p = Pairer(st, Metrics(), recheck_s=0.0, memory_traces=50)
+out['exclusive'] = p.exclusive
+p.load_index()
+out['authoritative'] = p.authoritative()
+# Entries of 200-399 alone: nothing can pair, the index rules every lookup out.
+write(schema.ENTRIES, schema.ENTRY_COLUMNS, er[200:400]); p.offer([], er[200:400]); drain(p)
+out['lonely'] = [p.store_lookups, p.lookups_skipped, pairs()]
+# Spans of 0-99 (their entries from the "previous run": loaded, looked up in the store),
+# entries of 100-199 (spans from before), spans of 200-399 (entries written above, mostly
+# forgotten by memory: memory_traces=50): all 400 pair.
+write(schema.SPANS, schema.SPAN_COLUMNS, sr[:100] + sr[200:400])
+write(schema.ENTRIES, schema.ENTRY_COLUMNS, er[100:200])
+p.offer(sr[:100] + sr[200:400], er[100:200]); drain(p)
+out['late'] = [p.store_lookups, pairs()]
+# Spans of 400-599 alone: no entry anywhere, no lookup, no delayed recheck.
+write(schema.SPANS, schema.SPAN_COLUMNS, sr[400:600]); p.offer(sr[400:600], []); drain(p)
+out['spans_alone'] = [p.store_lookups, len(p._due), pairs()]
+# The same rows with a store that others may write to: every lookup is made, as before.
+q = Pairer(st, Metrics(), recheck_s=0.0, exclusive=False)
+q.load_index(); q.offer(sr[400:600], er[200:400]); time.sleep(0.01); drain(q); drain(q)
+out['shared'] = [q.authoritative(), q.store_lookups, pairs()]
+print(json.dumps(out))
+"""
+
+
+def test_pairer_skips_lookups_the_index_rules_out_and_still_pairs(tmp_path: Path) -> None:
+    out = run_store_script(_SCRIPT, tmp_path / "chdb")
+    assert out["exclusive"] and out["authoritative"]
+    assert out["lonely"] == [0, 200, 0]
+    # 0-99: their entries are in the store (loaded); 100-199: their spans are; 200-399:
+    # their entries are in the index (written by this run) but forgotten by memory. Each
+    # of those needs its store lookup (the index says "maybe"), and all 400 traces pair.
+    assert out["late"][0] >= 350  # at most the last 50 traces are still in memory
+    assert out["late"][1] == 400
+    assert out["spans_alone"] == [out["late"][0], 0, 400]
+    # Shared store: spans of 400-599 are marked for later (recheck 0 s) and looked up; the
+    # entries of 200-399 are looked up (already paired: no new trace pairs).
+    assert out["shared"][0] is False
+    assert out["shared"][1] == 400
+    assert out["shared"][2] == 400
