@@ -34,7 +34,11 @@ COUNTER_NAMES = (
     "sock_closes",
     "listen_changes",
     "shed_reads",
+    "blocking_conns",
 )
+# sk->sk_socket->file->f_flags: whether a socket blocks on writes (PX_LAZY_SEND_START)
+_SOCKET_FLAGS = [("sock", "sk_socket"), ("socket", "file"), ("file", "f_flags")]
+_SOCKET_FLAG_MACROS = ["PX_OFF_SK_SOCKET", "PX_OFF_SOCKET_FILE", "PX_OFF_FILE_FLAGS"]
 
 
 class LoadError(Exception):
@@ -68,6 +72,8 @@ class Loaded:
     # how reads and writes are seen: "socket" (sock_*_length, no syscall tracepoint; accept
     # times from libc uretprobes, agent.uprobes), "raw syscalls" or "syscalls"
     hooks: str = "syscalls"
+    # the write-start hook (tcp_sendmsg_locked) waits for a blocking socket: attach_send_start
+    send_start_lazy: bool = False
 
 
 _RAW_FALLBACK = "per-syscall tracepoints instead"
@@ -177,7 +183,12 @@ def load(opts: Options) -> Loaded:
         # srtt read from the socket at each request (its offset from the kernel's BTF)
         # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
         off = btf.member_offsets(
-            [("tcp_sock", "srtt_us"), ("sock_common", "skc_num"), ("msghdr", "msg_flags")]
+            [
+                ("tcp_sock", "srtt_us"),
+                ("sock_common", "skc_num"),
+                ("msghdr", "msg_flags"),
+                *_SOCKET_FLAGS,
+            ]
         )
         if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
             sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
@@ -187,6 +198,12 @@ def load(opts: Options) -> Loaded:
         # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
         if (mf := off[("msghdr", "msg_flags")]) is not None:
             sock_flags.append(f"-DPX_OFF_MSG_FLAGS={mf}")
+        # ... and event-loop servers never make one: that hook (every TCP write on the node
+        # runs it) waits until a followed connection's socket turns out to block
+        chain = [off[k] for k in _SOCKET_FLAGS]
+        if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and None not in chain:
+            sock_flags.append("-DPX_LAZY_SEND_START")
+            sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
@@ -220,11 +237,23 @@ def load(opts: Options) -> Loaded:
     if b is None:  # its compiler log went to stderr
         raise LoadError(f"BPF program failed to compile or load: {err}")
     _configure(b, opts)
+    lazy = "-DPX_LAZY_SEND_START" in extra
+    if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
+        attach_send_start(b)
     attached = sorted(
         k.decode() if isinstance(k, bytes) else str(k)
         for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
     )
-    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks)
+    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks, lazy)
+
+
+def attach_send_start(b: Any) -> None:
+    """Attach the write-start hook (raw tcp:tcp_sendmsg_locked) and tell the programs."""
+    b.attach_raw_tracepoint(tp=b"tcp_sendmsg_locked", fn_name=b"px_send_start")
+    cfg = b["px_config"]
+    v = cfg[ctypes.c_int(0)]
+    v.send_start = 1
+    cfg[ctypes.c_int(0)] = v
 
 
 def _configure(b: Any, opts: Options) -> None:

@@ -93,6 +93,7 @@ class Agent:
         self._listen_changes = -1
         self._last_full_scan = 0.0
         self.bpf: Any = None
+        self._send_start_lazy = False  # loader.attach_send_start once a socket blocks
         self.ring: Any = None
         self.accept_probes: uprobes.AcceptProbes | None = None  # socket hooks only
         self.max_conns = 16384
@@ -288,6 +289,13 @@ class Agent:
         for svc, n in list(self.n_requests.items()):
             self._push_counter("req:" + svc, self.m.requests.labels(svc), n)
         c = loader.counters(self.bpf)
+        if self._send_start_lazy and c["blocking_conns"]:
+            # a traced server writes on a blocking socket: such a write can wait for buffer
+            # space, so from now on its start is stamped (the first ones were timed at
+            # their end)
+            self._send_start_lazy = False
+            loader.attach_send_start(self.bpf)
+            log.info("a traced server writes on blocking sockets: timing write starts")
         self.m.lost.set(c["lost_events"])
         for name, n in loader.map_fill(c, self.max_conns).items():
             self.m.map_fill.labels(name).set(n)
@@ -382,6 +390,7 @@ class Agent:
             srv.shutdown()
             return 1
         self.bpf = loaded.bpf
+        self._send_start_lazy = loaded.send_start_lazy
         if self.stop.is_set():  # signalled while compiling: detach and leave quietly
             loader.detach(self.bpf)
             srv.shutdown()

@@ -28,6 +28,8 @@
 //   address, never by pid: they run with whatever task is on the CPU.
 
 #define PX_CHUNKS 256
+// Bytes read at once from the start of every body write (see px_on_write_conn).
+#define PX_PEEK (PX_RESP_WINDOW < 256 ? PX_RESP_WINDOW : 256)
 #define PX_AF_INET 2
 #define PX_IPPROTO_TCP 6
 #define EV_READ 1
@@ -62,7 +64,8 @@
 #define C_SOCK_CLOSE 7  // connections ended by the socket's own state change (no close())
 #define C_LISTEN_CHG 8  // listening sockets opened or closed: user space rescans /proc then
 #define C_SHED_READS 9  // reads with data by traced processes while paused (over CPU budget)
-#define C_NCOUNTERS 10
+#define C_BLOCKING 10   // followed connections whose socket blocks on writes (no O_NONBLOCK)
+#define C_NCOUNTERS 11
 
 // Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
 // (without a flag: user space merges it into the same response) before it could wrap.
@@ -82,6 +85,11 @@ struct px_cfg {
     // framing, its pending arrival, a thread's write start) is stale after a pause: the
     // paused path does no work at all, so staleness is found by the epoch instead.
     u32 epoch;
+    // 1 once px_send_start is attached. Only a blocking write needs its start stamped, and
+    // event-loop servers never make one: with the socket's file flags readable (BTF) the
+    // agent attaches that hook only after a followed connection turns out to block.
+    u32 send_start;
+    u32 pad;
 };
 
 struct px_active {
@@ -92,12 +100,6 @@ struct px_active {
     u8 kind;
     u8 iov;
     u16 vlen;  // iovec count for readv/writev (sendmsg: read from the msghdr)
-    u64 t_send;   // PX_SOCK_HOOKS: start of the write in progress on send_sk
-    u64 send_sk;
-    u64 sf_left;  // PX_SOCK_HOOKS: bytes a sendfile() on sf_sk still has to send
-    u64 sf_sk;
-    u32 epoch;    // px_cfg.epoch when t_send / sf_left were written
-    u32 pad;
 };
 
 struct px_fd {
@@ -132,6 +134,13 @@ struct px_conn {
     u32 peer_rst;    // tcp_receive_reset: the reset that closes it is the peer's
     u32 epoch;       // px_cfg.epoch of its last event: another one means a pause in between
     u32 arr_epoch;   // px_cfg.epoch when t_arr was stamped
+    // PX_SOCK_HOOKS write state, on the connection rather than the thread (one lookup
+    // fewer per write: the connection is looked up anyway). A socket's writes are
+    // serialised by its lock, so one in progress at a time.
+    u64 t_send;      // start of the blocking write in progress (tcp_sendmsg_locked)
+    u64 sf_left;     // bytes the sendfile() in progress still has to send
+    u32 send_epoch;  // px_cfg.epoch when t_send was stamped
+    u32 mode_seen;   // its socket's blocking mode was checked (see px_cfg.send_start)
 };
 
 struct px_agg {
@@ -342,16 +351,6 @@ static __always_inline struct px_active *px_active_get(u64 id) {
 }
 
 // A thread's write state from before a pause is stale (its write ended unseen).
-static __always_inline void px_active_fresh(struct px_active *ap) {
-    u32 ep = px_epoch();
-    if (ap->epoch != ep) {
-        ap->t_send = 0;
-        ap->send_sk = 0;
-        ap->sf_left = 0;
-        ap->epoch = ep;
-    }
-}
-
 // A socket read of a traced process while tracing is paused: with data, on a followed
 // connection, a request not traced (counted). Nothing else is done while paused — what
 // goes stale meanwhile is recognised by px_cfg.epoch afterwards.
@@ -482,6 +481,7 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
         if (c->epoch != ep) {
             c->epoch = ep;
             c->lost = 1;
+            c->sf_left = 0;
         }
         return c;
     }
@@ -531,6 +531,7 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     if (c->epoch != ep) {
         c->epoch = ep;
         c->lost = 1;  // tracing was paused since its last event: user space resynchronises
+        c->sf_left = 0;
     }
     return c;
 }
@@ -612,33 +613,41 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
 
 // t: when the write began (a chunk's time); t_done: when it returned (the end of a
 // response is its last write's return: a blocking write can last seconds).
-static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u64 t,
-                                        u64 t_done) {
+static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn *c, u64 id,
+                                             long ret, u64 t, u64 t_done) {
     if (ret <= 0)
         return;
     u64 sk = a->sk;
-    struct px_conn *c = px_conn_for(id, a->fd, sk);
-    if (!c)
+    u32 zero = 0;
+    struct px_ev_resp *e = px_scratch_resp.lookup(&zero);
+    if (!e)
         return;
+    // One read of the write's first bytes serves every check below — the response-head
+    // test, the WebSocket opcode, and for a short single-buffer write (a streamed token)
+    // its chunked terminator — and is the captured head when that fits: a helper call
+    // and the kernel's usercopy checks fewer per write.
     u64 seglen = 0;
     u64 buf = 0;
-    char head[16] = {};
+    u64 peek = 0;
     if (a->kind != KIND_SENDFILE && a->kind != KIND_SENDFILE_CONT) {
         buf = px_first_buf(a, &seglen);
-        if (buf && seglen >= 12 && ret >= 12)
-            bpf_probe_read_user(head, 12, (void *)buf);
-        else if (buf && seglen >= 2 && ret >= 2)
-            bpf_probe_read_user(head, 2, (void *)buf);
+        peek = ret;
+        if (peek > seglen)
+            peek = seglen;
+        if (peek > PX_PEEK)
+            peek = PX_PEEK;
+        asm volatile("" : "+r"(peek));
+        if (peek > PX_PEEK)
+            peek = PX_PEEK;
+        if (!buf || peek == 0 || bpf_probe_read_user(e->data, peek, (void *)buf))
+            peek = 0;
     }
-    if (head[0] == 'H' && head[1] == 'T' && head[2] == 'T' && head[3] == 'P' &&
+    u8 *head = e->data;
+    if (peek >= 12 && head[0] == 'H' && head[1] == 'T' && head[2] == 'T' && head[3] == 'P' &&
         head[4] == '/') {
         // "HTTP/1.x 101": from now on the server writes WebSocket frames
         c->ws = head[9] == '1' && head[10] == '0' && head[11] == '1';
         px_flush(id, a->fd, sk, c, t, 0);
-        u32 zero = 0;
-        struct px_ev_resp *e = px_scratch_resp.lookup(&zero);
-        if (!e)
-            return;
         px_hdr_fill(&e->h, EV_RESP, id, a->fd, sk, c, t);
         e->n = ret;
         u64 len = ret;
@@ -649,9 +658,11 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         asm volatile("" : "+r"(len));
         if (len > PX_RESP_WINDOW)
             len = PX_RESP_WINDOW;
-        e->caplen = 0;
-        if (len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
-            e->caplen = len;
+        e->caplen = peek;
+        if (len > peek) {  // a head longer than the peek: read it whole
+            if (bpf_probe_read_user(e->data, len, (void *)buf) == 0)
+                e->caplen = len;
+        }
         u64 size = sizeof(struct px_ev_resp) - PX_RESP_WINDOW + e->caplen;
         asm volatile("" : "+r"(size));
         if (size > sizeof(struct px_ev_resp))
@@ -664,7 +675,7 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     }
     // WebSocket control frames (close, ping, pong: opcodes 8-10) carry no tokens; counted,
     // a keepalive ping would stretch whichever exchange it follows to the idle time.
-    if (c->ws && (head[0] & 0x0f) >= 8)
+    if (c->ws && peek >= 2 && (head[0] & 0x0f) >= 8)
         return;
     struct px_agg *g = px_aggs.lookup(&sk);
     if (!g) {
@@ -693,7 +704,17 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     // that is only the terminator ends the response but carries no body (not a chunk).
     u32 flags = 0;
     u64 lastlen = 0;
-    u64 last = a->kind >= KIND_SENDFILE ? 0 : px_last_buf(a, ret, &lastlen);
+    u64 last = 0;
+    if (a->iov == IOV_NONE && peek == (u64)ret && peek >= 5) {
+        // the whole write was peeked: its last five bytes are in hand
+        u64 off = peek - 5;
+        asm volatile("" : "+r"(off));
+        if (off <= PX_PEEK - 5 && head[off] == '0' && head[off + 1] == '\r' &&
+            head[off + 2] == '\n' && head[off + 3] == '\r' && head[off + 4] == '\n')
+            flags = WAGG_END;
+    } else if (a->kind < KIND_SENDFILE) {
+        last = px_last_buf(a, ret, &lastlen);
+    }
     if (last && lastlen >= 5) {
         char tail[5] = {};
         u64 off = lastlen - 5;
@@ -721,6 +742,15 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
         flags = WAGG_PARTIAL;
     if (flags)
         px_flush(id, a->fd, sk, c, t, flags);
+}
+
+static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u64 t,
+                                        u64 t_done) {
+    if (ret <= 0)
+        return;
+    struct px_conn *c = px_conn_for(id, a->fd, a->sk);
+    if (c)
+        px_on_write_conn(a, c, id, ret, t, t_done);
 }
 
 // The exit of a read/write syscall whose entry recorded *ap (busy).
@@ -1044,6 +1074,31 @@ TRACEPOINT_PROBE(sock, sock_send_length) { px_link(args->sk, args->ret, 0); retu
 
 // ---- PX_SOCK_HOOKS: no syscall tracepoint ----------------------------------------------
 
+#ifdef PX_LAZY_SEND_START
+// The socket's file lacks O_NONBLOCK: its writes can wait for buffer space (sk->sk_socket
+// ->file->f_flags, offsets from BTF). Read once per connection, at its first write.
+static __always_inline int px_blocking(u64 sk) {
+    u64 sock = 0, file = 0;
+    u32 fl = 0;
+    if (bpf_probe_read_kernel(&sock, sizeof(sock), (void *)(sk + PX_OFF_SK_SOCKET)) || !sock)
+        return 0;
+    if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(sock + PX_OFF_SOCKET_FILE)) ||
+        !file)
+        return 0;
+    if (bpf_probe_read_kernel(&fl, sizeof(fl), (void *)(file + PX_OFF_FILE_FLAGS)))
+        return 0;
+    return !(fl & 04000);  // O_NONBLOCK
+}
+#endif
+
+// A write that ended without sending (error, or a path not followed): a start stamped for
+// it by tcp_sendmsg_locked must not be taken by the socket's next write.
+static __always_inline void px_send_abandon(u64 sk) {
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c)
+        c->t_send = 0;
+}
+
 // A socket read or write of a traced task, from inside the syscall (process context, so
 // the pid is the caller's): the syscall's number and arguments come from its user pt_regs.
 static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
@@ -1053,22 +1108,15 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
             px_paused_read(sk, ret);
         return;
     }
-    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-    u64 t = bpf_ktime_get_ns();
-    u64 t_done = t;
-    struct px_active *ap = 0;  // per-thread write state: reads need none
-    if (!is_read) {
-        ap = px_active.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-        if (!ap)
-            return;
-        px_active_fresh(ap);
-        if (ap->t_send && ap->send_sk == sk)
-            t = ap->t_send;  // when the write started (tcp_sendmsg_locked), not ended
-        ap->t_send = 0;
-        ap->send_sk = 0;
+    if (ret < 0) {
+        // EAGAIN (a server's read after each request) and errors. A failed blocking
+        // write's start must not become the next write's.
+        if (!is_read)
+            px_send_abandon(sk);
+        return;
     }
-    if (ret < 0)
-        return;  // EAGAIN (a server's read after each request) and errors
+    u64 t = bpf_ktime_get_ns();
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     u64 regs = (u64)bpf_task_pt_regs(task);
     struct px_uregs r = {};
     if (bpf_probe_read_kernel(&r, sizeof(r), (void *)(regs + PX_REGS_DX)))
@@ -1083,29 +1131,47 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     if (iov >= 0) {
         a.iov = iov;
         a.vlen = r.dx > 0xffff ? 0xffff : r.dx;  // read only for IOV_VEC
-    } else if (nr == PX_NR_SENDFILE && ap) {
-        // One sendfile() reaches the socket in pipe-sized pieces: one chunk, not one each.
+    } else if (nr == PX_NR_SENDFILE && !is_read) {
         a.buf = 0;
         a.kind = KIND_SENDFILE;
+    } else {
+        if (!is_read)
+            px_send_abandon(sk);
+        return;  // io_uring, recvmmsg, splice(): not followed (di is no fd there)
+    }
+    if (is_read) {
+        px_on_read(&a, id, ret, t);
+        return;
+    }
+    struct px_conn *c = px_conn_for(id, a.fd, sk);
+    if (!c)
+        return;
+#ifdef PX_LAZY_SEND_START
+    if (!c->mode_seen) {
+        c->mode_seen = 1;
+        struct px_cfg *cfg = px_cfg_get();
+        if (cfg && !cfg->send_start && px_blocking(sk))
+            px_count(C_BLOCKING);
+    }
+#endif
+    u64 t_done = t;
+    if (c->t_send && c->send_epoch == px_epoch())
+        t = c->t_send;  // when the write started (tcp_sendmsg_locked), not ended
+    c->t_send = 0;
+    if (a.kind == KIND_SENDFILE) {
+        // One sendfile() reaches the socket in pipe-sized pieces: one chunk, not one each.
         u64 left = 0;
-        if (ap->sf_sk == sk && ap->sf_left > 0) {
+        if (c->sf_left > 0) {
             a.kind = KIND_SENDFILE_CONT;
-            left = ap->sf_left;
+            left = c->sf_left;
         } else if (bpf_probe_read_kernel(&left, sizeof(left), (void *)(regs + PX_REGS_R10))) {
             left = 0;  // the count argument (r10): unknown, each piece its own chunk
         }
-        ap->sf_left = left > (u64)ret ? left - ret : 0;
-        ap->sf_sk = sk;
+        c->sf_left = left > (u64)ret ? left - ret : 0;
     } else {
-        return;  // io_uring, recvmmsg, splice(): not followed
+        c->sf_left = 0;  // a new write ends any unfinished sendfile()
     }
-    if (!ap) {
-        px_on_read(&a, id, ret, t);
-    } else {
-        if (a.kind == KIND_WRITE)
-            ap->sf_left = 0;  // a new write ends any unfinished sendfile()
-        px_on_write(&a, id, ret, t, t_done);
-    }
+    px_on_write_conn(&a, c, id, ret, t, t_done);
 }
 
 TRACEPOINT_PROBE(sock, sock_recv_length) {
@@ -1123,9 +1189,10 @@ TRACEPOINT_PROBE(sock, sock_send_length) {
 #ifdef PX_HAVE_TCP_SENDMSG_LOCKED
 // The start of a TCP write, before the copy (sock_send_length fires after it, which for a
 // write blocked on a full send buffer is much later). It fires again per segment of a long
-// write: the first one is kept until sock_send_length takes it. Raw: the classic record
-// has no socket address.
-RAW_TRACEPOINT_PROBE(tcp_sendmsg_locked) {
+// write: the first one is kept until sock_send_length takes it. A raw tracepoint (the
+// classic record has no socket address) attached by user space, at once or once a
+// followed connection blocks (PX_LAZY_SEND_START): every TCP write on the node runs it.
+int px_send_start(struct bpf_raw_tracepoint_args *ctx) {
     u64 id = bpf_get_current_pid_tgid();
     if (!px_traced(id >> 32))
         return 0;
@@ -1138,14 +1205,13 @@ RAW_TRACEPOINT_PROBE(tcp_sendmsg_locked) {
         (mflags & 0x40))  // MSG_DONTWAIT
         return 0;
 #endif
-    struct px_active *ap = px_active.task_storage_get(
-        (struct task_struct *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (!ap)
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (!c)
         return 0;
-    px_active_fresh(ap);
-    if (!ap->t_send || ap->send_sk != sk) {
-        ap->t_send = bpf_ktime_get_ns();
-        ap->send_sk = sk;
+    u32 ep = px_epoch();
+    if (!c->t_send || c->send_epoch != ep) {
+        c->t_send = bpf_ktime_get_ns();
+        c->send_epoch = ep;
     }
     return 0;
 }

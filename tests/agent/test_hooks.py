@@ -5,6 +5,7 @@ the syscall path saw from the syscall itself (accept times from libc, sendfile p
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,50 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent
     rc = agent.stop()
     srv.stop()
     assert rc == 0
+
+
+def _tracepoints(agent: Agent) -> set[str]:
+    out = subprocess.run(
+        ["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    return {
+        str(e.get("tracepoint", ""))
+        for e in json.loads(out)
+        if e.get("pid") == agent.p.pid and "tracepoint" in e["fd_type"]
+    }
+
+
+def _wait_log(agent: Agent, text: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in agent.err.read_text():
+        assert time.monotonic() < deadline, agent.err.read_text()
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="needs node (make setup)")
+def test_event_loop_server_gets_no_write_start_hook(tmp_path: Path) -> None:
+    """Node's sockets are non-blocking: its writes never wait for buffer space, so the hook
+    that would run for every TCP write on the node is never attached — and its records
+    are complete without it."""
+    srv = Proc(["node", "tests/agent/servers/node_server.mjs", "0", str(tmp_path / "t.jsonl")])
+    port = srv.port()
+    agent = Agent(tmp_path, [port])
+    try:
+        ctx = trace_context.generate()
+        for _ in range(3):
+            http_request(
+                port,
+                f"GET /plain?n=5 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n"
+                "Connection: close\r\n\r\n".encode(),
+            )
+        recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, count=3)
+        assert len(recs) == 3 and all(r["ttft_us"] is not None for r in recs)
+        time.sleep(1.5)  # the agent looks at the kernel's counters each second
+        assert "tcp_sendmsg_locked" not in _tracepoints(agent)
+        assert "timing write starts" not in agent.err.read_text()
+    finally:
+        agent.stop()
+        srv.stop()
 
 
 def _server_log(log: Path, traceparent: str) -> dict[str, object]:
@@ -145,6 +190,11 @@ def test_a_blocked_write_is_timed_at_its_start(stack: tuple[int, Agent, Path]) -
     """A blocking write larger than the socket buffers waits for the slow client; its time
     is when the server began it (tcp_sendmsg_locked), not when the copy ended a second later."""
     port, agent, log = stack
+    # The write-start hook is attached once a followed connection turns out to block (this
+    # server's sockets do): any request shows it, then the agent says so within a second.
+    http_request(port, b"GET /plain?n=1 HTTP/1.1\r\nConnection: close\r\n\r\n")
+    _wait_log(agent, "timing write starts")
+    assert "tcp_sendmsg_locked" in _tracepoints(agent)
     ctx = trace_context.generate()
     n = 16 << 20
     with socket.create_connection(("127.0.0.1", port), 10) as s:
