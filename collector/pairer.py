@@ -189,6 +189,24 @@ def pairs_for_rows(
     return out, one_sided
 
 
+# What the pairer holds of one trace and side: its row, or its rows once there are several.
+_Held = tuple[Any, ...] | list[tuple[Any, ...]]
+
+
+def _hold(mem: OrderedDict[str, _Held], t: str, row: tuple[Any, ...]) -> None:
+    held = mem.get(t)
+    if held is None:
+        mem[t] = row
+    elif type(held) is list:
+        held.append(row)
+    else:
+        mem[t] = [held, row]  # type: ignore[list-item]
+
+
+def _rows(held: _Held) -> Rows:
+    return [held] if type(held) is tuple else list(held)
+
+
 def _maybe(index: TraceIndex, ids: list[str]) -> list[str]:
     """The ids the index cannot rule out."""
     return [t for t, m in zip(ids, index.maybe(ids), strict=True) if m]
@@ -228,11 +246,11 @@ class Pairer:
         self._thread: threading.Thread | None = None
         self.rounds = 0
         self.store_lookups = 0
-        # Rows this collector wrote recently, by trace id: most pairs complete from memory
-        # without reading both sides back from the store.
-        self._mem: OrderedDict[str, tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]] = (
-            OrderedDict()
-        )
+        # Rows this collector wrote recently, by trace id, per side: most pairs complete from
+        # memory without reading both sides back from the store. A trace's one row is kept
+        # as it is, several in a list: no container per trace for the cyclic GC to scan.
+        self._mem_spans: OrderedDict[str, _Held] = OrderedDict()
+        self._mem_entries: OrderedDict[str, _Held] = OrderedDict()
         self.memory_traces = memory_traces
         # The embedded store has no other writer: what is not in the indexes (once loaded
         # with what the store held at start) is not in the store.
@@ -303,30 +321,30 @@ class Pairer:
         auth = self.authoritative()
         # Traces whose other side is not in memory: (id, is it a span?), asked of the index.
         ask: list[tuple[str, bool]] = []
+        ms, me = self._mem_spans, self._mem_entries
         with self._lock:
             for r in entries:
                 t = r[5]
-                m = self._mem.setdefault(t, ([], []))
-                m[1].append(r)
-                if m[0] or not auth:
+                _hold(me, t, r)
+                if t in ms or not auth:
                     now.append(t)
                 else:
                     ask.append((t, False))
             for r in spans:
                 t = r[3]
-                m = self._mem.setdefault(t, ([], []))
-                m[0].append(r)
+                _hold(ms, t, r)
                 if r[5]:
                     # The beacon usually comes after the span (it is sent when the stream
                     # has ended): look for it in the store only if it has not come here.
-                    if m[1]:
+                    if t in me:
                         now.append(t)
                     elif auth:
                         ask.append((t, True))
                     else:
                         later.append(t)
-            while len(self._mem) > self.memory_traces:
-                self._mem.popitem(last=False)
+            for mem in (ms, me):
+                while len(mem) > self.memory_traces:
+                    mem.popitem(last=False)
         if ask:
             # The other side may be in the store (written before memory forgot it): look now.
             # Where the index is sure it is not, nothing to do — when it is written, its own
@@ -449,15 +467,16 @@ class Pairer:
         entries: list[dict[str, Any]] = []
         no_entries, neither = [], []
         no_spans: dict[str, Rows] = {}
+        ms, me = self._mem_spans, self._mem_entries
         with self._lock:
             for t in ids:
-                m = self._mem.get(t)
-                if m and m[0] and m[1]:
-                    in_mem.append((list(m[0]), list(m[1])))
-                elif m and m[0]:
+                s, e = ms.get(t), me.get(t)
+                if s is not None and e is not None:
+                    in_mem.append((_rows(s), _rows(e)))
+                elif s is not None:
                     no_entries.append(t)
-                elif m and m[1]:
-                    no_spans[t] = list(m[1])
+                elif e is not None:
+                    no_spans[t] = _rows(e)
                 else:
                     neither.append(t)
         lb = self.lookback_s
