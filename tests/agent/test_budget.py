@@ -48,11 +48,18 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
         s = socket.create_connection(("127.0.0.1", port), 5)
         s.sendall(b"GET /before HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(s).startswith(b"HTTP/1.1 200")
-        # thousands of requests a second: far more than 0.05 cores of agent work
-        sent = _wrk_requests(port, 4)
-        pauses = agent.wait_metric(
-            'parallax_agent_pauses_total{reason="cpu_budget"}', lambda v: v >= 1
-        )
+        # thousands of requests a second: far more than 0.05 cores of agent work — on a
+        # quiet machine; on a busy one the server answers fewer, so load until it is over
+        # (at most three rounds)
+        sent = 0
+        pauses = float("nan")
+        for _ in range(3):
+            sent += _wrk_requests(port, 4)
+            pauses = agent.wait_metric(
+                'parallax_agent_pauses_total{reason="cpu_budget"}', lambda v: v >= 1
+            )
+            if pauses >= 1:
+                break
         assert pauses >= 1, "the agent never went over its budget"
         shed = agent.wait_metric("parallax_agent_shed_requests_total", lambda v: v > 0)
         assert 0 < shed <= sent
