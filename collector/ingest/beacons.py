@@ -65,7 +65,8 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
     bad_entries: dict[int, str] = {}
     # The hand-written check answers "valid?" (what the schema answers, tested); the
     # contract's own beacon.errors() then names what is wrong, only for bodies that need it.
-    errors = [] if beacon_check.is_valid(doc) else beacon.errors(doc)
+    valid = beacon_check.is_valid(doc)
+    errors = [] if valid else beacon.errors(doc)
     for err in errors:
         m = _ENTRY_ERR.match(err)
         if m is None:
@@ -85,7 +86,7 @@ def parse(doc: dict[str, Any], received_ns: int, oldest_ns: int, now_ns: int) ->
     rows_append = out.rows.append
     oldest_ms, newest_ms = oldest_ns / 1e6, (now_ns + FUTURE_SLACK_NS) / 1e6
     for i, e in enumerate(doc["entries"]):
-        reason = bad_entries.get(i) or _check(e, wall, oldest_ms, newest_ms)
+        reason = bad_entries.get(i) or _check(e, wall, oldest_ms, newest_ms, valid)
         if reason:
             out.rejected[reason] += 1
             continue
@@ -159,12 +160,27 @@ def _f(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
-def _check(e: dict[str, Any], origin: float, oldest_ms: float, newest_ms: float) -> str:
-    """'' for a good entry, else the reject reason (one word)."""
-    if not is_valid_trace_id(e["trace_id"]):
-        return "invalid_trace_id"
-    if not is_valid_span_id(e["span_id"]):
-        return "invalid_span_id"
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+def _check(
+    e: dict[str, Any], origin: float, oldest_ms: float, newest_ms: float, ids_matched: bool
+) -> str:
+    """'' for a good entry, else the reject reason (one word). ``ids_matched``: the
+    hand-written check passed the whole beacon, so both ids are exactly lowercase hex of
+    their length (its fullmatch); only the all-zero ids are left to refuse. Otherwise the
+    JSON Schema's patterns (a ``$`` that lets a trailing newline through) were all that
+    ran, and the ids are checked in full."""
+    if ids_matched:
+        if e["trace_id"] == _ZERO_TRACE:
+            return "invalid_trace_id"
+        if e["span_id"] == _ZERO_SPAN:
+            return "invalid_span_id"
+    else:
+        if not is_valid_trace_id(e["trace_id"]):
+            return "invalid_trace_id"
+        if not is_valid_span_id(e["span_id"]):
+            return "invalid_span_id"
     start = float(e["start_ms"])
     t0 = e.get("request_start_ms", start)
     for k in _TIMES:

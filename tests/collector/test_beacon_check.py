@@ -242,3 +242,24 @@ def test_every_key_with_every_edge_value() -> None:
     for k in _ENVELOPE_KEYS:
         for v in values:
             _judge({**base, "entries": [GOOD], k: v})
+
+
+def test_parse_refuses_all_zero_and_newline_ids_on_both_paths() -> None:
+    """When the hand-written check passes the beacon, the ids are only compared with the
+    all-zero ids (its fullmatch did the rest); when it does not (another entry is bad), the
+    schema's patterns let an id with a trailing newline through, and parse refuses it."""
+    now_ns = 1_700_000_000 * 10**9
+    good = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7",
+            "kind": "fetch", "start_ms": 1.0}  # fmt: skip
+    env = {"v": 1, "site": "bench", "session": "session-0001", "time_origin": now_ns / 1e6 - 60_000}
+    entries = [good, {**good, "trace_id": "0" * 32}, {**good, "span_id": "0" * 16}]
+    assert beacon_check.is_valid({**env, "entries": entries})
+    p = beacons.parse({**env, "entries": entries}, now_ns, 0, now_ns)
+    assert len(p.rows) == 1
+    assert dict(p.rejected) == {"invalid_trace_id": 1, "invalid_span_id": 1}
+    newline = [{**good, "trace_id": good["trace_id"] + "\n"}, {**good, "span_id": "0" * 15 + "1\n"}]
+    doc = {**env, "entries": [*entries, *newline, {**good, "kind": "carrier-pigeon"}]}
+    assert not beacon_check.is_valid(doc)
+    p = beacons.parse(doc, now_ns, 0, now_ns)
+    assert len(p.rows) == 1
+    assert dict(p.rejected) == {"invalid_trace_id": 2, "invalid_span_id": 2, "schema": 1}
