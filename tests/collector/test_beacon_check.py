@@ -249,8 +249,12 @@ def test_parse_refuses_all_zero_and_newline_ids_on_both_paths() -> None:
     all-zero ids (its fullmatch did the rest); when it does not (another entry is bad), the
     schema's patterns let an id with a trailing newline through, and parse refuses it."""
     now_ns = 1_700_000_000 * 10**9
-    good: dict[str, Any] = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7",
-            "kind": "fetch", "start_ms": 1.0}  # fmt: skip
+    good: dict[str, Any] = {
+        "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "span_id": "00f067aa0ba902b7",
+        "kind": "fetch",
+        "start_ms": 1.0,
+    }
     env = {"v": 1, "site": "bench", "session": "session-0001", "time_origin": now_ns / 1e6 - 60_000}
     entries = [good, {**good, "trace_id": "0" * 32}, {**good, "span_id": "0" * 16}]
     assert beacon_check.is_valid({**env, "entries": entries})
