@@ -579,8 +579,10 @@ def main() -> int:
         "rate is a floor for a dedicated machine. CPU per row includes the HTTP server, parsing, "
         "validation, the spool write, the column-oriented inserts (and the trace-id "
         "materialized views), chDB's background merges, and pairing: in memory for a trace "
-        "whose both sides came to this collector, store look-ups for a missing side — the "
-        "spans-only and entries-only figures are that worst case (no row pairs).",
+        "whose both sides came to this collector; a trace whose other side is nowhere is "
+        "ruled out by the in-memory trace index (the embedded store has no other writer: no "
+        "store look-up, no recheck) — the spans-only and entries-only figures are the case "
+        "where no row pairs.",
         "",
         f"Load average of the machine (other work running): {load0} at start, "
         f"{_load()} at the end. CPU figures are marginal: the collector's idle CPU "
