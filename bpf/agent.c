@@ -371,6 +371,19 @@ static __always_inline void px_link(void *sk, long ret, int is_read) {
         a->sk = (u64)sk;
 }
 
+// min(n, seglen, cap) bounded where the verifier sees it: it loses a plain clamp (clang
+// folds the two), so the value is pinned in a register and bounded again.
+static __always_inline u64 px_clamp(u64 n, u64 seglen, u64 cap) {
+    if (n > seglen)
+        n = seglen;
+    if (n > cap)
+        n = cap;
+    asm volatile("" : "+r"(n));
+    if (n > cap)
+        n = cap;
+    return n;
+}
+
 // Resolve the user buffer of the syscall's first segment and its length.
 static __always_inline u64 px_first_buf(struct px_active *a, u64 *seglen) {
     if (a->iov == IOV_NONE) {
@@ -588,16 +601,7 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     __builtin_memcpy(e->raddr, c->raddr, 16);
     u64 seglen = 0;
     u64 buf = px_first_buf(a, &seglen);
-    u64 len = ret;
-    if (len > seglen)
-        len = seglen;
-    if (len > PX_HEAD_WINDOW)
-        len = PX_HEAD_WINDOW;
-    // The verifier loses a plain clamp (clang folds it): pin the value in a register, then
-    // bound it again where the verifier can see it.
-    asm volatile("" : "+r"(len));
-    if (len > PX_HEAD_WINDOW)
-        len = PX_HEAD_WINDOW;
+    u64 len = px_clamp(ret, seglen, PX_HEAD_WINDOW);
     e->caplen = 0;
     if (buf && len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
         e->caplen = len;
@@ -631,14 +635,7 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
     u64 peek = 0;
     if (a->kind != KIND_SENDFILE && a->kind != KIND_SENDFILE_CONT) {
         buf = px_first_buf(a, &seglen);
-        peek = ret;
-        if (peek > seglen)
-            peek = seglen;
-        if (peek > PX_PEEK)
-            peek = PX_PEEK;
-        asm volatile("" : "+r"(peek));
-        if (peek > PX_PEEK)
-            peek = PX_PEEK;
+        peek = px_clamp(ret, seglen, PX_PEEK);
         if (!buf || peek == 0 || bpf_probe_read_user(e->data, peek, (void *)buf))
             peek = 0;
     }
@@ -650,14 +647,7 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
         px_flush(id, a->fd, sk, c, t, 0);
         px_hdr_fill(&e->h, EV_RESP, id, a->fd, sk, c, t);
         e->n = ret;
-        u64 len = ret;
-        if (len > seglen)
-            len = seglen;
-        if (len > PX_RESP_WINDOW)
-            len = PX_RESP_WINDOW;
-        asm volatile("" : "+r"(len));
-        if (len > PX_RESP_WINDOW)
-            len = PX_RESP_WINDOW;
+        u64 len = px_clamp(ret, seglen, PX_RESP_WINDOW);
         e->caplen = peek;
         if (len > peek) {  // a head longer than the peek: read it whole
             if (bpf_probe_read_user(e->data, len, (void *)buf) == 0)
