@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rates", default="2000,5000")
     ap.add_argument("--dd-count", type=int, default=1_000_000)
-    ap.add_argument("--sat-rounds", type=int, default=5, help="untraced/traced saturation pairs")
+    ap.add_argument("--sat-rounds", type=int, default=7, help="untraced/traced saturation pairs")
     ap.add_argument(
         "--sat-seconds",
         type=float,
