@@ -95,21 +95,47 @@ def _socket_fds(pid: int) -> dict[int, int]:
     return out
 
 
-def _pids() -> list[int]:
+def all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def listeners(ports: set[int]) -> dict[int, set[int]]:
-    """pid → the given ports it listens on."""
+def listener_inodes(ports: set[int]) -> dict[int, int]:
+    """inode → port of the listening sockets on the given ports (this namespace's view)."""
     table = _tcp_table(_ONLY_LISTEN)
-    wanted = {e.inode: e.lport for e in table if e.state == _LISTEN and e.lport in ports}
+    return {e.inode: e.lport for e in table if e.state == _LISTEN and e.lport in ports}
+
+
+def holders(pids: list[int] | set[int], inodes: dict[int, int]) -> dict[int, set[int]]:
+    """pid → the ports of the given listening sockets it holds (an fd on one of them)."""
     out: dict[int, set[int]] = {}
-    if not wanted:
+    if not inodes:
         return out
-    for pid in _pids():
+    for pid in pids:
         for inode in _socket_fds(pid):
-            if inode in wanted:
-                out.setdefault(pid, set()).add(wanted[inode])
+            if inode in inodes:
+                out.setdefault(pid, set()).add(inodes[inode])
+    return out
+
+
+def listeners(ports: set[int]) -> dict[int, set[int]]:
+    """pid → the given ports it listens on: every process's fds are looked at."""
+    return holders(all_pids(), listener_inodes(ports))
+
+
+def children(pids: set[int]) -> set[int]:
+    """The direct children of these processes (any of their threads may have forked)."""
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+            except OSError:
+                continue
+            out.update(int(c) for c in text.split())
     return out
 
 

@@ -26,6 +26,11 @@ from agent.records import ConnInfo, build
 from agent.sockdiag import ListenerStats
 
 log = logging.getLogger("parallax.agent")
+# --port mode: every process's fds are scanned for the listeners when one opens or closes
+# (a kernel counter) and at this period as a safety net (an fd passed over a unix socket);
+# the traced processes' children, which inherit a listener silently, at the shorter one.
+FULL_SCAN_S = 60.0
+CHILD_SCAN_S = 5.0
 MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
 MAX_PORT_LABELS = 64  # label values of per-port metrics; beyond: "other"
 
@@ -92,6 +97,8 @@ class Agent:
         self._listen_checked = 0.0
         self._listen_changes = -1
         self._last_full_scan = 0.0
+        self._last_child_scan = 0.0
+        self._listening: dict[int, int] = {}  # inode → port of the --port listeners
         self.bpf: Any = None
         self._send_start_lazy = False  # loader.attach_send_start once a socket blocks
         self.ring: Any = None
@@ -255,10 +262,19 @@ class Agent:
                 self._listen_changes = changes
                 self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts())))
             return
-        if changes == self._listen_changes and now - self._last_full_scan < 5.0:
+        if changes != self._listen_changes or now - self._last_full_scan >= FULL_SCAN_S:
+            self._listen_changes, self._last_full_scan = changes, now
+            self._listening = procinfo.listener_inodes(set(self.cfg.ports))
+            found = set(procinfo.holders(procinfo.all_pids(), self._listening))
+        elif now - self._last_child_scan >= CHILD_SCAN_S:
+            # A worker forked later inherits its parent's listener without any state
+            # change: only the traced processes' children need looking at, not every
+            # process's fds (tens of milliseconds on a busy node).
+            self._last_child_scan = now
+            kids = procinfo.children(self._pids) - self._pids
+            found = set(procinfo.holders(kids, self._listening)) if kids else set()
+        else:
             return
-        self._listen_changes, self._last_full_scan = changes, now
-        found = set(procinfo.listeners(set(self.cfg.ports)))
         new = found - self._pids
         if new and self.accept_probes is not None:
             self.accept_probes.add(new)

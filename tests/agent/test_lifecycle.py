@@ -5,7 +5,10 @@ and peers of connections older than the agent."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -215,3 +218,43 @@ def test_connection_older_than_the_agent_has_its_real_peer(tmp_path: Path) -> No
         old.close()
         agent.stop()
         srv.stop()
+
+
+def test_worker_forked_later_is_traced(tmp_path: Path) -> None:
+    """A worker forked after the agent started inherits the listener without any listening
+    socket opening or closing: the agent finds it among the traced processes' children."""
+    go = tmp_path / "fork"
+    srv = Proc([PY, "-m", "tests.agent.servers.prefork_server", "--fork-when", str(go)])
+    port = srv.port()
+    agent = Agent(tmp_path, [port])
+    worker = 0
+    try:
+        time.sleep(2.5)  # after the agent's first full scan: only the children scan finds it
+        go.touch()
+        worker = srv.port()  # the next line it prints: the worker's pid
+        ctx = trace_context.generate()
+        head = f"GET /w HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+        found: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20  # the children are looked at every 5 s
+        while not found and time.monotonic() < deadline:
+            http_request(port, head.encode())
+            found = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, timeout=1.0)
+        assert found, agent.err.read_text()
+        assert found[0]["pid"] == worker and found[0]["path"] == "/w"
+    finally:
+        agent.stop()
+        srv.stop()
+        if worker:
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_children_of_a_process() -> None:
+    from agent import procinfo
+
+    p = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
+    try:
+        assert p.pid in procinfo.children({os.getpid()})
+        assert procinfo.children({p.pid}) == set()
+    finally:
+        p.kill()
+        p.wait(5)
