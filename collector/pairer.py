@@ -284,11 +284,9 @@ class Pairer:
             r = self.store.query(
                 f"SELECT count(), toUnixTimestamp64Milli(max(time)) {where}", p
             ).result_rows
-            n, newest_ms = int(r[0][0]), r[0][1]
-            newest_s = float(newest_ms) / 1e3 if n else None
+            n, newest_ms = int(r[0][0]), int(r[0][1])
             if n > self.index_load_max:
-                assert newest_s is not None
-                index.incomplete(newest_s)
+                index.incomplete(newest_ms / 1e3)
                 log.info(
                     "pairing: %d trace ids in the store's %d s window, over %d: store "
                     "look-ups for every one-sided trace until they leave it",
@@ -297,15 +295,15 @@ class Pairer:
                     self.index_load_max,
                 )
                 continue
-            ids = (
-                [
-                    row[0]
-                    for row in self.store.query(f"SELECT DISTINCT trace_id {where}", p).result_rows
-                ]
+            rows = (
+                self.store.query(
+                    f"SELECT trace_id, toUnixTimestamp64Milli(max(time)) {where} GROUP BY trace_id",
+                    p,
+                ).result_rows
                 if n
                 else []
             )
-            index.loaded(ids, newest_s)
+            index.loaded([x[0] for x in rows], (int(x[1]) for x in rows), 1e3)
 
     def offer(self, spans: list[tuple[Any, ...]], entries: list[tuple[Any, ...]]) -> None:
         """Rows just written: remember them and mark their traces. A span without a parent
@@ -314,10 +312,10 @@ class Pairer:
         later: list[str] = []
         # Into the indexes before anything else sees these rows: a trace visible in memory
         # is in the index too (memory forgets, the index covers the look-back window).
-        if spans:
-            self.span_index.add([r[3] for r in spans], max(r[0] for r in spans) / 1e9)
+        if spans:  # event times: span start in ns, entry start in µs
+            self.span_index.add([r[3] for r in spans], (r[0] for r in spans), 1e9)
         if entries:
-            self.entry_index.add([r[5] for r in entries], max(r[0] for r in entries) / 1e6)
+            self.entry_index.add([r[5] for r in entries], (r[0] for r in entries), 1e6)
         auth = self.authoritative()
         # Traces whose other side is not in memory: (id, is it a span?), asked of the index.
         ask: list[tuple[str, bool]] = []

@@ -16,6 +16,9 @@ never answers "no" for a trace the store has, which is all pairing needs.
 Storage: sorted ``uint32`` runs (4 bytes per id), one per offered batch, merged like a
 binary counter so a lookup searches O(log n) runs; a run is dropped when the newest event
 time in it has left the look-back window (the store's lookups filter on event time too).
+Rows whose event time is ahead of the collector's clock (a browser's clock set forward: up
+to a day is accepted) stay findable in the store until that time plus the window, so they
+go to runs of their own — in the common runs one such row would keep a whole run alive.
 Bounded by ``max_ids``: beyond it the oldest run is dropped early, and the index says
 "maybe" for everything until that run's events have left the window (lookups as before).
 """
@@ -35,6 +38,8 @@ _MASK = 0xFFFFFFFF
 # A merged run covers at most this share of the look-back window, so dropping runs by
 # event time keeps memory near one window (not two) while runs stay few (≈ 8 + log₂ n).
 _MERGE_SPAN_SHARE = 8
+# Event times more than this ahead of the collector's clock go to the runs kept apart.
+AHEAD_S = 60.0
 
 
 @dataclass(slots=True)
@@ -57,6 +62,7 @@ class TraceIndex:
         self.lookback_s = lookback_s
         self.max_ids = max_ids
         self._runs: list[_Run] = []
+        self._ahead: list[_Run] = []  # rows with event times ahead of the clock
         self._lock = threading.Lock()
         self.size = 0
         # Event time (Unix s) up to which rows may be in the store but not here: "maybe"
@@ -64,12 +70,11 @@ class TraceIndex:
         self._gap_until: float | None = None
 
     # --- filling -----------------------------------------------------------------
-    def loaded(self, trace_ids: Sequence[str], newest_event_s: float | None) -> None:
-        """What the store held at start (``newest_event_s`` None: nothing); from now on the
-        index answers for the store."""
-        if trace_ids:
-            assert newest_event_s is not None
-            self.add(trace_ids, newest_event_s)
+    def loaded(
+        self, trace_ids: Sequence[str], event_times: Iterable[int], per_second: float
+    ) -> None:
+        """What the store held at start (as add()); from now on the index answers for it."""
+        self.add(trace_ids, event_times, per_second)
         with self._lock:
             self._gap_until = float("-inf")
 
@@ -79,40 +84,51 @@ class TraceIndex:
         with self._lock:
             self._gap_until = max(self._gap_until or float("-inf"), until_event_s)
 
-    def add(self, trace_ids: Sequence[str], newest_event_s: float) -> None:
-        """Trace ids just written to the store; ``newest_event_s``: the newest event time
-        among their rows (Unix s)."""
-        if not trace_ids:
+    def add(self, trace_ids: Sequence[str], event_times: Iterable[int], per_second: float) -> None:
+        """Trace ids just written to the store, with their rows' event times (integers,
+        ``per_second`` to the second: 1e9 for ns)."""
+        n = len(trace_ids)
+        if not n:
             return
-        fps = np.sort(fingerprints(trace_ids, len(trace_ids)))
+        fps = fingerprints(trace_ids, n)
+        ev = np.fromiter(event_times, dtype=np.int64, count=n) / per_second
         now = time.time()
-        span_cap = self.lookback_s / _MERGE_SPAN_SHARE
+        ahead = ev > now + AHEAD_S
         with self._lock:
-            self._runs.append(_Run(fps, now, newest_event_s))
-            self.size += len(fps)
-            runs = self._runs
-            # Binary-counter merging: the last two runs merge while the older is at most
-            # twice the newer, unless the merged run would span too much of the window.
-            while (
-                len(runs) >= 2
-                and len(runs[-2].fps) <= 2 * len(runs[-1].fps)
-                and now - runs[-2].created_s <= span_cap
-            ):
-                b, a = runs.pop(), runs.pop()
-                merged = np.concatenate((a.fps, b.fps))
-                merged.sort(kind="stable")  # two sorted runs: a linear merge
-                runs.append(_Run(merged, a.created_s, max(a.newest_s, b.newest_s)))
+            if ahead.any():
+                self._push_locked(self._ahead, fps[ahead], float(ev[ahead].max()), now)
+                fps, ev = fps[~ahead], ev[~ahead]
+            if len(fps):
+                self._push_locked(self._runs, fps, float(ev.max()), now)
             self._expire_locked(now)
+
+    def _push_locked(
+        self, runs: list[_Run], fps: Fingerprints, newest_s: float, now: float
+    ) -> None:
+        runs.append(_Run(np.sort(fps), now, newest_s))
+        span_cap = self.lookback_s / _MERGE_SPAN_SHARE
+        # Binary-counter merging: the last two runs merge while the older is at most twice
+        # the newer, unless the merged run would span too much of the window.
+        while (
+            len(runs) >= 2
+            and len(runs[-2].fps) <= 2 * len(runs[-1].fps)
+            and now - runs[-2].created_s <= span_cap
+        ):
+            b, a = runs.pop(), runs.pop()
+            merged = np.concatenate((a.fps, b.fps))
+            merged.sort(kind="stable")  # two sorted runs: a linear merge
+            runs.append(_Run(merged, a.created_s, max(a.newest_s, b.newest_s)))
 
     def _expire_locked(self, now: float) -> None:
         edge = now - self.lookback_s
-        keep = [r for r in self._runs if r.newest_s >= edge]
-        while keep and sum(len(r.fps) for r in keep) > self.max_ids:
-            dropped = keep.pop(0)
+        runs = [r for r in self._runs if r.newest_s >= edge]
+        ahead = [r for r in self._ahead if r.newest_s >= edge]
+        total = sum(len(r.fps) for r in runs) + sum(len(r.fps) for r in ahead)
+        while total > self.max_ids and (runs or ahead):
+            dropped = (runs or ahead).pop(0)
+            total -= len(dropped.fps)
             self._gap_until = max(self._gap_until or float("-inf"), dropped.newest_s)
-        if len(keep) != len(self._runs):
-            self._runs = keep
-            self.size = sum(len(r.fps) for r in keep)
+        self._runs, self._ahead, self.size = runs, ahead, total
 
     # --- asking ------------------------------------------------------------------
     def authoritative(self) -> bool:
@@ -130,7 +146,7 @@ class TraceIndex:
         q = fingerprints(trace_ids, len(trace_ids))
         hit = np.zeros(len(q), dtype=bool)
         with self._lock:
-            runs = list(self._runs)
+            runs = self._runs + self._ahead
         for r in runs:
             i = np.searchsorted(r.fps, q)
             i[i == len(r.fps)] = 0  # past the end: compared with another element, a miss

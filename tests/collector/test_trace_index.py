@@ -16,15 +16,20 @@ def _ids(n: int) -> list[str]:
     return [os.urandom(16).hex() for _ in range(n)]
 
 
+def _now_s(n: int, offset_s: float = 0.0) -> list[int]:
+    """n event times (Unix s) ``offset_s`` from now."""
+    return [int(time.time() + offset_s)] * n
+
+
 def test_index_answers_only_once_loaded_and_never_misses() -> None:
     ix = TraceIndex(lookback_s=900)
     have = _ids(20_000)
-    ix.add(have[:10_000], time.time())
+    ix.add(have[:10_000], _now_s(10_000), 1)
     assert ix.maybe(_ids(5)) == [True] * 5  # not loaded: it cannot answer for the store
-    ix.loaded(have[10_000:], time.time())
+    ix.loaded(have[10_000:], _now_s(10_000), 1)
     assert ix.authoritative()
     for i in range(0, 20_000, 100):  # many small batches: merged runs stay few
-        ix.add(have[i : i + 100], time.time())
+        ix.add(have[i : i + 100], _now_s(100), 1)
     assert all(ix.maybe(have))
     assert len(ix._runs) <= 16
     others = _ids(20_000)
@@ -34,20 +39,35 @@ def test_index_answers_only_once_loaded_and_never_misses() -> None:
 
 def test_index_drops_what_left_the_window_and_says_maybe_after_overflow() -> None:
     ix = TraceIndex(lookback_s=60, max_ids=1_000)
-    ix.loaded([], None)
+    ix.loaded([], [], 1)
     old, new = _ids(300), _ids(300)
-    ix.add(old, time.time() - 61)  # events already out of the look-back window
-    ix.add(new, time.time())
+    ix.add(old, _now_s(300, -61), 1)  # events already out of the look-back window
+    ix.add(new, _now_s(300), 1)
     assert ix.maybe(old) == [False] * 300  # the store lookup would not find them either
     assert all(ix.maybe(new))
     assert ix.authoritative()
-    ix.add(_ids(900), time.time())  # over max_ids: the oldest run in the window goes
+    ix.add(_ids(900), _now_s(900), 1)  # over max_ids: the oldest run in the window goes
     assert not ix.authoritative()  # …so "not here" no longer means "not in the store"
     assert all(ix.maybe(_ids(50)))
     ix2 = TraceIndex(lookback_s=60)
-    ix2.loaded([], None)
+    ix2.loaded([], [], 1)
     ix2.incomplete(time.time())  # a start-up load that was too large
     assert not ix2.authoritative()
+
+
+def test_rows_ahead_of_the_clock_do_not_keep_the_others_alive() -> None:
+    """A browser whose clock is an hour ahead: its entry stays findable in the store for an
+    hour and a window, the rest of its batch only for the window."""
+    ix = TraceIndex(lookback_s=60)
+    ix.loaded([], [], 1)
+    ahead, rest = _ids(3), _ids(300)
+    t = time.time()
+    ms = [int((t + 3600) * 1000)] * 3 + [int((t - 61) * 1000)] * 300
+    ix.add(ahead + rest, ms, 1e3)
+    ix.add(_ids(10), _now_s(10), 1)  # a later batch expires what left the window
+    assert ix.maybe(ahead) == [True] * 3
+    assert ix.maybe(rest) == [False] * 300
+    assert ix.size == 13
 
 
 _SCRIPT = """
