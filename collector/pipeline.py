@@ -329,7 +329,10 @@ class Pipeline:
                     self.memory_pending_rows -= seg.nrows
                 self._cv.notify_all()
             if trace_ids:
-                self.hooks.rows_written(written)
+                try:
+                    self.hooks.rows_written(written)
+                except Exception as e:  # noqa: BLE001 — pairing must never stop the writes
+                    log.warning("pairing hand-over failed (writes go on): %s", _one_line(e))
 
     def _rows_of(self, seg: Segment) -> tuple[dict[str, list[tuple[Any, ...]]], list[str]]:
         if seg.rows is not None:

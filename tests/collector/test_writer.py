@@ -64,3 +64,44 @@ def test_permanent_versus_transient() -> None:
     assert not is_permanent(DatabaseError("Code: 60. DB::Exception: Table does not exist"))
     assert not is_permanent(TimeoutError("timed out"))
     assert not is_permanent(ConnectionRefusedError(111, "Connection refused"))
+
+
+_HANDOVER_FAILS = """
+import json, sys, time
+from pathlib import Path
+from bench.collector import _bodies
+from collector.ingest import beacons
+from collector.pipeline import KIND_BEACON, Hooks, Pipeline
+from collector.store.client import Store
+
+class Failing(Hooks):
+    calls = 0
+    def rows_written(self, rows):
+        Failing.calls += 1
+        raise RuntimeError('pairer broke')
+
+base = Path(sys.argv[1])
+st = Store('chdb://' + str(base / 'chdb')); st.migrate(7)
+now = time.time_ns()
+def parse(kind, body, received):
+    return beacons.parse(beacons.load(body), received, 0, time.time_ns())
+pipe = Pipeline(st, base / 'spool', parse, Failing(), batch_rows=50, flush_interval_s=60)
+pipe.start()
+_, bodies = _bodies(150, 5)  # three beacons of 50 entries: three segments
+for b in bodies:
+    pipe.accept(KIND_BEACON, b, now, parse(KIND_BEACON, b, now))
+deadline = time.monotonic() + 60
+while pipe.pending_rows and time.monotonic() < deadline:
+    time.sleep(0.05)
+n = st.query('SELECT count() FROM parallax.browser_entries').result_rows[0][0]
+print(json.dumps({'rows': int(n), 'calls': Failing.calls, 'alive': pipe._threads[0].is_alive(),
+                  'segments_left': pipe.queue_segments()}))
+pipe.stop(5)
+"""
+
+
+def test_a_failing_pairer_hand_over_does_not_stop_the_writer(tmp_path: Path) -> None:
+    from tests.collector.helpers import run_store_script
+
+    out = run_store_script(_HANDOVER_FAILS, tmp_path)
+    assert out == {"rows": 150, "calls": 3, "alive": True, "segments_left": 0}
