@@ -66,8 +66,10 @@ class TraceIndex:
         self._lock = threading.Lock()
         self.size = 0
         # Event time (Unix s) up to which rows may be in the store but not here: "maybe"
-        # for every id while it is inside the window. None: not loaded yet (all "maybe").
-        self._gap_until: float | None = None
+        # for every id while it is inside the window. Before the start-up load (or the
+        # word that it was too large) the index does not answer at all.
+        self._gap_until = float("-inf")
+        self._loaded = False
 
     # --- filling -----------------------------------------------------------------
     def loaded(
@@ -76,13 +78,14 @@ class TraceIndex:
         """What the store held at start (as add()); from now on the index answers for it."""
         self.add(trace_ids, event_times, per_second)
         with self._lock:
-            self._gap_until = float("-inf")
+            self._loaded = True
 
     def incomplete(self, until_event_s: float) -> None:
         """Rows with event times up to ``until_event_s`` may be in the store but not here
         (the start-up load was too large): "maybe" until they leave the window."""
         with self._lock:
-            self._gap_until = max(self._gap_until or float("-inf"), until_event_s)
+            self._gap_until = max(self._gap_until, until_event_s)
+            self._loaded = True
 
     def add(self, trace_ids: Sequence[str], event_times: Iterable[int], per_second: float) -> None:
         """Trace ids just written to the store, with their rows' event times (integers,
@@ -127,15 +130,15 @@ class TraceIndex:
         while total > self.max_ids and (runs or ahead):
             dropped = (runs or ahead).pop(0)
             total -= len(dropped.fps)
-            self._gap_until = max(self._gap_until or float("-inf"), dropped.newest_s)
+            self._gap_until = max(self._gap_until, dropped.newest_s)
         self._runs, self._ahead, self.size = runs, ahead, total
 
     # --- asking ------------------------------------------------------------------
     def authoritative(self) -> bool:
         """True when "not here" means "not in the store" (within the look-back window)."""
         with self._lock:
-            g = self._gap_until
-        return g is not None and g < time.time() - self.lookback_s
+            loaded, gap = self._loaded, self._gap_until
+        return loaded and gap < time.time() - self.lookback_s
 
     def maybe(self, trace_ids: Sequence[str]) -> list[bool]:
         """For each id: False = no row in the store for certain; True = perhaps."""

@@ -50,9 +50,14 @@ def test_index_drops_what_left_the_window_and_says_maybe_after_overflow() -> Non
     assert not ix.authoritative()  # …so "not here" no longer means "not in the store"
     assert all(ix.maybe(_ids(50)))
     ix2 = TraceIndex(lookback_s=60)
-    ix2.loaded([], [], 1)
     ix2.incomplete(time.time())  # a start-up load that was too large
     assert not ix2.authoritative()
+    ix2.incomplete(time.time() - 61)  # …whose rows have left the window: it answers
+    assert not ix2.authoritative()  # (the later of the two gaps counts)
+    ix3 = TraceIndex(lookback_s=60, max_ids=100)
+    ix3.add(_ids(300), _now_s(300, -30), 1)  # overflow before the start-up load
+    ix3.loaded([], [], 1)
+    assert not ix3.authoritative()  # the overflow's gap still holds
 
 
 def test_rows_ahead_of_the_clock_do_not_keep_the_others_alive() -> None:
