@@ -234,10 +234,11 @@ class Agent:
             )
 
     # -- housekeeping -----------------------------------------------------------------
-    def rescan(self) -> None:
+    def rescan(self, counters: dict[str, int]) -> None:
         """Every second: drop traced pids whose process exited (or whose pid now names
         another process: a reused pid is not traced because its previous owner was), then
-        add the new owners of the --port listeners."""
+        add the new owners of the --port listeners. ``counters``: the kernel's, read once
+        per tick."""
         if self.accept_probes is not None:
             self.accept_probes.sweep()
         gone = [p for p, st in self._pid_start.items() if procinfo.start_time(p) != st]
@@ -250,10 +251,10 @@ class Agent:
         if not self.cfg.ports and (self.accept_probes is None or self.cfg.pids):
             return
         # The owners of the listeners: a walk of /proc/net/tcp (the kernel walks its whole
-        # connection hash for it: milliseconds) and of every process's fds. Done when a
-        # listening socket opened or closed (counted in the kernel), else every 5 s — for
-        # workers forked later that inherit a listener without any state change.
-        changes = loader.counters(self.bpf)["listen_changes"]
+        # connection hash for it: milliseconds) and of every process's fds, when a listening
+        # socket opened or closed (counted in the kernel) or FULL_SCAN_S passed; in between
+        # only the traced processes' children (see FULL_SCAN_S).
+        changes = counters["listen_changes"]
         now = time.monotonic()
         if not self.cfg.ports:
             # Every process is traced: a new server's libc gets the accept probe. Only on a
@@ -272,7 +273,7 @@ class Agent:
             # process's fds (tens of milliseconds on a busy node).
             self._last_child_scan = now
             kids = procinfo.children(self._pids) - self._pids
-            found = set(procinfo.holders(kids, self._listening)) if kids else set()
+            found = set(procinfo.holders(kids, self._listening))
         else:
             return
         new = found - self._pids
@@ -299,19 +300,20 @@ class Agent:
             counter.inc(delta)
             self._pushed[key] = value
 
-    def refresh_metrics(self) -> None:
+    def maybe_time_write_starts(self, counters: dict[str, int]) -> None:
+        """A traced server writes on a blocking socket (counted in the kernel): such a write
+        can wait for buffer space, so from now on its start is stamped (the first ones were
+        timed at their end)."""
+        if self._send_start_lazy and counters["blocking_conns"]:
+            self._send_start_lazy = False
+            loader.attach_send_start(self.bpf)
+            log.info("a traced server writes on blocking sockets: timing write starts")
+
+    def refresh_metrics(self, c: dict[str, int]) -> None:
         self._push_counter("events", self.m.events, self.n_events)
         self._push_counter("shed", self.m.shed, self.n_shed)
         for svc, n in list(self.n_requests.items()):
             self._push_counter("req:" + svc, self.m.requests.labels(svc), n)
-        c = loader.counters(self.bpf)
-        if self._send_start_lazy and c["blocking_conns"]:
-            # a traced server writes on a blocking socket: such a write can wait for buffer
-            # space, so from now on its start is stamped (the first ones were timed at
-            # their end)
-            self._send_start_lazy = False
-            loader.attach_send_start(self.bpf)
-            log.info("a traced server writes on blocking sockets: timing write starts")
         self.m.lost.set(c["lost_events"])
         for name, n in loader.map_fill(c, self.max_conns).items():
             self.m.map_fill.labels(name).set(n)
@@ -466,8 +468,10 @@ class Agent:
             now = time.monotonic()
             if now - last_slow >= 1.0:
                 last_slow = now
-                self.rescan()
-                self.refresh_metrics()
+                counters = loader.counters(self.bpf)
+                self.rescan(counters)
+                self.maybe_time_write_starts(counters)
+                self.refresh_metrics(counters)
                 self.clock.maybe_remeasure()
             self.sweep()
             self.stop.wait(period if idle < 5 else 5 * period)

@@ -1082,8 +1082,13 @@ static __always_inline int px_blocking(u64 sk) {
 #endif
 
 // A write that ended without sending (error, or a path not followed): a start stamped for
-// it by tcp_sendmsg_locked must not be taken by the socket's next write.
+// it by tcp_sendmsg_locked must not be taken by the socket's next write. No lookup while
+// that hook is not attached (nothing can have been stamped): an event-loop server's
+// EAGAIN on a full send buffer is common.
 static __always_inline void px_send_abandon(u64 sk) {
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || !cfg->send_start)
+        return;
     struct px_conn *c = px_conns.lookup(&sk);
     if (c)
         c->t_send = 0;
