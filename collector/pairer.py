@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from collector import pairing
+from collector.ingest.common import FUTURE_SLACK_NS
 from collector.metrics import Metrics
 from collector.pairing import pair_row
 from collector.store import schema
@@ -312,13 +313,22 @@ class Pairer:
         later: list[str] = []
         # Into the indexes before anything else sees these rows: a trace visible in memory
         # is in the index too (memory forgets, the index covers the look-back window).
-        if spans:  # event times: span start in ns, entry start in µs
-            self.span_index.add([r[3] for r in spans], (r[0] for r in spans), 1e9)
-        if entries:
-            self.entry_index.add([r[5] for r in entries], (r[0] for r in entries), 1e6)
+        try:
+            if spans:  # event times: span start in ns, entry start in µs
+                self.span_index.add([r[3] for r in spans], (r[0] for r in spans), 1e9)
+            if entries:
+                self.entry_index.add([r[5] for r in entries], (r[0] for r in entries), 1e6)
+        except Exception:
+            # These rows are in the store but perhaps not in an index: neither may say "not
+            # there" while they can be in the window (event times up to a day ahead).
+            until = (time.time_ns() + FUTURE_SLACK_NS) / 1e9
+            self.span_index.incomplete(until)
+            self.entry_index.incomplete(until)
+            raise
         auth = self.authoritative()
-        # Traces whose other side is not in memory: (id, is it a span?), asked of the index.
-        ask: list[tuple[str, bool]] = []
+        # Traces whose other side is not in memory, asked of the other side's index.
+        want_entry: list[str] = []
+        want_span: list[str] = []
         ms, me = self._mem_spans, self._mem_entries
         with self._lock:
             for r in entries:
@@ -327,7 +337,7 @@ class Pairer:
                 if t in ms or not auth:
                     now.append(t)
                 else:
-                    ask.append((t, False))
+                    want_span.append(t)
             for r in spans:
                 t = r[3]
                 _hold(ms, t, r)
@@ -337,24 +347,19 @@ class Pairer:
                     if t in me:
                         now.append(t)
                     elif auth:
-                        ask.append((t, True))
+                        want_entry.append(t)
                     else:
                         later.append(t)
             for mem in (ms, me):
                 while len(mem) > self.memory_traces:
                     mem.popitem(last=False)
-        if ask:
-            # The other side may be in the store (written before memory forgot it): look now.
-            # Where the index is sure it is not, nothing to do — when it is written, its own
-            # offer finds this side in memory or in the index and marks the trace.
-            want_entry = [t for t, is_span in ask if is_span]
-            want_span = [t for t, is_span in ask if not is_span]
-            for ids, index in ((want_entry, self.entry_index), (want_span, self.span_index)):
-                for t, maybe in zip(ids, index.maybe(ids), strict=True):
-                    if maybe:
-                        now.append(t)
-                    else:
-                        self.lookups_skipped += 1
+        # The other side may be in the store (written before memory forgot it): look now.
+        # Where the index is sure it is not, nothing to do — when it is written, its own
+        # offer finds this side in memory or in the index and marks the trace.
+        for ids, index in ((want_entry, self.entry_index), (want_span, self.span_index)):
+            kept = _maybe(index, ids)
+            now += kept
+            self.lookups_skipped += len(ids) - len(kept)
         self.mark(now)
         self.mark(later, delay_s=self.recheck_s, attempt=1)
 

@@ -141,3 +141,28 @@ def test_pairer_skips_lookups_the_index_rules_out_and_still_pairs(tmp_path: Path
     assert out["shared"][0] is False
     assert out["shared"][1] == 400
     assert out["shared"][2] == 400
+
+
+def test_an_index_that_failed_to_take_written_rows_stops_answering() -> None:
+    """Rows the store has but an index may lack: "not there" would lose their pairs for good,
+    so the indexes say "maybe" (store lookups) for as long as those rows can be in the window."""
+    import pytest
+
+    from collector.metrics import Metrics
+    from collector.pairer import Pairer
+
+    p = Pairer(object(), Metrics(), exclusive=True)  # type: ignore[arg-type]
+    p.span_index.loaded([], [], 1e9)
+    p.entry_index.loaded([], [], 1e6)
+    assert p.authoritative()
+    now_ns = time.time_ns()
+    span = (now_ns, 0, 0, "ab" * 16, "cd" * 8, "ef" * 8)  # event time, …, trace id (3), parent (5)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("index broke")
+
+    p.span_index.add = broken  # type: ignore[method-assign,assignment]
+    with pytest.raises(RuntimeError):
+        p.offer([span], [])
+    assert not p.authoritative()
+    assert p.entry_index.maybe(["ab" * 16]) == [True]
