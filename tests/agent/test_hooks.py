@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,14 +39,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent
     assert rc == 0
 
 
-def _tracepoints(agent: Agent) -> set[str]:
+def _perf_links(agent: Agent) -> list[dict[str, Any]]:
+    """The agent's tracepoint and probe attachments, as bpftool lists them."""
     out = subprocess.run(
         ["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
+    return [e for e in json.loads(out) if e.get("pid") == agent.p.pid]
+
+
+def _tracepoints(agent: Agent) -> set[str]:
     return {
-        str(e.get("tracepoint", ""))
-        for e in json.loads(out)
-        if e.get("pid") == agent.p.pid and "tracepoint" in e["fd_type"]
+        str(e.get("tracepoint", "")) for e in _perf_links(agent) if "tracepoint" in e["fd_type"]
     }
 
 
@@ -94,11 +98,8 @@ def test_no_syscall_tracepoint_is_attached(stack: tuple[int, Agent, Path]) -> No
     port, agent, _ = stack
     ready = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
     assert "socket hooks" in ready
-    out = subprocess.run(
-        ["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    mine = [e for e in json.loads(out) if e.get("pid") == agent.p.pid]
-    names = {e.get("tracepoint", "") for e in mine if "tracepoint" in e["fd_type"]}
+    mine = _perf_links(agent)
+    names = _tracepoints(agent)
     assert {"sock_recv_length", "sock_send_length", "inet_sock_set_state"} <= names
     assert not [n for n in names if n.startswith(("sys_enter", "sys_exit"))]
     # srtt comes from the socket at each request (its offset from the kernel's BTF), not
