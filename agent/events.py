@@ -20,12 +20,28 @@ WAGG_PARTIAL = 2
 WAGG_CLOSE = 4
 
 CHUNKS = 256
-_HDR = struct.Struct("<IIIIQQQIIII")  # type tgid pid fd sk ident t srtt_us retrans lost pad
-_READ = struct.Struct("<QQQIIHHHH16s16s")  # t_est t_acc t_arr n caplen lport rport family pad
-_RESP = struct.Struct("<II")  # n caplen
-_AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
-_OFFS = struct.Struct(f"<{CHUNKS}I")
+HDR = struct.Struct("<IIIIQQQIIII")  # type tgid pid fd sk ident t srtt_us retrans lost pad
+READ = struct.Struct("<QQQIIHHHH16s16s")  # t_est t_acc t_arr n caplen lport rport family pad
+# the same without the addresses (read once per connection): two bytes objects fewer
+READ_NOADDR = struct.Struct("<QQQIIHHHH")
+READ_ADDRS = struct.Struct("<16s16s")
+RESP = struct.Struct("<II")  # n caplen
+AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
+READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
+RESP_DATA = HDR.size + RESP.size
+OFFS_AT = HDR.size + AGG.size
+_OFFS: dict[int, struct.Struct] = {}
 AF_INET = 2
+
+
+def offsets(buf: bytes, off: int, n: int) -> tuple[int, ...]:
+    """The first ``min(n, CHUNKS)`` u32 write offsets at ``off`` (only those: a short
+    stream's aggregate does not unpack all 256)."""
+    k = min(n, CHUNKS)
+    s = _OFFS.get(k)
+    if s is None:
+        s = _OFFS[k] = struct.Struct(f"<{k}I")
+    return s.unpack_from(buf, off)
 
 
 @dataclass(slots=True)
@@ -63,7 +79,7 @@ class ReadEv:
 
     def addrs(self) -> tuple[str, str]:
         """(local, peer) as text; computed once per connection by the caller (slow)."""
-        return _addr(self.family, self.laddr_raw), _addr(self.family, self.raddr_raw)
+        return addr_text(self.family, self.laddr_raw), addr_text(self.family, self.raddr_raw)
 
 
 @dataclass(slots=True)
@@ -98,7 +114,7 @@ class CloseEv:
 Event = ReadEv | RespEv | WaggEv | CloseEv
 
 
-def _addr(family: int, raw: bytes) -> str:
+def addr_text(family: int, raw: bytes) -> str:
     if family == AF_INET:
         return str(ipaddress.IPv4Address(raw[:4]))
     a = ipaddress.IPv6Address(raw)
@@ -107,24 +123,20 @@ def _addr(family: int, raw: bytes) -> str:
 
 def decode(buf: bytes) -> Event | None:
     """One ring-buffer record → an event (None for an unknown type or a short record)."""
-    if len(buf) < _HDR.size:
+    if len(buf) < HDR.size:
         return None
-    h = Header(*_HDR.unpack_from(buf, 0)[:10])
-    off = _HDR.size
+    h = Header(*HDR.unpack_from(buf, 0)[:10])
+    off = HDR.size
     if h.type == EV_READ:
-        t_est, t_acc, t_arr, n, caplen, lport, rport, family, _, la, ra = _READ.unpack_from(
-            buf, off
-        )
-        start = off + _READ.size
-        data = bytes(buf[start : start + caplen])
+        t_est, t_acc, t_arr, n, caplen, lport, rport, family, _, la, ra = READ.unpack_from(buf, off)
+        data = bytes(buf[READ_DATA : READ_DATA + caplen])
         return ReadEv(h, t_est, t_acc, t_arr, n, data, lport, rport, family, la, ra)
     if h.type == EV_RESP:
-        n, caplen = _RESP.unpack_from(buf, off)
-        start = off + _RESP.size
-        return RespEv(h, n, bytes(buf[start : start + caplen]))
+        n, caplen = RESP.unpack_from(buf, off)
+        return RespEv(h, n, bytes(buf[RESP_DATA : RESP_DATA + caplen]))
     if h.type == EV_WAGG:
-        t_first, t_last, nbytes, gap, n, flags = _AGG.unpack_from(buf, off)
-        offs = list(_OFFS.unpack_from(buf, off + _AGG.size)[: min(n, CHUNKS)])
+        t_first, t_last, nbytes, gap, n, flags = AGG.unpack_from(buf, off)
+        offs = list(offsets(buf, OFFS_AT, n))
         return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs)
     if h.type in (EV_CLOSE, EV_PEER_FIN, EV_SOCK_CLOSE):
         return CloseEv(h)

@@ -7,7 +7,7 @@ of the bytes; Cookie, Authorization and bodies are neither parsed nor stored.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import parse_qsl
 
 from parallax_contracts import trace_context
@@ -19,10 +19,14 @@ METHODS = frozenset(
     b"GET HEAD POST PUT DELETE CONNECT OPTIONS TRACE PATCH PROPFIND PROPPATCH MKCOL COPY "
     b"MOVE LOCK UNLOCK SEARCH REPORT".split()
 )
+# decoded once: a method or version is one dict lookup per request, not a decode
+_METHOD_TEXT = {m: m.decode() for m in METHODS}
+_VERSION_TEXT = {b"1.0": "1.0", b"1.1": "1.1"}
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHead:
+# Named tuples, not frozen dataclasses: as immutable, built by one tuple allocation instead
+# of a setattr per field (two are built per request).
+class RequestHead(NamedTuple):
     method: str
     path: str  # query string dropped
     version: str
@@ -34,8 +38,7 @@ class RequestHead:
     head_len: int
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
+class ResponseHead(NamedTuple):
     status: int
     version: str
     head_len: int | None  # None: the head did not end inside the captured bytes
@@ -75,28 +78,36 @@ def _header(block: bytes, lower: bytes, needle: bytes) -> bytes | None:
 def parse_request(head: bytes) -> RequestHead | None:
     """``head`` ends with the blank line. None when it is not an HTTP/1.x request."""
     end = head.find(b"\r\n")
-    m = _REQ_LINE.match(head[:end])
-    if m is None or m.group(1) not in METHODS:
+    if end < 0:
+        end = max(0, len(head) - 1)  # as head[:-1] would
+    m = _REQ_LINE.match(head, 0, end)  # the request line, without slicing it out
+    if m is None:
         return None
     method_b, target_b, version_b = m.groups()
-    method, target, version = (
-        method_b.decode("latin-1"),
-        target_b.decode("latin-1"),
-        version_b.decode("latin-1"),
-    )
+    method = _METHOD_TEXT.get(method_b)
+    if method is None:
+        return None
+    target = target_b.decode("latin-1")
     path, _, query = target.partition("?")
     if "://" in path:  # absolute form (proxies): keep only the path
         path = "/" + path.split("://", 1)[1].partition("/")[2]
     block = head[end:]  # starts with CRLF, so every header line is preceded by one
     lower = block.lower()
-    tp = _header(block, lower, _TRACEPARENT)
-    tp_value = tp.decode("latin-1") if tp is not None else None
-    cl = _header(lower, lower, _CONTENT_LENGTH)
-    content_length = int(cl) if cl is not None and cl.isdigit() else 0
-    te = _header(lower, lower, _TRANSFER_ENCODING)
-    chunked = te is not None and b"chunked" in te
-    up = _header(lower, lower, _UPGRADE)
-    upgrade = up == b"websocket"
+    # The framing headers are absent from most requests: a miss is one find; a hit goes
+    # through _header.
+    tp_value = None
+    if _TRACEPARENT in lower:
+        tp = _header(block, lower, _TRACEPARENT)
+        tp_value = tp.decode("latin-1") if tp is not None else None
+    content_length = 0
+    if _CONTENT_LENGTH in lower:
+        cl = _header(lower, lower, _CONTENT_LENGTH)
+        content_length = int(cl) if cl is not None and cl.isdigit() else 0
+    chunked = False
+    if _TRANSFER_ENCODING in lower:
+        te = _header(lower, lower, _TRANSFER_ENCODING)
+        chunked = te is not None and b"chunked" in te
+    upgrade = _UPGRADE in lower and _header(lower, lower, _UPGRADE) == b"websocket"
     if tp_value is None and "traceparent" in query:
         # EventSource and WebSocket cannot send headers: the probe puts it in the query
         for k, v in parse_qsl(query, keep_blank_values=True):
@@ -106,7 +117,7 @@ def parse_request(head: bytes) -> RequestHead | None:
     return RequestHead(
         method,
         path,
-        version,
+        _VERSION_TEXT[version_b],
         trace_context.parse(tp_value) if tp_value is not None else None,
         tp_value is not None,
         content_length,
@@ -120,14 +131,20 @@ def parse_response(data: bytes) -> ResponseHead | None:
     end = data.find(b"\r\n")
     if end < 0:
         end = len(data)
-    m = _STATUS_LINE.match(data[:end])
+    m = _STATUS_LINE.match(data, 0, end)
     if m is None:
         return None
     stop = data.find(b"\r\n\r\n")
     head_len = stop + 4 if stop >= 0 else None
     lower = (data[end:stop] if stop >= 0 else data[end:]).lower()
-    cl = _header(lower, lower, _CONTENT_LENGTH)
-    content_length = int(cl) if cl is not None and cl.isdigit() else None
-    te = _header(lower, lower, _TRANSFER_ENCODING)
-    chunked = te is not None and b"chunked" in te
-    return ResponseHead(int(m.group(2)), m.group(1).decode(), head_len, content_length, chunked)
+    content_length = None
+    if _CONTENT_LENGTH in lower:
+        cl = _header(lower, lower, _CONTENT_LENGTH)
+        content_length = int(cl) if cl is not None and cl.isdigit() else None
+    chunked = False
+    if _TRANSFER_ENCODING in lower:
+        te = _header(lower, lower, _TRANSFER_ENCODING)
+        chunked = te is not None and b"chunked" in te
+    return ResponseHead(
+        int(m.group(2)), _VERSION_TEXT[m.group(1)], head_len, content_length, chunked
+    )

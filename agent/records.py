@@ -25,43 +25,47 @@ class ConnInfo:
     peer_port: int
 
 
-def _us(a: int, b: int) -> int | None:
-    """(a − b) in microseconds, None when either instant is unknown."""
-    if not a or not b:
-        return None
-    return max(0, (a - b) // 1000)
-
-
 class _Ids:
     """Random ids from a buffered pool of os.urandom (one getrandom per 512 span ids, not
-    one per id); all-zero ids are invalid in W3C trace context and skipped."""
+    one per id), kept as hex text so that an id is one slice; all-zero ids are invalid in
+    W3C trace context and skipped."""
 
     _SIZE = 4096
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._hex = ""
         self._pos = 0
+        self._zero = {n: "0" * n for n in (16, 32)}
 
     def take(self, n: int) -> str:
+        """``n`` random bytes as lowercase hex (2n characters)."""
+        width = 2 * n
         while True:
-            if self._pos + n > len(self._buf):
-                self._buf = os.urandom(self._SIZE)
-                self._pos = 0
-            raw = self._buf[self._pos : self._pos + n]
-            self._pos += n
-            if any(raw):
-                return raw.hex()
+            pos = self._pos
+            if pos + width > len(self._hex):
+                self._hex = os.urandom(self._SIZE).hex()
+                pos = 0
+            self._pos = pos + width
+            h = self._hex[pos : pos + width]
+            if h != (self._zero.get(width) or "0" * width):
+                return h
 
 
 _ids = _Ids()
 
 
 def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
+    # Durations: (a − b) in µs, None when either instant is unknown (0), never negative;
+    # written out inline (a record is built per request).
     tp = ex.traceparent
     t1 = ex.t1
-    t_end = ex.t_end or ex.t2 or t1
+    t2 = ex.t2
+    t_end = ex.t_end or t2 or t1
     t_arr = ex.t_arr
-    start_arr = max(t_arr, ex.t_acc) if t_arr else 0
+    t_acc = ex.t_acc
+    t_est = ex.t_est
+    t_tok = ex.t_tok
+    start_arr = max(t_arr, t_acc) if t_arr else 0
     off = clock.offset_ns
     take = _ids.take
     return {
@@ -83,10 +87,10 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "start_unix_ns": t1 + off,
         "end_unix_ns": t_end + off,
         "arrival_unix_ns": t_arr + off if t_arr else None,
-        "ttfb_us": _us(ex.t2, t1),
-        "recv_queue_us": _us(t1, start_arr) if start_arr else None,
-        "accept_queue_us": _us(ex.t_acc, ex.t_est),
-        "ttft_us": _us(ex.t_tok, t1),
+        "ttfb_us": max(0, (t2 - t1) // 1000) if t2 and t1 else None,
+        "recv_queue_us": max(0, (t1 - start_arr) // 1000) if start_arr and t1 else None,
+        "accept_queue_us": max(0, (t_acc - t_est) // 1000) if t_acc and t_est else None,
+        "ttft_us": max(0, (t_tok - t1) // 1000) if t_tok and t1 else None,
         "chunk_offsets_us": [max(0, (t - t1) // 1000) for t in ex.chunk_times],
         "chunks": ex.chunks,
         "chunk_gap_max_us": ex.gap_max_ns // 1000 if ex.chunks > 1 else None,

@@ -33,6 +33,18 @@ FULL_SCAN_S = 60.0
 CHILD_SCAN_S = 5.0
 MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
 MAX_PORT_LABELS = 64  # label values of per-port metrics; beyond: "other"
+# the record layouts of agent.events, bound once for on_event
+_HDR = events.HDR.unpack_from
+_HDR_SIZE = events.HDR.size
+_READ = events.READ_NOADDR.unpack_from
+_ADDRS = events.READ_ADDRS.unpack_from
+_ADDRS_AT = events.HDR.size + events.READ_NOADDR.size
+_READ_DATA = events.READ_DATA
+_RESP = events.RESP.unpack_from
+_RESP_DATA = events.RESP_DATA
+_AGG = events.AGG.unpack_from
+_EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
+_EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 
 
 @dataclass
@@ -112,54 +124,65 @@ class Agent:
 
     # -- events ---------------------------------------------------------------------
     def on_event(self, raw: bytes) -> None:
-        self.n_events += 1  # plain ints on the hot path; Prometheus gets them each second
-        ev = events.decode(raw)
-        if ev is None:
+        """One ring-buffer record (the layouts of agent.events), decoded in place: the hot
+        path of the agent (two or three calls per request), so no event object is built and
+        the fields go straight to the cutter."""
+        self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
+        if len(raw) < _HDR_SIZE:
             return
-        h = ev.h
-        key = h.conn
-        st = self.conns.get(key)
-        if h.lost and st is not None:
+        typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, _ = _HDR(raw)
+        if not _EV_READ <= typ <= _EV_SOCK_CLOSE:
+            return  # a type this agent does not know
+        key = (sk, ident)  # sockets are reused: a connection is (address, first-seen time)
+        conns = self.conns
+        st = conns.get(key)
+        if lost and st is not None:
             st.cut.on_loss()
-        if isinstance(ev, events.CloseEv):
+        if typ >= _EV_CLOSE:
             if st is None:
                 return
-            if h.type == events.EV_PEER_FIN:
-                st.cut.on_peer_fin(h.t)
+            if typ == _EV_PEER_FIN:
+                st.cut.on_peer_fin(t)
                 return
-            self._emit(st, st.cut.on_close(h.t, server_gone=h.type == events.EV_SOCK_CLOSE))
-            del self.conns[key]
+            self._emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
+            del conns[key]
             self._open_cl.pop(key, None)
             return
         if st is None:
-            if len(self.conns) >= MAX_CONNS:
-                old, _ = self.conns.popitem(last=False)  # the least recently active
+            if len(conns) >= MAX_CONNS:
+                old, _ = conns.popitem(last=False)  # the least recently active
                 self._open_cl.pop(old, None)
                 self.n_evicted += 1
-            st = self.conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), h.tgid)
+            st = conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), tgid)
         else:
-            self.conns.move_to_end(key)
-        st.cut.update_tcp(h.srtt_us, h.retrans)
-        if isinstance(ev, events.ReadEv):
+            conns.move_to_end(key)
+        cut = st.cut
+        if srtt_us:  # Conn.update_tcp, inline
+            cut.srtt_us = srtt_us
+        cut.retrans = retrans
+        if typ == _EV_READ:
+            t_est, t_acc, t_arr, n, caplen, lport, rport, family, _ = _READ(raw, _HDR_SIZE)
             if not st.lport:
-                st.lport, st.rport = ev.lport, ev.rport
-                st.laddr, st.raddr = ev.addrs()
-            out = st.cut.on_read(h.t, ev.n, ev.data, ev.t_arr, ev.t_acc, ev.t_est)
-            if st.cut.mode == "dead" and not st.unparsed_counted and st.cut.requests == 0:
+                st.lport, st.rport = lport, rport
+                la, ra = _ADDRS(raw, _ADDRS_AT)
+                st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
+            out = cut.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr, t_acc, t_est)
+            if cut.mode == "dead" and not st.unparsed_counted and cut.requests == 0:
                 st.unparsed_counted = True
                 self.m.unparsed.labels(self._port_label(st.lport)).inc()
-        elif isinstance(ev, events.RespEv):
-            out = st.cut.on_resp(h.t, ev.n, ev.data)
+        elif typ == _EV_RESP:
+            n, caplen = _RESP(raw, _HDR_SIZE)
+            out = cut.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
         else:
-            if ev.t_first and ev.t_first == st.snap_t_first:
+            t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
+            if t_first and t_first == st.snap_t_first:
                 return  # already taken from the map snapshot
-            out = st.cut.on_writes(
-                ev.t_last, ev.times_ns(), ev.n, ev.bytes, ev.gap_max_ns, ev.flags
-            )
+            times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
+            out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags)
         if out:
             self._emit(st, out)
         # the sweep looks only at Content-Length responses still open
-        a = st.cut.active
+        a = cut.active
         if a is not None and a.content_length is not None:
             self._open_cl[key] = st
         elif self._open_cl:
@@ -190,18 +213,21 @@ class Agent:
         return st.info
 
     def _emit(self, st: ConnState, out: list[Exchange]) -> None:
+        q = self.q
         for ex in out:
             if not ex.t2 and not ex.ws_seq:
                 continue
-            rec = build(ex, self._info(st), self.clock)
+            info = st.info or self._info(st)
+            rec = build(ex, info, self.clock)
             if ex.traceparent_missed:
                 self.m.traceparent_missed.inc()
-            if len(self.q) >= self.cfg.queue_size:
+            if len(q) >= self.cfg.queue_size:
                 self.n_shed += 1  # bounded: shed and count, never grow
                 continue
-            self.q.append(rec)
-            svc = rec["service"]
-            self.n_requests[svc] = self.n_requests.get(svc, 0) + 1
+            q.append(rec)
+            n_req = self.n_requests
+            svc = info.service
+            n_req[svc] = n_req.get(svc, 0) + 1
 
     # -- the snapshot sweep -----------------------------------------------------------
     def sweep(self) -> None:

@@ -160,3 +160,60 @@ def test_lost_events_resynchronise_instead_of_mismatching() -> None:
     # a read in the middle of a body after a loss is not taken for a request
     c.on_loss()
     assert c.on_read(5_000, 5, b"xx\r\n\r") == [] and c.mode == "resync"
+
+
+_heads = st.one_of(
+    st.builds(
+        lambda m, p, hdrs: f"{m} {p} HTTP/1.1\r\n{''.join(hdrs)}\r\n".encode(),
+        st.sampled_from(["GET", "POST", "HEAD", "BREW", "get", "GET /x"]),
+        st.from_regex(r"/[a-z?=&0-9-]{0,30}", fullmatch=True),
+        st.lists(
+            st.sampled_from(
+                [
+                    "Host: x\r\n",
+                    "Content-Length: 5\r\n",
+                    "content-length: x\r\n",
+                    "Transfer-Encoding: chunked\r\n",
+                    "Upgrade: websocket\r\n",
+                    f"traceparent: {TP}\r\n",
+                    "Cookie: a=b\r\n",
+                ]
+            ),
+            max_size=5,
+        ),
+    ),
+    st.binary(max_size=60).map(lambda b: b + b"\r\n\r\n"),
+)
+
+
+def _slots(obj: object) -> dict[str, object]:
+    return {k: getattr(obj, k) for k in type(obj).__slots__}  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_heads, st.integers(min_value=1, max_value=200), st.booleans())
+def test_a_head_alone_in_a_read_is_cut_as_when_it_comes_in_pieces(
+    head: bytes, cut: int, first_request: bool
+) -> None:
+    """A read holding exactly one request head takes a shortcut past the buffer: the same
+    exchanges, statistics and state as the buffered path (the head in two reads)."""
+    cut = cut % len(head) or 1
+    body = b"hello" if b"Content-Length: 5" in head else b""
+
+    def run(parts: list[bytes]) -> tuple[object, ...]:
+        c = Conn(window=4096)
+        if not first_request:  # a keep-alive connection's later request (resync vs dead)
+            first = b"GET /a HTTP/1.1\r\n\r\n"
+            r0 = _resp()
+            c.on_read(1, len(first), first)
+            c.on_resp(2, len(r0), r0)
+        for p in parts:
+            c.on_read(10, len(p), p, t_arr=5, t_acc=3, t_est=1)
+        if body:
+            c.on_read(11, len(body), body)
+        r = _resp()
+        out = c.on_resp(20, len(r), r) + c.on_close(30)
+        state = (c.mode, c.body_skip, c.requests, c.cur_t_arr, len(c.pending))
+        return [_slots(e) for e in out], _slots(c.stats), state
+
+    assert run([head]) == run([head[:cut], head[cut:]])
