@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("parallax.agent")
 
 
 class Metrics:
@@ -105,6 +109,21 @@ class Metrics:
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )
         self.ready = False
+        # Called before each /metrics answer (serialised by scrape_lock): the values that
+        # cost a read of the kernel's maps, /proc or netlink are taken when someone asks
+        # (a scraper, every 15-60 s) rather than every second whether anyone asks or not.
+        self.before_scrape: Callable[[], None] | None = None
+        self.scrape_lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Bring the values up to date (before_scrape); a failure leaves the last ones."""
+        if self.before_scrape is None:
+            return
+        with self.scrape_lock:
+            try:
+                self.before_scrape()
+            except Exception as e:  # noqa: BLE001  (a scrape must still answer)
+                log.warning("metrics refresh failed: %s", e)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -112,6 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.startswith("/metrics"):
+            self.metrics.refresh()
             body = generate_latest(self.metrics.registry)
             self._send(200, body, CONTENT_TYPE_LATEST)
         elif self.path.startswith("/healthz"):

@@ -7,6 +7,7 @@ them out. The queue is bounded: under overload records are shed and counted, nev
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
@@ -121,6 +122,8 @@ class Agent:
         self._shed_warned: set[str] = set()
         self._shed_reads = 0
         self._last_stats = Stats()
+        self._label_lock = threading.Lock()  # _port_label: main loop and /metrics thread
+        self._live = False  # the maps may be read for /metrics (loaded, not detached)
 
     # -- events ---------------------------------------------------------------------
     def on_event(self, raw: bytes) -> None:
@@ -190,6 +193,10 @@ class Agent:
 
     def _port_label(self, port: int) -> str:
         """A bounded label set: listening ports (at most MAX_PORT_LABELS), else "other"."""
+        with self._label_lock:
+            return self._port_label_locked(port)
+
+    def _port_label_locked(self, port: int) -> str:
         if port not in self._listen_ports and time.monotonic() - self._listen_checked > 5:
             self._listen_checked = time.monotonic()
             self._listen_ports |= set(procinfo.listen_counts())
@@ -335,6 +342,17 @@ class Agent:
             loader.attach_send_start(self.bpf)
             log.info("a traced server writes on blocking sockets: timing write starts")
 
+    def _kernel_counters(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Only the named kernel counters (loader.counters reads all eleven, a syscall each:
+        the once-a-second housekeeping needs one or two)."""
+        t = self.bpf["px_counters"]
+        return {n: int(sum(t[ctypes.c_int(loader.COUNTER_NAMES.index(n))])) for n in names}
+
+    def _scrape(self) -> None:
+        """/metrics asked (metrics.Metrics.refresh, under its lock): the values now."""
+        if self._live:
+            self.refresh_metrics(loader.counters(self.bpf))
+
     def refresh_metrics(self, c: dict[str, int]) -> None:
         self._push_counter("events", self.m.events, self.n_events)
         self._push_counter("shed", self.m.shed, self.n_shed)
@@ -462,6 +480,8 @@ class Agent:
         # Everything loaded so far (bcc, the OpenTelemetry SDK, compiled tables) lives for
         # the whole run: out of the collector's generations, full collections stay cheap.
         gc.freeze()
+        self._live = True
+        self.m.before_scrape = self._scrape
         self.m.ready = True
         what = (f"ports {','.join(map(str, cfg.ports))}" if cfg.ports else "all ports") + (
             f", pids {','.join(map(str, cfg.pids))}" if cfg.pids else ""
@@ -494,13 +514,18 @@ class Agent:
             now = time.monotonic()
             if now - last_slow >= 1.0:
                 last_slow = now
-                counters = loader.counters(self.bpf)
+                counters = self._kernel_counters(
+                    ("listen_changes", "blocking_conns")
+                    if self._send_start_lazy
+                    else ("listen_changes",)
+                )
                 self.rescan(counters)
                 self.maybe_time_write_starts(counters)
-                self.refresh_metrics(counters)
                 self.clock.maybe_remeasure()
             self.sweep()
             self.stop.wait(period if idle < 5 else 5 * period)
+        with self.m.scrape_lock:  # no /metrics read of the maps from here on
+            self._live = False
         self.shutdown()
         self.drained.set()
         self._have_records.set()
