@@ -84,9 +84,18 @@ def wrk(port: int, seconds: float, conns: int, lua: Path | None) -> dict[str, fl
     return res
 
 
-def _cpu_ticks(pid: int) -> int:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])  # utime + stime
+def _cpu_ns(pid: int) -> int:
+    """CPU time of the process's threads (nanoseconds; sum_exec_runtime from each
+    /proc/<pid>/task/<tid>/schedstat): an idle agent uses a few ms a second, below the
+    10 ms tick of utime+stime. The agent's threads live for the whole run (the /metrics
+    handler threads only at the scrapes after the measurements)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that just exited
+    return total
 
 
 def _bpf_stats(pid: int) -> tuple[int, int]:
@@ -270,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         help="length of each saturation run (the CPU budget's one-second burst and the first"
         " pause's hold weigh less in a longer one)",
     )
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=5,
+        help="how long the traced agent's idle CPU is measured before the loads",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
@@ -299,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     sat_extra = {"requests": 0.0, "records": 0.0, "shed": 0.0, "lost": 0.0}
     hooks_line = ""
     sat_budget = "?"
+    pauses: dict[str, float] = {}  # at the fixed loads, by reason
     try:
         _wait_port(port)
         wrk(port, 1, conns, None)  # warm-up
@@ -318,19 +334,32 @@ def main(argv: list[str] | None = None) -> int:
                     dd_traced = dd_seconds(a.dd_count)
                     extra["dd_ratio"] = dd_traced / dd_base
                     Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+                    # The agent with nothing to trace, same flags, just before the loads:
+                    # its drain timer, once-a-second rescan and clock re-measure cost this
+                    # whether requests come or not.
+                    cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
+                    time.sleep(a.idle_seconds)
+                    extra["idle_cores"] = (
+                        (_cpu_ns(agent.p.pid) - cpu0) / 1e9 / (time.monotonic() - t0)
+                    )
                 for r in rates:
                     if agent:
                         ns0, _ = _bpf_stats(agent.p.pid)
-                        cpu0 = _cpu_ticks(agent.p.pid)
+                        cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
                         b0 = bpf_breakdown(agent.p.pid)
                     res = wrk(port, a.seconds, conns, luas[r])
                     if agent:
                         ns1, _ = _bpf_stats(agent.p.pid)
-                        cpu1 = _cpu_ticks(agent.p.pid)
+                        cpu1, t1 = _cpu_ns(agent.p.pid), time.monotonic()
                         b1 = bpf_breakdown(agent.p.pid)
                         n = max(1.0, res["requests"])
                         res["bpf_ns_per_req"] = (ns1 - ns0) / n
-                        res["cpu_us_per_req"] = (cpu1 - cpu0) / os.sysconf("SC_CLK_TCK") * 1e6 / n
+                        cpu_s = (cpu1 - cpu0) / 1e9
+                        res["cpu_us_per_req"] = cpu_s * 1e6 / n
+                        # what the requests added on top of the idle work over the same span
+                        res["marginal_us_per_req"] = (
+                            (cpu_s - extra["idle_cores"] * (t1 - t0)) * 1e6 / n
+                        )
                     results[mode][str(r)] = res
                 if agent:
                     # by program, at the highest paced load (at saturation the CPU budget
@@ -349,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     extra["records"] = (tmp / "agent.jsonl").read_text().count("\n")
                     extra["fixed_shed"] = agent.metric("parallax_agent_shed_requests_total")
+                    for why in ("cpu_budget", "behind", "ring_full"):
+                        n_p = agent.metric(f'parallax_agent_pauses_total{{reason="{why}"}}')
+                        if n_p > 0:  # NaN (no such line): never paused for that reason
+                            pauses[why] = n_p
                     ready = [ln for ln in agent.err.read_text().splitlines() if "attached" in ln]
                     hooks_line = ready[0] if ready else ""
             finally:
@@ -410,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         " (send → response).",
         "",
         "| Load | p50 untraced | p50 traced | p99 untraced | p99 traced | added p99 |"
-        " BPF ns/req | agent CPU µs/req |",
-        "|---|---|---|---|---|---|---|---|",
+        " BPF ns/req | agent CPU µs/req (total) | agent CPU µs/req (marginal) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rates:
         uu, tt = u[str(r)], t[str(r)]
@@ -419,8 +452,20 @@ def main(argv: list[str] | None = None) -> int:
             f"| {tt['rps']:.0f} req/s (target {r}) | {uu['p50_us']:.0f} µs | {tt['p50_us']:.0f} µs"
             f" | {uu['p99_us']:.0f} µs | {tt['p99_us']:.0f} µs |"
             f" {tt['p99_us'] - uu['p99_us']:+.0f} µs | {tt['bpf_ns_per_req']:.0f} |"
-            f" {tt['cpu_us_per_req']:.1f} |"
+            f" {tt['cpu_us_per_req']:.1f} | {tt['marginal_us_per_req']:.1f} |"
         )
+    idle = extra.get("idle_cores", float("nan"))
+    lines += [
+        "",
+        f"Agent CPU is the sum of its threads' run time (user and kernel) over each load."
+        f" Idle, with the same flags and no load, measured in this run for"
+        f" {a.idle_seconds:g} s just before the loads: **{idle:.4f} cores**"
+        f" ({idle * 1e3:.1f} ms of CPU per second: the drain timer, the once-a-second"
+        " rescan; /metrics values are read only when scraped). Marginal = (CPU over the"
+        " load − idle cores × its duration) / requests: what the requests themselves cost,"
+        " including the drain loop running at its busy period (50 ms instead of 250 ms);"
+        " the total column charges the idle work to the requests as well.",
+    ]
     ratios = sorted(tr / un for un, tr in zip(sat_un, sat_tr, strict=True) if un)
     ratio = ratios[len(ratios) // 2] if ratios else float("nan")
     sat_n = max(1.0, sat_extra["requests"])
@@ -462,7 +507,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Records the agent wrote at the fixed loads: {extra.get('records', 0):.0f}, with no"
         " CPU budget (`--cpu-budget 0`: every request traced, so the per-request figures"
         " are the cost of tracing, not diluted by shedding); requests shed there:"
-        f" {extra.get('fixed_shed', float('nan')):.0f}.",
+        f" {extra.get('fixed_shed', float('nan')):.0f}"
+        + (
+            " (tracing paused: " + ", ".join(f"{k} ×{v:.0f}" for k, v in pauses.items()) + ")"
+            if pauses
+            else ""
+        )
+        + ".",
         "",
         "Caveat: measured on 2 cores shared with other jobs; the untraced and traced runs"
         " are sequential, so the p99 and saturation columns carry that noise (compare the"
