@@ -414,14 +414,14 @@ class Conn:
             self.srtt_us = srtt_us
         self.retrans = retrans
 
-    def _finish(self, ex: Exchange) -> Exchange:
-        return self._finalize_fields(ex)
-
     def _finalize_fields(self, ex: Exchange) -> Exchange:
         if self.srtt_us:
             ex.srtt_us = self.srtt_us
-        ex.retransmits = max(0, self.retrans - ex.retrans_start)
+        d = self.retrans - ex.retrans_start
+        ex.retransmits = d if d > 0 else 0
         return ex
+
+    _finish = _finalize_fields  # one call fewer per record than a wrapper
 
     # -- WebSocket ------------------------------------------------------------------
     def _ws_frames(self, data: bytes, n: int) -> int:

@@ -56,7 +56,7 @@ _ids = _Ids()
 
 def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
     # Durations: (a − b) in µs, None when either instant is unknown (0), never negative;
-    # written out inline (a record is built per request).
+    # written out inline, without max() (a record is built per request).
     tp = ex.traceparent
     t1 = ex.t1
     t2 = ex.t2
@@ -87,14 +87,18 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "start_unix_ns": t1 + off,
         "end_unix_ns": t_end + off,
         "arrival_unix_ns": t_arr + off if t_arr else None,
-        "ttfb_us": max(0, (t2 - t1) // 1000) if t2 and t1 else None,
-        "recv_queue_us": max(0, (t1 - start_arr) // 1000) if start_arr and t1 else None,
-        "accept_queue_us": max(0, (t_acc - t_est) // 1000) if t_acc and t_est else None,
-        "ttft_us": max(0, (t_tok - t1) // 1000) if t_tok and t1 else None,
-        "chunk_offsets_us": [max(0, (t - t1) // 1000) for t in ex.chunk_times],
+        "ttfb_us": ((t2 - t1) // 1000 if t2 > t1 else 0) if t2 and t1 else None,
+        "recv_queue_us": ((t1 - start_arr) // 1000 if t1 > start_arr else 0)
+        if start_arr and t1
+        else None,
+        "accept_queue_us": ((t_acc - t_est) // 1000 if t_acc > t_est else 0)
+        if t_acc and t_est
+        else None,
+        "ttft_us": ((t_tok - t1) // 1000 if t_tok > t1 else 0) if t_tok and t1 else None,
+        "chunk_offsets_us": [(t - t1) // 1000 if t > t1 else 0 for t in ex.chunk_times],
         "chunks": ex.chunks,
         "chunk_gap_max_us": ex.gap_max_ns // 1000 if ex.chunks > 1 else None,
-        "duration_us": max(0, (t_end - t1) // 1000),
+        "duration_us": (t_end - t1) // 1000 if t_end > t1 else 0,
         "bytes_in": ex.bytes_in,
         "bytes_out": ex.bytes_out,
         "srtt_us": ex.srtt_us or None,

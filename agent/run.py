@@ -240,7 +240,7 @@ class Agent:
     def sweep(self) -> None:
         """A Content-Length response whose body writes sit in the kernel aggregate (flushed
         only at the next boundary) is finished from a snapshot of the map."""
-        if self.bpf is None:
+        if self.bpf is None or not self._open_cl:
             return
         aggs = self.bpf["px_aggs"]
         now = time.monotonic_ns()
