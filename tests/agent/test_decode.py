@@ -1,0 +1,102 @@
+"""The agent's in-place decoding of ring-buffer records (Agent.on_event reads the layouts of
+agent.events without building event objects): records packed as bpf/agent.c lays them out
+give the fields agent.events.decode reads from them, and the exported record they imply.
+Pure Python: no kernel."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from agent import events
+from agent.run import Agent, RunConfig
+
+LA = bytes([127, 0, 0, 1]) + bytes(12)
+RA = bytes([127, 0, 0, 2]) + bytes(12)
+SK, IDENT, TGID = 0xFFFF_8880_1234_5678, 7, 4_194_000  # a pid no process has here
+
+
+def _hdr(typ: int, t: int, lost: int = 0) -> bytes:
+    return events.HDR.pack(typ, TGID, TGID + 1, 5, SK, IDENT, t, 55, 0, lost, 0)
+
+
+def _read(t: int, data: bytes, t_arr: int = 0, t_acc: int = 0, t_est: int = 0) -> bytes:
+    n = len(data)
+    body = events.READ.pack(t_est, t_acc, t_arr, n, n, 8080, 50000, events.AF_INET, 0, LA, RA)
+    return _hdr(events.EV_READ, t) + body + data
+
+
+def _resp(t: int, data: bytes) -> bytes:
+    return _hdr(events.EV_RESP, t) + events.RESP.pack(len(data), len(data)) + data
+
+
+def _wagg(t_first: int, t_last: int, offs_us: list[int], nbytes: int, gap_ns: int) -> bytes:
+    offs = struct.pack(f"<{events.CHUNKS}I", *offs_us, *[0] * (events.CHUNKS - len(offs_us)))
+    agg = events.AGG.pack(t_first, t_last, nbytes, gap_ns, len(offs_us), events.WAGG_END)
+    return _hdr(events.EV_WAGG, t_last) + agg + offs
+
+
+def _agent() -> Agent:
+    return Agent(RunConfig(ports=[8080], service_names={8080: "svc"}, cpu_budget=0))
+
+
+def test_a_streamed_response_from_packed_records() -> None:
+    ms = 1_000_000
+    req = b"GET /a?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    recs = [
+        _read(10 * ms, req, 9 * ms, 8 * ms, 7 * ms),
+        _resp(15 * ms, head),
+        _wagg(20 * ms, 24 * ms, [0, 1000, 4000], 300, 3 * ms),
+        _hdr(events.EV_CLOSE, 30 * ms),
+    ]
+    # what the reference decoder reads from the same bytes
+    rd, rs, wg = (events.decode(r) for r in recs[:3])
+    assert isinstance(rd, events.ReadEv) and rd.addrs() == ("127.0.0.1", "127.0.0.2")
+    assert isinstance(rs, events.RespEv) and rs.n == len(head)
+    assert isinstance(wg, events.WaggEv) and wg.times_ns() == [20 * ms, 21 * ms, 24 * ms]
+    a = _agent()
+    a.clock.offset_ns = 0
+    for r in recs:
+        a.on_event(r)
+    [rec] = list(a.q)
+    want: dict[str, Any] = {
+        "method": "GET",
+        "path": "/a",
+        "status": 200,
+        "pid": TGID,
+        "service": "svc",
+        "local_addr": "127.0.0.1",
+        "local_port": 8080,
+        "peer_addr": "127.0.0.2",
+        "peer_port": 50000,
+        "start_unix_ns": 10 * ms,
+        "end_unix_ns": 24 * ms,
+        "arrival_unix_ns": 9 * ms,
+        "ttfb_us": 5000,
+        "recv_queue_us": 1000,  # t1 - max(t_arr, t_acc)
+        "accept_queue_us": 1000,  # t_acc - t_est
+        "ttft_us": 10000,
+        "chunk_offsets_us": [10000, 11000, 14000],
+        "chunks": 3,
+        "chunk_gap_max_us": 3000,
+        "duration_us": 14000,
+        "bytes_in": len(req),
+        "bytes_out": len(head) + 300,
+        "srtt_us": 55,
+        "partial": False,
+    }
+    assert {k: rec[k] for k in want} == want
+    assert a.n_events == 4 and not a.conns
+
+
+def test_unknown_short_and_lost_records() -> None:
+    a = _agent()
+    a.on_event(_hdr(99, 1))  # a type this agent does not know
+    a.on_event(_hdr(events.EV_READ, 1)[:20])  # shorter than a header
+    assert a.n_events == 2 and not a.conns
+    a.on_event(_read(1000, b"GET /b HTTP/1.1\r\n\r\n"))
+    # the next event says events of this connection were lost: the request in flight is
+    # dropped (counted), not matched to a response it may not own
+    a.on_event(_hdr(events.EV_RESP, 2000, lost=1) + events.RESP.pack(3, 3) + b"HTT")
+    assert a.stats.lost_exchanges == 1 and not a.q
