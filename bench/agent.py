@@ -271,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rates", default="2000,5000")
     ap.add_argument("--dd-count", type=int, default=1_000_000)
-    ap.add_argument("--sat-rounds", type=int, default=7, help="untraced/traced saturation pairs")
+    ap.add_argument(
+        "--sat-rounds", type=int, default=7, help="saturation rounds (untraced, traced, untraced)"
+    )
     ap.add_argument(
         "--sat-seconds",
         type=float,
@@ -311,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     breakdown: list[tuple[float, str, float]] = []
     sat_un: list[float] = []
     sat_tr: list[float] = []
+    sat_un2: list[float] = []  # the untraced run after each traced one
     sat_extra = {"requests": 0.0, "records": 0.0, "shed": 0.0, "lost": 0.0}
     hooks_line = ""
     sat_budget = "?"
@@ -407,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
             Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev_stats)
         # Saturation, untraced and traced in alternation (the machine is shared: a single
         # pair is mostly noise); bpf_stats off (its clock reads are not the agent's cost).
+        # Each traced run sits between two untraced ones: the ratio is taken against their
+        # mean (a drift of the VM's speed or an order effect cancels), and the second
+        # untraced run over the first is the control — what the ratio swings by with no
+        # agent at all.
         for i in range(a.sat_rounds):
             sat_un.append(wrk(port, a.sat_seconds, 50, None)["rps"])
             agent = AgentProc(port, tmp)  # the default CPU budget
@@ -426,7 +433,12 @@ def main(argv: list[str] | None = None) -> int:
                 sat_extra["lost"] += agent.metric("parallax_agent_lost_events")
             finally:
                 agent.stop()
-            print(f"saturation round {i + 1}: {sat_un[-1]:.0f} / {sat_tr[-1]:.0f}", file=sys.stderr)
+            sat_un2.append(wrk(port, a.sat_seconds, 50, None)["rps"])
+            print(
+                f"saturation round {i + 1}: {sat_un[-1]:.0f} / {sat_tr[-1]:.0f}"
+                f" / {sat_un2[-1]:.0f}",
+                file=sys.stderr,
+            )
     finally:
         ngx.terminate()
         ngx.wait(10)
@@ -466,8 +478,12 @@ def main(argv: list[str] | None = None) -> int:
         " including the drain loop running at its busy period (50 ms instead of 250 ms);"
         " the total column charges the idle work to the requests as well.",
     ]
-    ratios = sorted(tr / un for un, tr in zip(sat_un, sat_tr, strict=True) if un)
+    ratios = sorted(
+        2 * tr / (u1 + u2) for u1, tr, u2 in zip(sat_un, sat_tr, sat_un2, strict=True) if u1 + u2
+    )
     ratio = ratios[len(ratios) // 2] if ratios else float("nan")
+    controls = sorted(u2 / u1 for u1, u2 in zip(sat_un, sat_un2, strict=True) if u1)
+    control = controls[len(controls) // 2] if controls else float("nan")
     sat_n = max(1.0, sat_extra["requests"])
     hooks = next(
         (h for h in ("socket", "raw syscalls", "syscalls") if f"{h} hooks" in hooks_line), "?"
@@ -476,9 +492,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Saturation (50 connections, unpaced, {a.sat_seconds:g} s each; bpf_stats off; the"
         f" agent's default CPU budget, here {sat_budget}), {len(ratios)} rounds of"
-        f" untraced then traced: {', '.join(f'{x:.0f}' for x in sat_un)} req/s untraced,"
-        f" {', '.join(f'{x:.0f}' for x in sat_tr)} traced → median ratio **{ratio:.2f}**"
-        f" (goal ≥ 0.90; per round {', '.join(f'{x:.2f}' for x in ratios)}). Over the"
+        f" untraced, traced, untraced: {', '.join(f'{x:.0f}' for x in sat_un)} req/s"
+        f" untraced before, {', '.join(f'{x:.0f}' for x in sat_tr)} traced,"
+        f" {', '.join(f'{x:.0f}' for x in sat_un2)} untraced after → median ratio of traced"
+        f" to the mean of its two untraced runs **{ratio:.2f}** (goal ≥ 0.90; per round"
+        f" {', '.join(f'{x:.2f}' for x in ratios)}). Control, untraced after / untraced"
+        f" before with no agent in between: median {control:.2f} (per round"
+        f" {', '.join(f'{x:.2f}' for x in controls)}) — the noise the ratio carries. Over the"
         f" traced rounds the agent recorded {sat_extra['records']:.0f} of"
         f" {sat_extra['requests']:.0f} requests ({100 * sat_extra['records'] / sat_n:.0f} %),"
         f" counted {sat_extra['shed']:.0f} reads as shed while tracing was paused (over"
