@@ -68,6 +68,11 @@ class Shedder:
         self._t = clock()
         self._cpu = cpu_clock()
 
+    def hold(self) -> None:
+        """The resume just granted could not be carried out: paused for another hold."""
+        self.paused = True
+        self._until = self._clock() + self._hold
+
     def step(self, ring_fill: float | None, ring_full: bool = False) -> bool | None:
         """Account the CPU used since the last step and look at the ring (fill None:
         unknown; ``ring_full``: the programs paused themselves on a full ring): True to

@@ -291,6 +291,45 @@ def set_paused(b: Any, paused: bool) -> None:
     cfg[ctypes.c_int(0)] = v
 
 
+# Hooks whose programs return at the pause flag (they record nothing while tracing is
+# paused) yet still cost every process on the node a program run per TCP write or arrival:
+# detached for the length of a pause. sock_recv_length stays (it counts the shed requests),
+# and so do the connection-lifecycle hooks.
+_IDLE_WHILE_PAUSED = (b"sock:sock_send_length", b"sock:sk_data_ready")
+_SEND_START = b"tcp_sendmsg_locked"
+
+
+def detach_idle(b: Any) -> list[bytes]:
+    """Detach the hooks that do nothing while paused; what was detached, for reattach.
+    Never raises: a hook that would not detach stays attached (a paused program returns
+    at once, so that only costs)."""
+    out: list[bytes] = []
+    for tp in (*_IDLE_WHILE_PAUSED, _SEND_START):
+        raw = tp == _SEND_START
+        if tp not in (b.raw_tracepoint_fds if raw else b.tracepoint_fds):
+            continue
+        try:
+            if raw:
+                b.detach_raw_tracepoint(tp=tp)
+            else:
+                b.detach_tracepoint(tp=tp)
+        except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+            log.debug("%s stays attached through the pause: %s", tp.decode(), e)
+            continue
+        out.append(tp)
+    return out
+
+
+def reattach(b: Any, hooks: list[bytes]) -> None:
+    """Attach again what detach_idle took off (bcc keeps the loaded programs)."""
+    for tp in hooks:
+        if tp == _SEND_START:
+            if tp not in b.raw_tracepoint_fds:
+                b.attach_raw_tracepoint(tp=tp, fn_name=b"px_send_start")
+        elif tp not in b.tracepoint_fds:
+            b.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+
+
 def pid_max() -> int:
     """Size of the traced-pid array (kernel.pid_max, at most 4M: 4 MiB of u8)."""
     try:

@@ -121,6 +121,8 @@ class Agent:
         self._listeners = ListenerStats()
         self._shed_warned: set[str] = set()
         self._shed_reads = 0
+        self._detached: list[bytes] = []  # hooks taken off for the current pause
+        self._reattach_warned = False
         self._last_stats = Stats()
         self._label_lock = threading.Lock()  # _port_label: main loop and /metrics thread
         self._live = False  # the maps may be read for /metrics (loaded, not detached)
@@ -548,7 +550,22 @@ class Agent:
     def _apply_shedding(self, shedder: Shedder, change: bool | None) -> None:
         if change is None:
             return
+        if not change and self._detached:
+            # the hooks taken off for the pause go back before the programs trace again
+            try:
+                loader.reattach(self.bpf, self._detached)
+            except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+                if not self._reattach_warned:
+                    self._reattach_warned = True
+                    log.warning("could not attach hooks again after a pause (%s): still paused", e)
+                shedder.hold()
+                return
+            self._detached = []
         loader.set_paused(self.bpf, change)
+        if change:
+            # Paused, these programs return at once, yet every TCP write and arrival on the
+            # node still runs them (docs/agent.md, Overload).
+            self._detached = loader.detach_idle(self.bpf)
         self.m.paused.set(1 if change else 0)
         if change:
             self.m.pauses.labels(shedder.reason).inc()

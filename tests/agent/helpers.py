@@ -148,6 +148,19 @@ class Agent:
         return int(self.p.returncode)
 
 
+def perf_links(agent: Agent) -> list[dict[str, Any]]:
+    """The agent's tracepoint and probe attachments, as bpftool lists them."""
+    out = subprocess.run(
+        ["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    return [e for e in json.loads(out) if e.get("pid") == agent.p.pid]
+
+
+def tracepoints(agent: Agent) -> set[str]:
+    """Names of the tracepoints (classic and raw) the agent has attached."""
+    return {str(e.get("tracepoint", "")) for e in perf_links(agent) if "tracepoint" in e["fd_type"]}
+
+
 def timing_log(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

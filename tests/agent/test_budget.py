@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from demo.stack import free_port
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request, read_response
+from tests.agent.helpers import PY, Agent, Proc, http_request, read_response, tracepoints
 
 pytestmark = pytest.mark.ebpf
 
@@ -61,6 +62,21 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
             if pauses >= 1:
                 break
         assert pauses >= 1, "the agent never went over its budget"
+        # While paused, the hooks whose programs would only return at the pause flag are
+        # off the node (sock_recv_length stays: it counts the shed requests). A pause lasts
+        # at least a second; the paused gauge read on both sides of the listing brackets it.
+        seen_paused = False
+        for _ in range(50):
+            before = agent.metrics().get("parallax_agent_paused")
+            hooks = tracepoints(agent)
+            if before == 1 and agent.metrics().get("parallax_agent_paused") == 1:
+                seen_paused = True
+                assert "sock_send_length" not in hooks and "sk_data_ready" not in hooks, hooks
+                assert "tcp_sendmsg_locked" not in hooks, hooks
+                assert "sock_recv_length" in hooks and "inet_sock_set_state" in hooks, hooks
+                break
+            time.sleep(0.1)
+        assert seen_paused, "no paused moment observed after the pause was counted"
         shed = agent.wait_metric("parallax_agent_shed_requests_total", lambda v: v > 0)
         assert 0 < shed <= sent
         # idle again: tracing resumes (after at most an 8 s hold); a request on the
@@ -68,6 +84,7 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
         # own arrival (not one from inside the pause), and so is one on a new connection
         resumed = agent.wait_metric("parallax_agent_paused", lambda v: v == 0, timeout=30)
         assert resumed == 0
+        assert {"sock_send_length", "sk_data_ready"} <= tracepoints(agent)
         for path, sock in (("/after", s), ("/fresh", None)):
             ctx = trace_context.generate()
             head = f"GET {path} HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"

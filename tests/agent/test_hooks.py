@@ -8,16 +8,14 @@ import json
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request
+from tests.agent.helpers import PY, Agent, Proc, http_request, perf_links, tracepoints
 
 pytestmark = pytest.mark.ebpf
 
@@ -37,20 +35,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent
     rc = agent.stop()
     srv.stop()
     assert rc == 0
-
-
-def _perf_links(agent: Agent) -> list[dict[str, Any]]:
-    """The agent's tracepoint and probe attachments, as bpftool lists them."""
-    out = subprocess.run(
-        ["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    return [e for e in json.loads(out) if e.get("pid") == agent.p.pid]
-
-
-def _tracepoints(agent: Agent) -> set[str]:
-    return {
-        str(e.get("tracepoint", "")) for e in _perf_links(agent) if "tracepoint" in e["fd_type"]
-    }
 
 
 def _wait_log(agent: Agent, text: str, timeout: float = 10.0) -> None:
@@ -79,7 +63,7 @@ def test_event_loop_server_gets_no_write_start_hook(tmp_path: Path) -> None:
         recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id, count=3)
         assert len(recs) == 3 and all(r["ttft_us"] is not None for r in recs)
         time.sleep(1.5)  # the agent looks at the kernel's counters each second
-        assert "tcp_sendmsg_locked" not in _tracepoints(agent)
+        assert "tcp_sendmsg_locked" not in tracepoints(agent)
         assert "timing write starts" not in agent.err.read_text()
     finally:
         agent.stop()
@@ -98,8 +82,8 @@ def test_no_syscall_tracepoint_is_attached(stack: tuple[int, Agent, Path]) -> No
     port, agent, _ = stack
     ready = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
     assert "socket hooks" in ready
-    mine = _perf_links(agent)
-    names = _tracepoints(agent)
+    mine = perf_links(agent)
+    names = tracepoints(agent)
     assert {"sock_recv_length", "sock_send_length", "inet_sock_set_state"} <= names
     assert not [n for n in names if n.startswith(("sys_enter", "sys_exit"))]
     # srtt comes from the socket at each request (its offset from the kernel's BTF), not
@@ -195,7 +179,7 @@ def test_a_blocked_write_is_timed_at_its_start(stack: tuple[int, Agent, Path]) -
     # server's sockets do): any request shows it, then the agent says so within a second.
     http_request(port, b"GET /plain?n=1 HTTP/1.1\r\nConnection: close\r\n\r\n")
     _wait_log(agent, "timing write starts")
-    assert "tcp_sendmsg_locked" in _tracepoints(agent)
+    assert "tcp_sendmsg_locked" in tracepoints(agent)
     ctx = trace_context.generate()
     n = 16 << 20
     with socket.create_connection(("127.0.0.1", port), 10) as s:
