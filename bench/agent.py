@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                     (ln for ln in agent.err.read_text().splitlines() if "CPU budget" in ln), ""
                 )
                 sat_budget = budget_line.rpartition("CPU budget ")[2] or "?"
-                time.sleep(1.5)  # the agent's metrics refresh each second
+                time.sleep(1.5)  # the records of the run reach the JSONL file
                 sat_extra["requests"] += res["requests"]
                 sat_extra["records"] += (tmp / "agent.jsonl").read_text().count("\n") - recs0
                 sat_extra["shed"] += agent.metric("parallax_agent_shed_requests_total")
