@@ -301,12 +301,12 @@ _SEND_START = b"tcp_sendmsg_locked"
 
 def detach_idle(b: Any) -> list[bytes]:
     """Detach the hooks that do nothing while paused; what was detached, for reattach.
-    Never raises: a hook that would not detach stays attached (a paused program returns
-    at once, so that only costs)."""
+    Never raises."""
     out: list[bytes] = []
     for tp in (*_IDLE_WHILE_PAUSED, _SEND_START):
         raw = tp == _SEND_START
-        if tp not in (b.raw_tracepoint_fds if raw else b.tracepoint_fds):
+        fds = b.raw_tracepoint_fds if raw else b.tracepoint_fds
+        if tp not in fds:
             continue
         try:
             if raw:
@@ -314,8 +314,10 @@ def detach_idle(b: Any) -> list[bytes]:
             else:
                 b.detach_tracepoint(tp=tp)
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-            log.debug("%s stays attached through the pause: %s", tp.decode(), e)
-            continue
+            # bcc closes the perf event's fd before it reports a failed disable: the hook
+            # is gone either way; forget the stale fd (its number may be reused)
+            log.debug("detaching %s: %s", tp.decode(), e)
+            fds.pop(tp, None)
         out.append(tp)
     return out
 

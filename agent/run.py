@@ -123,7 +123,7 @@ class Agent:
         self._shed_reads = 0
         self._detached: list[bytes] = []  # hooks taken off for the current pause
         self._reattach_warned = False
-        self._last_stats = Stats()
+        self._head_too_large_pushed = 0  # of stats.head_too_large, in the metric
         self._label_lock = threading.Lock()  # _port_label: main loop and /metrics thread
         self._live = False  # the maps may be read for /metrics (loaded, not detached)
 
@@ -339,7 +339,9 @@ class Agent:
         """A traced server writes on a blocking socket (counted in the kernel): such a write
         can wait for buffer space, so from now on its start is stamped (the first ones were
         timed at their end)."""
-        if self._send_start_lazy and counters["blocking_conns"]:
+        if self._send_start_lazy and counters["blocking_conns"] and not self._detached:
+            # (not while paused: it would run for the rest of the pause; the first check
+            # after the resume attaches it)
             self._send_start_lazy = False
             loader.attach_send_start(self.bpf)
             log.info("a traced server writes on blocking sockets: timing write starts")
@@ -372,10 +374,12 @@ class Agent:
         self.m.listen_overflows.set(metrics.listen_overflows())
         self._listen_drops()
         self.m.connections.set(len(self.conns))
-        d = self.stats.head_too_large - self._last_stats.head_too_large
+        # one read of the live counter: what the main loop adds meanwhile counts next time
+        head_too_large = self.stats.head_too_large
+        d = head_too_large - self._head_too_large_pushed
         if d:
             self.m.head_too_large.inc(d)
-        self._last_stats = Stats(**{k: getattr(self.stats, k) for k in Stats.__slots__})
+        self._head_too_large_pushed = head_too_large
 
     def _listen_drops(self) -> None:
         """Accept-queue drops per listening port: the agent's network namespace and those of

@@ -161,6 +161,14 @@ def tracepoints(agent: Agent) -> set[str]:
     return {str(e.get("tracepoint", "")) for e in perf_links(agent) if "tracepoint" in e["fd_type"]}
 
 
+def wait_log(agent: Agent, text: str, timeout: float = 10.0) -> None:
+    """Until the agent's stderr says ``text`` (fails the test after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while text not in agent.err.read_text():
+        assert time.monotonic() < deadline, agent.err.read_text()
+        time.sleep(0.1)
+
+
 def timing_log(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

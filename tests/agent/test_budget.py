@@ -13,7 +13,7 @@ import pytest
 
 from demo.stack import free_port
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request, read_response, tracepoints
+from tests.agent.helpers import PY, Agent, Proc, http_request, read_response, tracepoints, wait_log
 
 pytestmark = pytest.mark.ebpf
 
@@ -38,17 +38,19 @@ def _wrk_requests(port: int, seconds: int) -> int:
     return _requests(_wrk(port, seconds), seconds)
 
 
+def _pauses(m: dict[str, float]) -> float:
+    return sum(v for k, v in m.items() if k.startswith("parallax_agent_pauses_total{"))
+
+
 def _paused_hooks(agent: Agent) -> set[str] | None:
     """The agent's tracepoints at a moment it is paused (the paused gauge read on both
     sides of the listing: a pause lasts at least a second), or None if it is not."""
-    if agent.metrics().get("parallax_agent_paused") != 1:
+    m0 = agent.metrics()
+    if m0.get("parallax_agent_paused") != 1:
         return None
     hooks = tracepoints(agent)
-    return hooks if agent.metrics().get("parallax_agent_paused") == 1 else None
-
-
-def _pauses(m: dict[str, float]) -> float:
-    return sum(v for k, v in m.items() if k.startswith("parallax_agent_pauses_total{"))
+    m1 = agent.metrics()  # still the same pause: paused, and no pause begun since
+    return hooks if m1.get("parallax_agent_paused") == 1 and _pauses(m1) == _pauses(m0) else None
 
 
 def _resumed_for_good(agent: Agent, timeout: float = 40.0) -> bool:
@@ -85,6 +87,10 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
         s = socket.create_connection(("127.0.0.1", port), 5)
         s.sendall(b"GET /before HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(s).startswith(b"HTTP/1.1 200")
+        # py_server writes on blocking sockets: the write-start hook comes within a second
+        # (so that its detach and re-attach are seen below)
+        wait_log(agent, "timing write starts")
+        assert "tcp_sendmsg_locked" in tracepoints(agent)
         # thousands of requests a second: far more than 0.05 cores of agent work — on a
         # quiet machine; on a busy one the server answers fewer, so load until it is over
         # (at most three rounds)
@@ -116,7 +122,7 @@ def test_over_budget_sheds_counts_and_recovers(tmp_path: Path) -> None:
         # keep-alive connection that lived through the pause is recorded whole, with its
         # own arrival (not one from inside the pause), and so is one on a new connection
         assert _resumed_for_good(agent), "tracing did not resume"
-        assert {"sock_send_length", "sk_data_ready"} <= tracepoints(agent)
+        assert {"sock_send_length", "sk_data_ready", "tcp_sendmsg_locked"} <= tracepoints(agent)
         for path, sock in (("/after", s), ("/fresh", None)):
             ctx = trace_context.generate()
             head = f"GET {path} HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"

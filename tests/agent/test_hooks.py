@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request, perf_links, tracepoints
+from tests.agent.helpers import PY, Agent, Proc, http_request, perf_links, tracepoints, wait_log
 
 pytestmark = pytest.mark.ebpf
 
@@ -35,13 +35,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent
     rc = agent.stop()
     srv.stop()
     assert rc == 0
-
-
-def _wait_log(agent: Agent, text: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in agent.err.read_text():
-        assert time.monotonic() < deadline, agent.err.read_text()
-        time.sleep(0.1)
 
 
 @pytest.mark.skipif(not shutil.which("node"), reason="needs node (make setup)")
@@ -178,7 +171,7 @@ def test_a_blocked_write_is_timed_at_its_start(stack: tuple[int, Agent, Path]) -
     # The write-start hook is attached once a followed connection turns out to block (this
     # server's sockets do): any request shows it, then the agent says so within a second.
     http_request(port, b"GET /plain?n=1 HTTP/1.1\r\nConnection: close\r\n\r\n")
-    _wait_log(agent, "timing write starts")
+    wait_log(agent, "timing write starts")
     assert "tcp_sendmsg_locked" in tracepoints(agent)
     ctx = trace_context.generate()
     n = 16 << 20
