@@ -131,19 +131,9 @@ class Conn:
             # it, without the buffer (no copy in and out, no second scan).
             self.cur_bytes = n
             self.cur_t_arr = t_arr
-            req = httphead.parse_request(data)
-            if req is None:
-                self.stats.unparsed += 1
-                self.mode = "dead" if self.requests == 0 else "resync"
-                return []
-            ex = self._new_exchange(req, t, missed=False)
-            if req.chunked:
-                self._queue(ex)
-                self._lose_sync()
-                return []
-            self.body_skip = req.content_length
-            ex.bytes_in = req.head_len
-            self._queue(ex)
+            r = self._request(data, t)
+            if r is not None:
+                self.body_skip = r[1]
             return []
         missing = n - len(data)
         pos = 0
@@ -206,26 +196,37 @@ class Conn:
                 break
             head = bytes(self.buf[: idx + 4])
             del self.buf[: idx + 4]
-            req = httphead.parse_request(head)
-            if req is None:
-                self.stats.unparsed += 1
-                self.mode = "dead" if self.requests == 0 else "resync"
-                self.buf.clear()
+            r = self._request(head, t)
+            if r is None:
                 break
-            ex = self._new_exchange(req, t, missed=False)
-            if req.chunked:
-                # chunked request bodies are rare (gRPC-web, uploads): resync after them
-                self._queue(ex)
-                self._lose_sync()
-                break
-            take = min(len(self.buf), req.content_length)
+            ex, length = r
+            take = min(len(self.buf), length)
             del self.buf[:take]
-            self.body_skip = req.content_length - take
-            ex.bytes_in = req.head_len + take
-            self._queue(ex)
+            self.body_skip = length - take
+            ex.bytes_in += take
             if self.buf:
                 self.cur_bytes = len(self.buf)
         return out
+
+    def _request(self, head: bytes, t: int) -> tuple[Exchange, int] | None:
+        """One whole request head: its exchange queued (bytes_in: the head) and its body
+        length. None where framing stops: not a request (the connection is given up or
+        resynchronises) or a chunked body (queued, then resync after it)."""
+        req = httphead.parse_request(head)
+        if req is None:
+            self.stats.unparsed += 1
+            self.mode = "dead" if self.requests == 0 else "resync"
+            self.buf.clear()
+            return None
+        ex = self._new_exchange(req, t, missed=False)
+        if req.chunked:
+            # chunked request bodies are rare (gRPC-web, uploads): resync after them
+            self._queue(ex)
+            self._lose_sync()
+            return None
+        ex.bytes_in = req.head_len
+        self._queue(ex)
+        return ex, req.content_length
 
     def _head_overflow(self, t: int) -> None:
         """The head does not fit the window: keep the request line if it is whole (the

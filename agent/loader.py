@@ -13,7 +13,7 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,9 +247,12 @@ def load(opts: Options) -> Loaded:
     return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks, lazy)
 
 
+_SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
+
+
 def attach_send_start(b: Any) -> None:
     """Attach the write-start hook (raw tcp:tcp_sendmsg_locked) and tell the programs."""
-    b.attach_raw_tracepoint(tp=b"tcp_sendmsg_locked", fn_name=b"px_send_start")
+    b.attach_raw_tracepoint(tp=_SEND_START, fn_name=_SEND_START_FN)
     cfg = b["px_config"]
     v = cfg[ctypes.c_int(0)]
     v.send_start = 1
@@ -294,25 +297,24 @@ def set_paused(b: Any, paused: bool) -> None:
 # Hooks whose programs return at the pause flag (they record nothing while tracing is
 # paused) yet still cost every process on the node a program run per TCP write or arrival:
 # detached for the length of a pause. sock_recv_length stays (it counts the shed requests),
-# and so do the connection-lifecycle hooks.
-_IDLE_WHILE_PAUSED = (b"sock:sock_send_length", b"sock:sk_data_ready")
-_SEND_START = b"tcp_sendmsg_locked"
+# and so do the connection-lifecycle hooks. hook → (a raw tracepoint?, its program)
+_IDLE_WHILE_PAUSED = {
+    b"sock:sock_send_length": (False, b"tracepoint__sock__sock_send_length"),
+    b"sock:sk_data_ready": (False, b"tracepoint__sock__sk_data_ready"),
+    _SEND_START: (True, _SEND_START_FN),
+}
 
 
 def detach_idle(b: Any) -> list[bytes]:
     """Detach the hooks that do nothing while paused; what was detached, for reattach.
     Never raises."""
     out: list[bytes] = []
-    for tp in (*_IDLE_WHILE_PAUSED, _SEND_START):
-        raw = tp == _SEND_START
+    for tp, (raw, _) in _IDLE_WHILE_PAUSED.items():
         fds = b.raw_tracepoint_fds if raw else b.tracepoint_fds
         if tp not in fds:
             continue
         try:
-            if raw:
-                b.detach_raw_tracepoint(tp=tp)
-            else:
-                b.detach_tracepoint(tp=tp)
+            (b.detach_raw_tracepoint if raw else b.detach_tracepoint)(tp=tp)
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
             # bcc closes the perf event's fd before it reports a failed disable: the hook
             # is gone either way; forget the stale fd (its number may be reused)
@@ -325,11 +327,9 @@ def detach_idle(b: Any) -> list[bytes]:
 def reattach(b: Any, hooks: list[bytes]) -> None:
     """Attach again what detach_idle took off (bcc keeps the loaded programs)."""
     for tp in hooks:
-        if tp == _SEND_START:
-            if tp not in b.raw_tracepoint_fds:
-                b.attach_raw_tracepoint(tp=tp, fn_name=b"px_send_start")
-        elif tp not in b.tracepoint_fds:
-            b.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+        raw, fn = _IDLE_WHILE_PAUSED[tp]
+        if tp not in (b.raw_tracepoint_fds if raw else b.tracepoint_fds):
+            (b.attach_raw_tracepoint if raw else b.attach_tracepoint)(tp=tp, fn_name=fn)
 
 
 def pid_max() -> int:
@@ -392,12 +392,10 @@ def seed_listen(b: Any, counts: dict[int, int]) -> None:
             t[k] = t.Leaf(n)
 
 
-def counters(b: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
+def counters(b: Any, names: Iterable[str] = COUNTER_NAMES) -> dict[str, int]:
+    """The kernel's counters (summed over CPUs), a map read each: all, or only ``names``."""
     t = b["px_counters"]
-    for i, name in enumerate(COUNTER_NAMES):
-        out[name] = int(sum(t[ctypes.c_int(i)]))
-    return out
+    return {n: int(sum(t[ctypes.c_int(COUNTER_NAMES.index(n))])) for n in names}
 
 
 def map_fill(c: dict[str, int], max_conns: int) -> dict[str, int]:

@@ -7,7 +7,6 @@ them out. The queue is bounded: under overload records are shed and counted, nev
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import os
@@ -346,12 +345,6 @@ class Agent:
             loader.attach_send_start(self.bpf)
             log.info("a traced server writes on blocking sockets: timing write starts")
 
-    def _kernel_counters(self, names: tuple[str, ...]) -> dict[str, int]:
-        """Only the named kernel counters (loader.counters reads all eleven, a syscall each:
-        the once-a-second housekeeping needs one or two)."""
-        t = self.bpf["px_counters"]
-        return {n: int(sum(t[ctypes.c_int(loader.COUNTER_NAMES.index(n))])) for n in names}
-
     def _scrape(self) -> None:
         """/metrics asked (metrics.Metrics.refresh, under its lock): the values now."""
         if self._live:
@@ -520,10 +513,11 @@ class Agent:
             now = time.monotonic()
             if now - last_slow >= 1.0:
                 last_slow = now
-                counters = self._kernel_counters(
+                counters = loader.counters(
+                    self.bpf,
                     ("listen_changes", "blocking_conns")
                     if self._send_start_lazy
-                    else ("listen_changes",)
+                    else ("listen_changes",),
                 )
                 self.rescan(counters)
                 self.maybe_time_write_starts(counters)
