@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
@@ -304,7 +307,25 @@ def decode(body: bytes, json_body: bool) -> ExportTraceServiceRequest:
 
 
 def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
-    """Rows for server_spans (column order of schema.SPAN_COLUMNS)."""
+    """Rows for server_spans (column order of schema.SPAN_COLUMNS).
+
+    A protobuf body goes to the compiled decoder first; it answers only the plain case
+    (every span stored, the expected attribute types) and gives up on the rest, which
+    parse_python then handles — the reference for what the rows are."""
+    if not json_body:
+        if _log_decoder:
+            _log_decoder.pop()()
+        if _fast is not None:
+            r = _fast.parse(body, received_ns // 1_000_000, oldest_ns, now_ns)
+            if r is not None:
+                return Parsed(rows=r[0], trace_ids=r[1], ignored=r[2])
+    return parse_python(body, json_body, received_ns, oldest_ns, now_ns)
+
+
+def parse_python(
+    body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns: int
+) -> Parsed:
+    """parse() with the protobuf runtime (both encodings): the reference implementation."""
     req = decode(body, json_body)
     out = Parsed()
     received_ms = received_ns // 1_000_000
@@ -491,6 +512,71 @@ def _span_row(
         traceparent_missed is True,
         rest,
     )
+
+
+# --- the compiled decoder (collector/ingest/_otlp_fast.c, built by build_fast) ---------
+# Attribute names in the C decoder's slot order: ints, strings, flags, the offsets array,
+# then the three resource attributes it reads.
+_FAST_NAMES = (
+    _TTFB,
+    _RECV_Q,
+    _ACCEPT_Q,
+    _TTFT,
+    _GAP_MAX,
+    _SRTT,
+    _DURATION,
+    _CHUNKS,
+    _BYTES_IN,
+    _BYTES_OUT,
+    _RETRANS,
+    _ARRIVAL,
+    _STATUS,
+    "http.status_code",
+    _SERVER_PORT,
+    _CLIENT_PORT,
+    _WS_SEQ,
+    _URL_PATH,
+    "http.target",
+    _HTTP_ROUTE,
+    _METHOD,
+    "http.method",
+    _SOURCE,
+    _SERVER_ADDRESS,
+    _CLIENT_ADDRESS,
+    _PARTIAL,
+    _CLIENT_ABORTED,
+    _TRACEPARENT_MISSED,
+    _OFFSETS,
+    sa.RESOURCE_SERVICE_NAME,
+    sa.RESOURCE_HOST_NAME,
+    sa.RESOURCE_PROCESS_PID,
+)
+assert frozenset(_FAST_NAMES[:29]) == _CONSUMED
+assert all(_INT_SLOT(n) is not None for n in _FAST_NAMES[:17])
+assert all(_STR_SLOT(n) is not None for n in _FAST_NAMES[17:25])
+
+
+def _load_fast() -> tuple[Any, str]:
+    """(the configured module or None, which decoder is in use — said once in the log)."""
+    if os.environ.get("PARALLAX_OTLP_FAST", "1") == "0":
+        return None, "OTLP protobuf decoder: pure Python (PARALLAX_OTLP_FAST=0)"
+    try:
+        from collector.ingest import _otlp_fast  # noqa: PLC0415 (optional, compiled)
+
+        _otlp_fast.configure(_FAST_NAMES, _route, MAX_DURATION_NS, FUTURE_SLACK_NS)
+    except ImportError:
+        return None, (
+            "OTLP protobuf decoder: pure Python (compiled decoder not built: "
+            "python -m collector.ingest.build_fast)"
+        )
+    except (ValueError, TypeError) as e:  # a stale build whose interface changed
+        return None, f"OTLP protobuf decoder: pure Python (compiled decoder unusable: {e})"
+    return _otlp_fast, f"OTLP protobuf decoder: compiled ({Path(_otlp_fast.__file__).name})"
+
+
+_fast, DECODER = _load_fast()
+# Logged on the first protobuf body (the service has set up logging by then), once.
+_log_decoder = [lambda: logging.getLogger("parallax.collector").info("%s", DECODER)]
 
 
 def _port(v: Any) -> int:
