@@ -1,0 +1,465 @@
+"""The compiled OTLP span decoder (collector/ingest/_otlp_fast.c) against the reference, the
+Python path (otlp.parse_python), on the same bodies: hypothesis-generated
+ExportTraceServiceRequests built with the real protobuf classes (agent-like spans with the
+parallax.* attributes, SDK-like spans, odd value types, spans the reference rejects,
+non-SERVER kinds, several resources), real OpenTelemetry SDK spans, the bench corpus, and
+truncated or mutated bodies.
+
+Wherever the decoder answers, its rows, trace ids and ignored count equal the reference's
+(types included); it gives up (None) on every body in which the reference rejects a span
+or which the reference refuses as malformed; on the plain cases it must not give up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, StatusCode
+
+from bench.collector import _bodies
+from collector.ingest import build_fast, otlp
+from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
+
+NOW = time.time_ns()
+OLDEST = NOW - 86_400 * 10**9  # a one-day retention: older spans are rejected
+DAY = 86_400 * 10**9
+INT_NAMES = otlp._FAST_NAMES[:17]
+STR_NAMES = otlp._FAST_NAMES[17:25]
+BOOL_NAMES = otlp._FAST_NAMES[25:28]
+OFFSETS = otlp._FAST_NAMES[28]
+SDK_NAMES = ("http.scheme", "user_agent.original", "network.peer.port", "net.host.name", "")
+Fast = Callable[[bytes], tuple[list[tuple[Any, ...]], list[str], int] | None]
+
+
+@pytest.fixture(scope="module")
+def fast() -> Fast:
+    """The compiled decoder, built here if setup has not (skipped without a C toolchain)."""
+    ok, msg = build_fast.build()
+    if not ok:
+        pytest.skip(msg)
+    from collector.ingest import _otlp_fast
+
+    _otlp_fast.configure(otlp._FAST_NAMES, otlp._route, MAX_DURATION_NS, FUTURE_SLACK_NS)
+
+    def run(body: bytes) -> tuple[list[tuple[Any, ...]], list[str], int] | None:
+        return _otlp_fast.parse(body, NOW // 1_000_000, OLDEST, NOW)
+
+    return run
+
+
+def reference(body: bytes) -> Parsed | None:
+    """The Python path's answer, or None where it refuses the body (400)."""
+    try:
+        return otlp.parse_python(body, False, NOW, OLDEST, NOW)
+    except BadRequestError:
+        return None
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal and of the same types all the way down (True == 1 would pass plain ==)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def check(fast: Fast, body: bytes) -> bool:
+    """Differential check of one body; True when the compiled decoder answered."""
+    got = fast(body)
+    ref = reference(body)
+    if ref is None or ref.rejected_total:
+        assert got is None, "answered where the reference refuses or rejects"
+        return False
+    if got is None:
+        return False
+    rows, tids, ignored = got
+    assert len(rows) == len(ref.rows)
+    for r, p in zip(rows, ref.rows, strict=True):
+        assert same(r, p), f"\n fast {r}\n  ref {p}"
+    assert same(tids, ref.trace_ids)
+    assert ignored == ref.ignored
+    return True
+
+
+# --- strategies: attribute values ---------------------------------------------------------
+I64 = st.integers(-(2**63), 2**63 - 1)
+TEXT = st.text(max_size=12)
+
+
+def plain_int(name: str) -> st.SearchStrategy[int]:
+    """Values the agent sends for an int attribute (the fast path's plain case)."""
+    if name == "parallax.arrival_unix_ns":
+        return st.integers(NOW - 10**12, NOW)
+    if name.endswith("status_code"):
+        return st.integers(100, 599)
+    if name.endswith(".port"):
+        return st.integers(0, 65535)
+    return st.integers(0, 10**8)
+
+
+def odd_int(name: str) -> st.SearchStrategy[int]:
+    """Ints that are still the right type: negative, huge, zero, the edges."""
+    return st.one_of(
+        I64, st.sampled_from([0, -1, 65535, 65536, 2**32 - 1, 2**32, 86_400_000_000 + 1])
+    )
+
+
+# A value is (kind, payload); fill() writes it into an AnyValue.
+ODD_VALUE = st.one_of(
+    st.tuples(st.just("str"), TEXT),
+    st.tuples(st.just("int"), I64),
+    st.tuples(st.just("bool"), st.booleans()),
+    st.tuples(st.just("double"), st.floats()),
+    st.tuples(st.just("bytes"), st.binary(max_size=6)),
+    st.tuples(st.just("array"), st.lists(st.integers(-5, 10**6), max_size=4)),
+    st.tuples(st.just("mixed"), st.lists(TEXT, min_size=1, max_size=3)),
+    st.tuples(st.just("kvlist"), st.dictionaries(TEXT, TEXT, max_size=2)),
+    st.tuples(st.just("empty"), st.none()),
+)
+
+
+def fill(av: AnyValue, value: tuple[str, Any]) -> None:
+    kind, x = value
+    if kind == "str":
+        av.string_value = x
+    elif kind == "int":
+        av.int_value = x
+    elif kind == "bool":
+        av.bool_value = x
+    elif kind == "double":
+        av.double_value = x
+    elif kind == "bytes":
+        av.bytes_value = x
+    elif kind == "array":
+        av.array_value.SetInParent()
+        for i in x:
+            av.array_value.values.add().int_value = i
+    elif kind == "mixed":
+        av.array_value.values.add().int_value = 1
+        for s in x:
+            av.array_value.values.add().string_value = s
+    elif kind == "kvlist":
+        av.kvlist_value.SetInParent()
+        for k, s in x.items():
+            kv = av.kvlist_value.values.add()
+            kv.key, kv.value.string_value = k, s
+    # "empty": an AnyValue with no value set
+
+
+@st.composite
+def attribute(draw: st.DrawFn, odd: int) -> tuple[str, tuple[str, Any]]:
+    """One span attribute: a slot's name with its type (or, now and then, anything)."""
+    group = draw(st.sampled_from(["int", "int", "str", "bool", "offsets", "other"]))
+    if group == "int":
+        name = draw(st.sampled_from(INT_NAMES))
+        ints = odd_int(name) if rare(draw, odd) else plain_int(name)
+        value: tuple[str, Any] = ("int", draw(ints))
+    elif group == "str":
+        name = draw(st.sampled_from(STR_NAMES))
+        paths = st.sampled_from(["/api/chat", "/v1/users/42?x=1", "", "GET", "post", "ß/x"])
+        value = ("str", draw(st.one_of(paths, TEXT)))
+    elif group == "bool":
+        name, value = draw(st.sampled_from(BOOL_NAMES)), ("bool", draw(st.booleans()))
+    elif group == "offsets":
+        name = OFFSETS
+        value = ("array", draw(st.lists(st.integers(0, 10**7), max_size=8)))
+    else:
+        # (hypothesis also draws the string literals of the code under test: a slot's name)
+        name = draw(st.one_of(st.sampled_from(SDK_NAMES), TEXT))
+        if name in otlp._FAST_NAMES and not odd:
+            name = SDK_NAMES[0]
+        value = draw(st.one_of(st.tuples(st.just("str"), TEXT), st.tuples(st.just("int"), I64)))
+    if rare(draw, odd // 2):
+        value = draw(ODD_VALUE)
+    return name, value
+
+
+def rare(draw: st.DrawFn, pct: int) -> bool:
+    """True pct % of the time (never when pct is 0: the plain case)."""
+    return pct > 0 and draw(st.integers(0, 99)) < pct
+
+
+def ids(draw: st.DrawFn, odd: int) -> tuple[bytes, bytes, bytes]:
+    tid = draw(st.binary(min_size=16, max_size=16).filter(any))
+    sid = draw(st.binary(min_size=8, max_size=8).filter(any))
+    parent = draw(st.sampled_from([b"", draw(st.binary(min_size=8, max_size=8))]))
+    if rare(draw, odd):
+        tid = draw(st.sampled_from([bytes(16), tid[:15], b""]))
+    if rare(draw, odd):
+        sid = draw(st.sampled_from([bytes(8), sid + b"\x01", b""]))
+    if rare(draw, odd):
+        parent = parent[:3] or b"\x01"
+    return tid, sid, parent
+
+
+@st.composite
+def span(draw: st.DrawFn, odd: int) -> Span:
+    sp = Span()
+    sp.trace_id, sp.span_id, sp.parent_span_id = ids(draw, odd)
+    kinds = [Span.SpanKind.SPAN_KIND_SERVER] * 4 + [Span.SpanKind.SPAN_KIND_INTERNAL]
+    if odd:
+        kinds += [Span.SpanKind.SPAN_KIND_CLIENT, Span.SpanKind.SPAN_KIND_UNSPECIFIED]
+    sp.kind = draw(st.sampled_from(kinds))
+    sp.name = draw(st.one_of(st.sampled_from(["GET /api/chat", "handler", ""]), TEXT))
+    start = draw(st.integers(NOW - 10**12, NOW))
+    dur = draw(st.integers(0, 10**10))
+    if rare(draw, odd):
+        start = draw(st.sampled_from([NOW - 2 * DAY, NOW + 2 * DAY, 0]))
+    if rare(draw, odd):
+        dur = draw(st.sampled_from([-1, DAY + 1, DAY]))
+    sp.start_time_unix_nano, sp.end_time_unix_nano = start, max(0, start + dur)
+    for name, value in draw(st.lists(attribute(odd), max_size=30)):
+        kv = sp.attributes.add()
+        kv.key = name
+        fill(kv.value, value)
+    # What SDKs add: a status, a trace state, flags, events, links.
+    if draw(st.booleans()):
+        sp.status.code = Status.STATUS_CODE_ERROR
+        sp.status.message = draw(TEXT)
+    if draw(st.booleans()):
+        sp.trace_state, sp.flags = "vendor=x", 0x101
+        ev = sp.events.add()
+        ev.time_unix_nano, ev.name = start, draw(TEXT)
+        fill(ev.attributes.add().value, draw(ODD_VALUE))
+        link = sp.links.add()
+        link.trace_id, link.span_id = os.urandom(16), os.urandom(8)
+    return sp
+
+
+@st.composite
+def request(draw: st.DrawFn, odd: bool) -> bytes:
+    """A request; odd: each choice goes astray with a drawn probability (1 % to 30 %)."""
+    pct = draw(st.sampled_from([1, 3, 10, 30])) if odd else 0
+    req = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(1, 3))):
+        rs = req.resource_spans.add()
+        res: list[tuple[str, tuple[str, Any]]] = [
+            ("service.name", ("str", draw(st.sampled_from(["app", "", "ß-svc"])))),
+            ("host.name", ("str", draw(st.sampled_from(["node-1", ""])))),
+            ("process.pid", ("int", draw(st.integers(-5, 2**31)))),
+            ("telemetry.sdk.language", ("str", "python")),
+        ]
+        res = draw(st.lists(st.sampled_from(res), max_size=5))
+        if rare(draw, pct):
+            res += draw(st.lists(st.tuples(st.sampled_from(["service.name", "x"]), ODD_VALUE)))
+        for k, v in res:
+            kv = rs.resource.attributes.add()
+            kv.key = k
+            fill(kv.value, v)
+        for _ in range(draw(st.integers(1, 2))):
+            ss = rs.scope_spans.add()
+            ss.scope.name, ss.scope.version = draw(TEXT), "1.0"
+            ss.spans.extend(draw(st.lists(span(pct), min_size=1, max_size=4)))
+    body: bytes = req.SerializeToString()
+    return body
+
+
+FAST_SETTINGS = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@FAST_SETTINGS
+@given(body=request(odd=True))
+def test_odd_requests_equal_the_reference_or_give_up(fast: Fast, body: bytes) -> None:
+    check(fast, body)
+
+
+@FAST_SETTINGS
+@given(body=request(odd=False))
+def test_plain_requests_take_the_fast_path(fast: Fast, body: bytes) -> None:
+    ref = reference(body)
+    assert ref is not None and not ref.rejected_total
+    assert check(fast, body), "gave up on a plain request"
+
+
+def test_bench_corpus_takes_the_fast_path(fast: Fast) -> None:
+    spans, _ = _bodies(1500, 3)
+    assert spans
+    for body in spans:
+        assert check(fast, body)
+
+
+def test_real_sdk_spans_take_the_fast_path(fast: Fast) -> None:
+    """Spans from the real OpenTelemetry SDK, encoded by its OTLP exporter's encoder."""
+    exp = InMemorySpanExporter()
+    tp = TracerProvider(resource=Resource.create({"service.name": "shop", "process.pid": 7}))
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    tracer = tp.get_tracer("test.scope", "1.2")
+    for i in range(20):
+        with tracer.start_as_current_span(
+            "GET /items/{id}",
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": "GET",
+                "url.path": f"/items/{i}",
+                "http.route": "/items/{id}",
+                "http.response.status_code": 200 + i % 2,
+                "server.port": 8080,
+                "network.peer.port": 50000 + i,  # an int outside the slots
+                "user_agent.original": "curl/8",
+            },
+        ) as s:
+            s.add_event("chunk", {"n": i})
+            s.set_status(StatusCode.OK)
+            with tracer.start_as_current_span("db", links=[Link(s.get_span_context())]):
+                pass
+    tp.shutdown()
+    body = encode_spans(exp.get_finished_spans()).SerializeToString()
+    assert check(fast, body)
+    got = fast(body)
+    assert got is not None and len(got[0]) == 20 and got[2] == 20
+
+
+def test_rejections_give_up(fast: Fast) -> None:
+    """One rejected span in an otherwise plain body: the whole body goes to the reference."""
+    good = ExportTraceServiceRequest()
+    rs = good.resource_spans.add()
+    sp = rs.scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id, sp.kind = os.urandom(16), os.urandom(8), Span.SPAN_KIND_SERVER
+    sp.start_time_unix_nano, sp.end_time_unix_nano = NOW - 10**9, NOW
+    assert check(fast, good.SerializeToString())
+
+    def rejected(edit: Callable[[Span], None]) -> None:
+        bad = ExportTraceServiceRequest()
+        bad.CopyFrom(good)
+        edit(bad.resource_spans[0].scope_spans[0].spans.add())
+        body = bad.SerializeToString()
+        ref = reference(body)
+        assert ref is not None and ref.rejected_total == 1 and len(ref.rows) == 1
+        assert fast(body) is None
+
+    def attr(name: str, value: int) -> Callable[[Span], None]:
+        def edit(s: Span) -> None:
+            s.CopyFrom(sp)
+            kv = s.attributes.add()
+            kv.key, kv.value.int_value = name, value
+
+        return edit
+
+    rejected(lambda s: s.CopyFrom(sp) or setattr(s, "trace_id", bytes(16)))  # type: ignore[func-returns-value]
+    rejected(attr("parallax.ttfb_us", -1))
+    rejected(attr("parallax.duration_us", 86_400_000_001))
+    rejected(attr("parallax.chunks", 2**32))
+
+
+def test_truncated_bodies_give_up_or_equal(fast: Fast) -> None:
+    """Every prefix of a request (cut mid-varint, mid-field, mid-message): no crash, and an
+    answer only where the reference answers the same."""
+    spans, _ = _bodies(3, 5)
+    sdk = ExportTraceServiceRequest()
+    sdk.ParseFromString(spans[0])
+    body = sdk.SerializeToString()
+    for cut in range(len(body)):
+        check(fast, body[:cut])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=request(odd=True),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.binary(max_size=3)), min_size=1, max_size=4),
+)
+def test_mutated_bodies_give_up_or_equal(
+    fast: Fast, body: bytes, edits: list[tuple[int, bytes]]
+) -> None:
+    """Random bytes written over, inserted into or cut out of a generated body."""
+    assume(body)
+    b = bytearray(body)
+    for pos, data in edits:
+        i = pos % (len(b) + 1)
+        if pos % 3 == 0:
+            b[i : i + len(data)] = data
+        elif pos % 3 == 1:
+            b[i:i] = data
+        else:
+            del b[i : i + 1 + len(data)]
+    check(fast, bytes(b))
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=200))
+def test_garbage_gives_up_or_equals(fast: Fast, body: bytes) -> None:
+    check(fast, body)
+
+
+def test_deep_nesting_gives_up_or_equals(fast: Fast) -> None:
+    """Attribute values nested deep (arrays of arrays), in a resource attribute (only checked
+    by the decoder) and a span attribute: equal to the reference or given up, up to far past
+    the protobuf runtime's own depth limit (a 400 then), and no crash."""
+    for depth in (1, 5, 15, 16, 17, 30, 45, 60, 2000):
+        av = b"\x0a\x01x"  # AnyValue{string_value: "x"}
+        for _ in range(depth):
+            arr = b"\x0a" + _varint(len(av)) + av  # ArrayValue{values: [av]}
+            av = b"\x2a" + _varint(len(arr)) + arr  # AnyValue{array_value: arr}
+        kv = b"\x0a\x04deep\x12" + _varint(len(av)) + av  # KeyValue{key, value}
+        for in_span in (False, True):
+            req = ExportTraceServiceRequest()
+            rs = req.resource_spans.add()
+            sp = rs.scope_spans.add().spans.add()
+            sp.trace_id, sp.span_id, sp.kind = os.urandom(16), os.urandom(8), Span.SPAN_KIND_SERVER
+            sp.start_time_unix_nano, sp.end_time_unix_nano = NOW - 10**9, NOW
+            body = req.SerializeToString()
+            if in_span:  # appended to the span: fields may repeat, messages concatenate
+                sp_b = sp.SerializeToString() + b"\x4a" + _varint(len(kv)) + kv
+                ss_b = b"\x12" + _varint(len(sp_b)) + sp_b
+                rs_b = b"\x12" + _varint(len(ss_b)) + ss_b
+            else:
+                res = b"\x0a" + _varint(len(kv)) + kv  # Resource.attributes
+                rs_b = rs.SerializeToString() + b"\x0a" + _varint(len(res)) + res
+            body = b"\x0a" + _varint(len(rs_b)) + rs_b
+            answered = check(fast, body)
+            assert answered == (not in_span and depth < 16), (depth, in_span)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def test_parse_uses_the_compiled_decoder_and_falls_back() -> None:
+    """otlp.parse: the compiled decoder when built (else said in DECODER), the reference for
+    what it gives up on (a rejected span is counted), and PARALLAX_OTLP_FAST=0 turns it off."""
+    ok, msg = build_fast.build()
+    if not ok:
+        pytest.skip(msg)
+    code = "from collector.ingest import otlp; print(otlp.DECODER)"
+    root = Path(__file__).resolve().parents[2]
+    for env, want in (({}, "compiled"), ({"PARALLAX_OTLP_FAST": "0"}, "pure Python")):
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=root,
+            env={**os.environ, **env},
+        )
+        assert p.returncode == 0, p.stderr
+        assert want in p.stdout, p.stdout
+    req = ExportTraceServiceRequest()
+    sp = req.resource_spans.add().scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id, sp.kind = bytes(16), os.urandom(8), Span.SPAN_KIND_SERVER
+    out = otlp.parse(req.SerializeToString(), False, NOW, OLDEST, NOW)
+    assert out.rejected == {"invalid_trace_id": 1} and not out.rows
