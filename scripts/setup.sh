@@ -10,7 +10,7 @@ say() { printf 'setup: %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------------
 ARCH=$(dpkg --print-architecture)
-PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates"
+PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates gcc libc6-dev"
 # Kernel headers: bcc compiles against the running kernel's headers when it has them;
 # otherwise Debian's generic linux-headers package feeds the fallback tree built below.
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
@@ -50,6 +50,10 @@ BCC_SRC=/usr/lib/python3/dist-packages/bcc
 if [ -d "$BCC_SRC" ] && [ ! -e "$SITE/bcc" ]; then
     ln -s "$BCC_SRC" "$SITE/bcc"
 fi
+
+# --- Compiled collector fast paths (optional: without them the collector runs in Python) -
+# collector/ingest/build_fast.py: each rebuilt only when its .c is newer; one line each.
+.venv/bin/python -m collector.ingest.build_fast | while read -r line; do say "$line"; done
 
 # --- Kernel-header fallback ----------------------------------------------------------
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
