@@ -441,8 +441,7 @@ class Pairer:
             fresh = self._changed(rows)
             n_fresh = len(fresh)
             if fresh:
-                cols = list(zip(*(r for _, r in fresh), strict=True))
-                self.store.insert(schema.PAIRS, cols, _PAIR_NAMES)
+                self.store.insert_rows(schema.PAIRS, [r for _, r in fresh], _PAIR_NAMES)
                 self._remember(fresh)
                 self.metrics.pairs_written.inc(len(fresh))
         except Exception:

@@ -1,9 +1,10 @@
-"""Builds the compiled OTLP span decoder (collector/ingest/_otlp_fast.c) next to its source.
+"""Builds the compiled OTLP span decoder (collector/ingest/_otlp_fast.c) and the Native insert
+encoder (collector/store/_native_fast.c), each next to its source.
 
 ``python -m collector.ingest.build_fast [--force]``, run by scripts/setup.sh. Idempotent:
 compiles only when the shared object is missing or older than the .c. Without gcc or
 Python.h it says so in one line and exits 0 — the collector then parses OTLP in Python
-(collector/ingest/otlp.py), only slower.
+(collector/ingest/otlp.py) and encodes inserts with clickhouse-connect, only slower.
 """
 
 from __future__ import annotations
@@ -18,35 +19,41 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_otlp_fast.c"
+NATIVE_SOURCE = HERE.parent / "store" / "_native_fast.c"
+# Each compiled module and what the collector does without it.
+WITHOUT = {
+    SOURCE: "OTLP is parsed in pure Python",
+    NATIVE_SOURCE: "inserts are encoded by clickhouse-connect",
+}
 
 
-def target() -> Path:
+def target(source: Path = SOURCE) -> Path:
     """Where the import system looks for it (the running Python's extension suffix)."""
-    return HERE / ("_otlp_fast" + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    return source.with_name(source.stem + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
-def build(force: bool = False) -> tuple[bool, str]:
+def build(force: bool = False, source: Path = SOURCE) -> tuple[bool, str]:
     """(built or up to date, one-line message)."""
-    out = target()
-    if not force and out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+    out, without = target(source), WITHOUT[source]
+    if not force and out.exists() and out.stat().st_mtime >= source.stat().st_mtime:
         return True, f"{out.name} is up to date"
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
-        return False, f"Python.h not found in {include}: OTLP is parsed in pure Python"
+        return False, f"Python.h not found in {include}: {without}"
     cc = shutil.which(os.environ.get("CC", "gcc"))
     if cc is None:
-        return False, "no C compiler (gcc): OTLP is parsed in pure Python"
+        return False, f"no C compiler (gcc): {without}"
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     cmd = [cc, "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", f"-I{include}"]
-    cmd += ["-o", str(tmp), str(SOURCE)]
+    cmd += ["-o", str(tmp), str(source), "-lm"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"compiling {SOURCE.name} failed ({e}): OTLP is parsed in pure Python"
+        return False, f"compiling {source.name} failed ({e}): {without}"
     if p.returncode != 0:
         tmp.unlink(missing_ok=True)
         first = (p.stderr.strip().splitlines() or ["?"])[0]
-        return False, f"compiling {SOURCE.name} failed: {first}"
+        return False, f"compiling {source.name} failed: {first}"
     # Renamed into place: a process importing it meanwhile never sees half a file.
     tmp.replace(out)
     return True, f"built {out.relative_to(HERE.parent.parent)}"
@@ -56,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m collector.ingest.build_fast")
     ap.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = ap.parse_args(argv)
-    _, msg = build(args.force)
-    print(f"collector: {msg}")
+    for source in WITHOUT:
+        _, msg = build(args.force, source)
+        print(msg)
     return 0
 
 

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 
 import clickhouse_connect
 
-from collector.store import schema
+from collector.store import native, schema
 
 DSN_ENV = "PARALLAX_STORE"
 
@@ -92,8 +92,44 @@ class Store:
         token: str | None = None,
     ) -> None:
         """Column-oriented insert; ``token`` makes a repeat of the same batch a no-op."""
+        # Our own list (emptied by _insert on the driver's path): the caller's stays intact.
+        self._insert(table, list(columns), column_names, token, by_rows=False)
+
+    def insert_rows(
+        self,
+        table: str,
+        rows: list[tuple[Any, ...]],
+        column_names: Sequence[str],
+        token: str | None = None,
+    ) -> None:
+        """The same from row tuples: the compiled encoder reads them as they are; only the
+        driver's path (the fallback) needs them transposed into columns."""
+        self._insert(table, rows, column_names, token, by_rows=True)
+
+    def _insert(
+        self,
+        table: str,
+        data: list[Any],
+        column_names: Sequence[str],
+        token: str | None,
+        by_rows: bool,
+    ) -> None:
         settings = {"insert_deduplication_token": token} if token else None
-        data = list(columns)
+        # The compiled encoder (native.py) when it models every value; else the driver,
+        # the reference, whose own DataError/TypeError for a bad value the writer's
+        # bisection relies on (pipeline.is_permanent).
+        block = native.encode(table, column_names, data, by_rows)
+        if block is not None:
+            self.client().raw_insert(
+                f"{self.database}.{table}",
+                list(column_names),
+                insert_block=block,
+                settings=settings,
+                fmt="Native",
+            )
+            return
+        if by_rows:
+            data = list(zip(*data, strict=True))
         try:
             self.client().insert(
                 f"{self.database}.{table}",
