@@ -85,7 +85,7 @@ class Ingest:
     def parse(self, kind: int, body: bytes, received_ns: int) -> Parsed:
         oldest, now = self._window()
         if kind == KIND_BEACON:
-            p = beacons.parse(beacons.load(body), received_ns, oldest, now)
+            p = beacons.parse(beacons.read(body), received_ns, oldest, now)
             return _dedup_entries(p, self.replay_entries)
         p = otlp.parse(body, kind == KIND_OTLP_JSON, received_ns, oldest, now)
         return _dedup_spans(p, self.replay_spans)
@@ -359,8 +359,8 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
         received = time.time_ns()
         try:
             body = await _read_body(request, settings.max_beacon_bytes)
-            doc = beacons.load(body)
-            site = doc.get("site")
+            doc = beacons.read(body)
+            site = beacons.site_of(doc)
             if settings.sites and site not in settings.sites:
                 return refuse("beacons", 403, "unknown site key")
             if not origin_allowed(origin, str(site)):

@@ -179,12 +179,12 @@ def entry_is_valid(e: Any) -> bool:
         elif c == _SIZE:
             if not ((t is int or (t is float and v.is_integer())) and 0 <= v <= _SAFE_INT):
                 return False
-        elif not _timings_ok(v):  # _TIMINGS
+        elif not timings_ok(v):  # _TIMINGS
             return False
     return True
 
 
-def _timings_ok(v: Any) -> bool:
+def timings_ok(v: Any) -> bool:
     if type(v) is not list or len(v) > 16:
         return False
     for st in v:

@@ -130,8 +130,31 @@ _envelope = st.fixed_dictionaries(
 _docs = st.one_of(_envelope, _mutated(_envelope, _ENVELOPE_KEYS), _wild)
 
 
+_NOW_NS = 1_800_000_000 * 10**9
+
+
+def _same_rows_both_paths(body: bytes) -> bool:
+    """The typed decoder (beacons.read) either gives the body up to the dict path or takes it
+    only if it is valid and parses to exactly the dict path's rows and reject counts."""
+    try:
+        typed = beacons.read(body)
+    except BadRequestError:
+        return False
+    if not isinstance(typed, beacons.Beacon):
+        return False
+    doc = json.loads(body)
+    assert beacon_check.is_valid(doc), body[:500]
+    a = beacons.parse(typed, _NOW_NS, _NOW_NS - 7 * 86_400 * 10**9, _NOW_NS)
+    b = beacons.parse(doc, _NOW_NS, _NOW_NS - 7 * 86_400 * 10**9, _NOW_NS)
+    assert (a.rows, a.trace_ids, a.rejected) == (b.rows, b.trace_ids, b.rejected), body[:500]
+    for ra, rb in zip(a.rows, b.rows, strict=True):
+        assert [type(x) for x in ra] == [type(x) for x in rb]
+    return True
+
+
 def _judge(doc: Any) -> None:
     # What the collector checks is a parsed JSON document: round-trip through JSON.
+    _same_rows_both_paths(json.dumps(doc).encode())
     doc = json.loads(json.dumps(doc))
     mine = beacon_check.is_valid(doc)
     assert mine == _RS.is_valid(doc), json.dumps(doc)[:500]
@@ -267,3 +290,40 @@ def test_parse_refuses_all_zero_and_newline_ids_on_both_paths() -> None:
     p = beacons.parse(doc, now_ns, 0, now_ns)
     assert len(p.rows) == 1
     assert dict(p.rejected) == {"invalid_trace_id": 2, "invalid_span_id": 2, "schema": 1}
+
+
+def _only_plain(d: dict[str, Any]) -> dict[str, Any]:
+    return {**d, "entries": [e for e in d["entries"] if _plain(e)]}
+
+
+def _plain(e: Any) -> bool:
+    return isinstance(e, dict) and _RS.is_valid(
+        {"v": 1, "site": "s", "session": "abcdefgh", "time_origin": 0, "entries": [e]}
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_envelope.map(_only_plain))
+def test_plain_beacons_take_the_typed_path(doc: dict[str, Any]) -> None:
+    """A valid beacon as the probe writes it (numbers as JSON gives them, integers as
+    integers, no nulls) is decoded by the typed path, to the dict path's rows."""
+    assert _same_rows_both_paths(json.dumps(doc).encode()), json.dumps(doc)[:500]
+
+
+def test_typed_path_refuses_what_it_cannot_prove() -> None:
+    """Valid for the schema but not plain (an integer written 1.0, a trailing-newline id
+    the dict path judges, one bad entry among good ones): the dict path decides."""
+    good = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7",
+            "kind": "fetch", "start_ms": 1.0}  # fmt: skip
+    env = {"v": 1, "site": "bench", "session": "session-0001", "time_origin": 1.0}
+    for doc in (
+        {**env, "entries": [{**good, "status": 200.0}]},
+        {**env, "v": 1.0, "entries": [good]},
+        {**env, "entries": [good, {**good, "kind": "carrier-pigeon"}]},
+        {**env, "entries": [{**good, "span_id": "00f067aa0ba902b7\n"}]},
+        {**env, "entries": [{**good, "server_timing": [{"name": "x", "dur_ms": -1}]}]},
+        {**env, "entries": [{**good, "status": None}]},
+    ):
+        assert not isinstance(beacons.read(json.dumps(doc).encode()), beacons.Beacon), doc
+    plain = {**env, "entries": [{**good, "server_timing": [{"name": "db", "dur_ms": 2}]}]}
+    assert _same_rows_both_paths(json.dumps(plain).encode())
