@@ -77,7 +77,7 @@ def _leb128(n: int) -> bytes:
             return bytes(out)
 
 
-def _header(name: str, type_: str) -> bytes:
+def column_header(name: str, type_: str) -> bytes:
     n, t = name.encode(), type_.encode()
     return _leb128(len(n)) + n + _leb128(len(t)) + t
 
@@ -101,36 +101,47 @@ def plan(table: str, column_names: Sequence[str]) -> Plan | None:
             return None
         # The type as the driver names it in the block (its insert_name): the schema's
         # spelling is already canonical (the tests compare the bytes with the driver's).
-        out.append((_header(name, t), code))
+        out.append((column_header(name, t), code))
     _plans[key] = result = tuple(out)
     return result
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get("PARALLAX_NATIVE_FAST", "1") == "0":
-        return None
-    try:
-        from collector.store import _native_fast  # noqa: PLC0415 (optional, compiled)
-    except ImportError:
-        return None
-    return _native_fast
+_UNLOADED = ModuleType("unloaded")
+_fast: ModuleType | None = _UNLOADED
 
 
-_fast = _load()
-ENCODER = (
-    f"Native insert encoder: compiled ({Path(_fast.__file__ or '?').name})"
-    if _fast is not None
-    else "Native insert encoder: clickhouse-connect (compiled one not built or turned off)"
-)
+def compiled() -> ModuleType | None:
+    """The compiled encoder, imported on first use (a build in the same process — the
+    tests' — comes first), or None: not built or turned off."""
+    global _fast  # noqa: PLW0603 — a module-wide one-time import
+    if _fast is _UNLOADED:
+        _fast = None
+        if os.environ.get("PARALLAX_NATIVE_FAST", "1") != "0":
+            try:
+                from collector.store import _native_fast  # noqa: PLC0415 (optional, compiled)
+            except ImportError:
+                pass
+            else:
+                _fast = _native_fast
+    return _fast
+
+
+def describe() -> str:
+    """One line for the start-up log: which encoder the inserts use."""
+    m = compiled()
+    if m is None:
+        return "Native insert encoder: clickhouse-connect (compiled one not built or turned off)"
+    return f"Native insert encoder: compiled ({Path(m.__file__ or '?').name})"
 
 
 def encode(table: str, column_names: Sequence[str], data: list[Any], by_rows: bool) -> bytes | None:
     """One Native block of ``data`` (row tuples if ``by_rows``, else columns), or None: insert
     it through clickhouse-connect instead. Never for no rows (the driver sends nothing)."""
-    if _fast is None or not data:
+    fast = compiled()
+    if fast is None or not data:
         return None
     p = plan(table, column_names)
     if p is None:
         return None
-    block: bytes | None = _fast.encode(data, by_rows, p)
+    block: bytes | None = fast.encode(data, by_rows, p)
     return block or None
