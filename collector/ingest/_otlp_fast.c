@@ -35,7 +35,7 @@ typedef struct {
 
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
-static int rd_varint(Rd *r, uint64_t *out) {
+static int rd_varint_long(Rd *r, uint64_t *out) {
     uint64_t v = 0;
     for (int i = 0; i < 10; i++) {
         if (r->p >= r->end)
@@ -51,6 +51,15 @@ static int rd_varint(Rd *r, uint64_t *out) {
         }
     }
     return GIVE_UP;
+}
+
+/* Most varints on this path (tags, lengths, small values) are one byte. */
+static inline int rd_varint(Rd *r, uint64_t *out) {
+    if (r->p < r->end && *r->p < 0x80) {
+        *out = *r->p++;
+        return 0;
+    }
+    return rd_varint_long(r, out);
 }
 
 static int rd_tag(Rd *r, uint32_t *field, uint32_t *wt) {
