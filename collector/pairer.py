@@ -242,7 +242,8 @@ class Pairer:
         # order, later ones in a heap. A superseded mark stays queued and is skipped.
         self._now: deque[tuple[float, str]] = deque()
         self._later: list[tuple[float, str]] = []
-        self._written: OrderedDict[tuple[str, str, int], int] = OrderedDict()  # key → hash
+        # (trace, browser span, seq) → what its last written pair was made of (see _changed)
+        self._written: OrderedDict[tuple[str, str, int], int | str] = OrderedDict()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
@@ -438,11 +439,11 @@ class Pairer:
             mem_rows, mem_one_sided = pairs_for_rows(in_mem, version)
             rows += mem_rows
             one_sided |= mem_one_sided | lonely
-            fresh = self._changed(rows)
+            fresh, memo = self._changed(rows)
             n_fresh = len(fresh)
             if fresh:
-                self.store.insert_rows(schema.PAIRS, [r for _, r in fresh], _PAIR_NAMES)
-                self._remember(fresh)
+                self.store.insert_rows(schema.PAIRS, fresh, _PAIR_NAMES)
+                self._remember(memo)
                 self.metrics.pairs_written.inc(len(fresh))
         except Exception:
             self.mark(ids, delay_s=self.recheck_s)
@@ -509,22 +510,34 @@ class Pairer:
         entries += e1
         return in_mem, spans, entries, lonely
 
-    def _changed(self, rows: list[tuple[Any, ...]]) -> list[tuple[int, tuple[Any, ...]]]:
-        out = []
-        written = self._written
+    def _changed(
+        self, rows: list[tuple[Any, ...]]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[tuple[str, str, int], int | str]]]:
+        """The pairs that differ from what was last written under their key, and what to
+        remember of them once they are written. A pair changes only when the spans it is
+        made of change (the entry is immutable and the rest is derived from both): one hop
+        and nothing linked — the common case — is told by its span id, anything else by a
+        hash of its hops, links and reconnects."""
+        get = self._written.get
+        fresh: list[tuple[Any, ...]] = []
+        memo: list[tuple[tuple[str, str, int], int | str]] = []
         for r in rows:
-            # A pair changes only when the spans it is made of change (the entry is
-            # immutable and the rest is derived from both).
-            h = hash((tuple(r[_P_HOPS]), tuple(r[_P_LINKED]), r[_P_RECONNECTS]))
-            if written.get((r[_P_TRACE], r[_P_SPAN], r[_P_SEQ])) != h:
-                out.append((h, r))
-        return out
+            key = (r[_P_TRACE], r[_P_SPAN], r[_P_SEQ])
+            hops, linked, reconnects = r[_P_HOPS], r[_P_LINKED], r[_P_RECONNECTS]
+            if len(hops) == 1 and not linked and not reconnects:
+                h: int | str = hops[0]
+            else:
+                h = hash((tuple(hops), tuple(linked), reconnects))
+            if get(key) != h:
+                fresh.append(r)
+                memo.append((key, h))
+        return fresh, memo
 
-    def _remember(self, rows: list[tuple[int, tuple[Any, ...]]]) -> None:
-        for h, r in rows:
-            self._written[(r[_P_TRACE], r[_P_SPAN], r[_P_SEQ])] = h
-        while len(self._written) > 200_000:
-            self._written.popitem(last=False)
+    def _remember(self, memo: list[tuple[tuple[str, str, int], int | str]]) -> None:
+        written = self._written
+        written.update(memo)
+        for _ in range(len(written) - 200_000):
+            written.popitem(last=False)
 
     def update_coverage(self) -> None:
         """Pairing coverage per route over the last ``COVERAGE_WINDOW_S`` seconds, ending

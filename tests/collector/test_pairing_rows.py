@@ -199,3 +199,46 @@ def test_due_marks_earlier_wins_and_nothing_is_taken_twice() -> None:
     p.mark(["h"], delay_s=0.05)
     time.sleep(0.1)
     assert p._take_due() == [("h", 0)]
+
+
+def test_a_pair_is_written_again_only_when_its_spans_change() -> None:
+    """The pairer rewrites a pair (with a higher version) when a hop or a linked SDK span
+    joins it later, and not when the same spans are paired again."""
+    from typing import cast
+
+    from collector.metrics import Metrics
+    from collector.pairer import Pairer
+    from collector.store.client import Store
+
+    def spec(**kw: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {"agent": True, "parent_is_browser": True, "ws_seq": 0, "start_ms": 110.0,
+                "dur_ms": 200.0, "arrival_before_us": 100, "ttfb_us": 20_000, "ttft_us": None,
+                "recv_queue_us": 50, "srtt_us": None, "retransmits": None, "offsets": [],
+                "port": 8000, "host": "node-a", "service": "app", "route": None,
+                "status": 200}  # fmt: skip
+        return {**base, **kw}
+
+    now = time.time_ns()
+    origin = spec()
+    edge = spec(service="nginx", port=8080, start_ms=105.0, dur_ms=210.0)
+    sdk_twin = spec(agent=False, start_ms=111.0, dur_ms=198.0)
+    doc = {"v": 1, "site": "site-1", "session": "session-1", "time_origin": ORIGIN_MS,
+           "entries": [{"trace_id": TRACE.hex(), "span_id": BROWSER_SPAN, "kind": "fetch",
+                        "start_ms": 100.0, "request_start_ms": 101.0,
+                        "response_start_ms": 140.0}]}  # fmt: skip
+    entry = beacons.parse(beacons.read(json.dumps(doc).encode()), now, 0, now).rows
+    p = Pairer(cast(Store, None), Metrics())  # _changed never touches the store
+
+    def written(specs: list[dict[str, Any]]) -> int:
+        rows = otlp.parse(_otlp(specs), False, now, 0, now).rows
+        pairs, _ = pairs_for_rows([(rows, entry)], time.time_ns())
+        fresh, memo = p._changed(pairs)
+        p._remember(memo)
+        return len(fresh)
+
+    assert written([origin]) == 1
+    assert written([origin]) == 0  # the same one hop again
+    assert written([origin, sdk_twin]) == 1  # the app's SDK span, linked to the agent's
+    assert written([origin, sdk_twin]) == 0
+    assert written([edge, origin, sdk_twin]) == 1  # a proxy hop came
+    assert written([edge, origin, sdk_twin]) == 0
