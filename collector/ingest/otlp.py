@@ -8,6 +8,7 @@ columns; the rest are kept as strings in ``attributes``.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import logging
 import os
@@ -313,8 +314,8 @@ def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns
     (every span stored, the expected attribute types) and gives up on the rest, which
     parse_python then handles — the reference for what the rows are."""
     if not json_body:
-        if _log_decoder:
-            _log_decoder.pop()()
+        if not _decoder_said:
+            _say_decoder()
         if _fast is not None:
             r = _fast.parse(body, received_ns // 1_000_000, oldest_ns, now_ns)
             if r is not None:
@@ -560,23 +561,33 @@ def _load_fast() -> tuple[Any, str]:
     """(the configured module or None, which decoder is in use — said once in the log)."""
     if os.environ.get("PARALLAX_OTLP_FAST", "1") == "0":
         return None, "OTLP protobuf decoder: pure Python (PARALLAX_OTLP_FAST=0)"
+    rebuild = "python -m collector.ingest.build_fast"
+    spec = importlib.util.find_spec("collector.ingest._otlp_fast")
+    if spec is None or spec.origin is None or not spec.origin.endswith(".so"):
+        return None, f"OTLP protobuf decoder: pure Python (compiled decoder not built: {rebuild})"
+    source = Path(__file__).with_name("_otlp_fast.c")
+    # A build older than its source (the .c changed since: a pull without `make setup`)
+    # may not match this module's expectations: not used.
+    if source.exists() and source.stat().st_mtime > Path(spec.origin).stat().st_mtime:
+        return None, f"OTLP protobuf decoder: pure Python (compiled decoder stale: {rebuild})"
     try:
         from collector.ingest import _otlp_fast  # noqa: PLC0415 (optional, compiled)
 
         _otlp_fast.configure(_FAST_NAMES, _route, MAX_DURATION_NS, FUTURE_SLACK_NS)
-    except ImportError:
-        return None, (
-            "OTLP protobuf decoder: pure Python (compiled decoder not built: "
-            "python -m collector.ingest.build_fast)"
-        )
-    except (ValueError, TypeError) as e:  # a stale build whose interface changed
+    except (ImportError, ValueError, TypeError) as e:
         return None, f"OTLP protobuf decoder: pure Python (compiled decoder unusable: {e})"
-    return _otlp_fast, f"OTLP protobuf decoder: compiled ({Path(_otlp_fast.__file__).name})"
+    return _otlp_fast, f"OTLP protobuf decoder: compiled ({Path(spec.origin).name})"
 
 
 _fast, DECODER = _load_fast()
-# Logged on the first protobuf body (the service has set up logging by then), once.
-_log_decoder = [lambda: logging.getLogger("parallax.collector").info("%s", DECODER)]
+_decoder_said = False
+
+
+def _say_decoder() -> None:
+    """Logged on the first protobuf body (the service has set up logging by then)."""
+    global _decoder_said  # noqa: PLW0603 (a once-flag; a race logs it twice, harmlessly)
+    _decoder_said = True
+    logging.getLogger("parallax.collector").info("%s", DECODER)
 
 
 def _port(v: Any) -> int:

@@ -463,3 +463,14 @@ def test_parse_uses_the_compiled_decoder_and_falls_back() -> None:
     sp.trace_id, sp.span_id, sp.kind = bytes(16), os.urandom(8), Span.SPAN_KIND_SERVER
     out = otlp.parse(req.SerializeToString(), False, NOW, OLDEST, NOW)
     assert out.rejected == {"invalid_trace_id": 1} and not out.rows
+
+
+def test_build_without_headers_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Python.h (a Python without its headers): one line saying so, nothing raised, and
+    the existing build left alone (the collector then parses in Python)."""
+    before = build_fast.target().stat().st_mtime if build_fast.target().exists() else None
+    monkeypatch.setattr("sysconfig.get_paths", lambda: {"include": str(tmp_path)})
+    ok, msg = build_fast.build(force=True)
+    assert not ok and "Python.h not found" in msg and "\n" not in msg
+    after = build_fast.target().stat().st_mtime if build_fast.target().exists() else None
+    assert after == before
