@@ -10,6 +10,9 @@ through the encoder read back equal; a value it does not model goes through the 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -358,3 +361,23 @@ def test_chdb_insert_reads_back_equal_and_falls_back(fast: Any, tmp_path: Path) 
     assert out["bad"] in ("DataError", "ValueError", "TypeError"), out
     assert out["bad_nothing_written"], out
     assert out["dedup"], out
+
+
+def test_turned_off_by_the_environment(fast: Any) -> None:
+    code = (
+        "from collector.store import native, schema; "
+        "print(native.describe(), native.encode(schema.SPANS, ['pid'], [(1,)], True) is None)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    for env, want in (("1", "compiled (_native_fast"), ("0", "clickhouse-connect")):
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=root,
+            env={**os.environ, "PARALLAX_NATIVE_FAST": env},
+        )
+        assert p.returncode == 0, p.stderr
+        assert want in p.stdout, p.stdout
+        assert p.stdout.strip().endswith(str(env == "0")), p.stdout
