@@ -7,9 +7,9 @@ mapped here once per table and column list to the encoder's type codes.
 
 ``encode`` answers None — the caller then inserts through clickhouse-connect, the reference,
 which raises its own errors for bad data — when the compiled module is not built
-(``python -m collector.ingest.build_fast``), is turned off (``PARALLAX_NATIVE_FAST=0``), the
-table or a column type is not one modelled here, or a value is not exactly of the type the
-encoder expects (see _native_fast.c).
+(``python -m collector.ingest.build_fast``) or older than its source, is turned off
+(``PARALLAX_NATIVE_FAST=0``), the table or a column type is not one modelled here, the batch
+is empty, or a value is not exactly of the type the encoder expects (see _native_fast.c).
 """
 
 from __future__ import annotations
@@ -108,21 +108,28 @@ def plan(table: str, column_names: Sequence[str]) -> Plan | None:
 
 _UNLOADED = ModuleType("unloaded")
 _fast: ModuleType | None = _UNLOADED
+_why_not = "turned off (PARALLAX_NATIVE_FAST=0)"
 
 
 def compiled() -> ModuleType | None:
     """The compiled encoder, imported on first use (a build in the same process — the
     tests' — comes first), or None: not built or turned off."""
-    global _fast  # noqa: PLW0603 — a module-wide one-time import
+    global _fast, _why_not  # noqa: PLW0603 — a module-wide one-time import
     if _fast is _UNLOADED:
         _fast = None
         if os.environ.get("PARALLAX_NATIVE_FAST", "1") != "0":
             try:
                 from collector.store import _native_fast  # noqa: PLC0415 (optional, compiled)
             except ImportError:
-                pass
+                _why_not = "not built (python -m collector.ingest.build_fast)"
             else:
-                _fast = _native_fast
+                # Built from an older .c: its bytes were checked against another encoder.
+                src = Path(__file__).with_name("_native_fast.c")
+                so = Path(_native_fast.__file__ or src)
+                if src.exists() and so.stat().st_mtime < src.stat().st_mtime:
+                    _why_not = f"{so.name} is older than {src.name}: rebuild it"
+                else:
+                    _fast = _native_fast
     return _fast
 
 
@@ -130,7 +137,7 @@ def describe() -> str:
     """One line for the start-up log: which encoder the inserts use."""
     m = compiled()
     if m is None:
-        return "Native insert encoder: clickhouse-connect (compiled one not built or turned off)"
+        return f"Native insert encoder: clickhouse-connect (the compiled one {_why_not})"
     return f"Native insert encoder: compiled ({Path(m.__file__ or '?').name})"
 
 
