@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Generator, Sequence
@@ -23,16 +24,24 @@ from fastapi import FastAPI
 from collector.api.ingest import Ingest, IngestApp, build_ingest_app
 from collector.api.query import build_query_app
 from collector.config import Settings, split_hostport
+from collector.ingest import otlp
 from collector.metrics import Metrics
 from collector.pairer import Pairer
 from collector.pipeline import ENTRIES, SPANS, Pipeline, SpoolLockedError
 from collector.plugins import Context, Plugin
 from collector.plugins import load as load_plugins
+from collector.store import native
 from collector.store.client import Store, redact
 
 log = logging.getLogger("parallax.collector")
 GC_THRESHOLD0 = 50_000  # allocations between young-generation collections (default 700)
 GC_EVERY_S = 30.0  # the cyclic GC runs on a timer, not by allocation counts: see start()
+# The event loop releases the GIL at every socket and spool write and must win it back from
+# the writer and pairer threads, which hold it for up to a switch interval (default 5 ms)
+# each time: at saturation that wait, not the CPU, bounded the ingest rate. Measured at
+# 60,000 rows/s offered, alternating: 34,300 / 36,800 rows/s delivered at 5 ms,
+# 41,400 / 50,600 at 0.5 ms.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class StartupError(Exception):
@@ -104,6 +113,7 @@ class Collector:
     def start(self) -> None:
         s = self.settings
         log.info("store: %s (database %s)", redact(self.dsn), self.store.database)
+        log.info("%s; %s", otlp.DECODER, native.describe())
         if not s.sites:
             log.warning("no site configured: beacons from any site key and any origin are accepted")
         # The collector keeps many live objects (queued rows, the pairer's recent traces),
@@ -118,6 +128,7 @@ class Collector:
         # garbage waits at most GC_EVERY_S (measured: under 1,000 objects per collection).
         gc.collect()
         gc.freeze()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         gc.set_threshold(GC_THRESHOLD0, 20, 10)
         gc.disable()
         threading.Thread(target=self._gc_loop, name="parallax-gc", daemon=True).start()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import logging
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -313,13 +312,10 @@ def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns
     A protobuf body goes to the compiled decoder first; it answers only the plain case
     (every span stored, the expected attribute types) and gives up on the rest, which
     parse_python then handles — the reference for what the rows are."""
-    if not json_body:
-        if not _decoder_said:
-            _say_decoder()
-        if _fast is not None:
-            r = _fast.parse(body, received_ns // 1_000_000, oldest_ns, now_ns)
-            if r is not None:
-                return Parsed(rows=r[0], trace_ids=r[1], ignored=r[2])
+    if not json_body and _fast is not None:
+        r = _fast.parse(body, received_ns // 1_000_000, oldest_ns, now_ns)
+        if r is not None:
+            return Parsed(rows=r[0], trace_ids=r[1], ignored=r[2])
     return parse_python(body, json_body, received_ns, oldest_ns, now_ns)
 
 
@@ -580,14 +576,6 @@ def _load_fast() -> tuple[Any, str]:
 
 
 _fast, DECODER = _load_fast()
-_decoder_said = False
-
-
-def _say_decoder() -> None:
-    """Logged on the first protobuf body (the service has set up logging by then)."""
-    global _decoder_said  # noqa: PLW0603 (a once-flag; a race logs it twice, harmlessly)
-    _decoder_said = True
-    logging.getLogger("parallax.collector").info("%s", DECODER)
 
 
 def _port(v: Any) -> int:
