@@ -512,45 +512,19 @@ def _span_row(
 
 
 # --- the compiled decoder (collector/ingest/_otlp_fast.c, built by build_fast) ---------
-# Attribute names in the C decoder's slot order: ints, strings, flags, the offsets array,
-# then the three resource attributes it reads.
+# Attribute names in the C decoder's slot order: the ints, the strings and the flags (each
+# in _SLOT_NAMES order), the offsets array, then the three resource attributes it reads.
+_FLAGS = (_PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED)
 _FAST_NAMES = (
-    _TTFB,
-    _RECV_Q,
-    _ACCEPT_Q,
-    _TTFT,
-    _GAP_MAX,
-    _SRTT,
-    _DURATION,
-    _CHUNKS,
-    _BYTES_IN,
-    _BYTES_OUT,
-    _RETRANS,
-    _ARRIVAL,
-    _STATUS,
-    "http.status_code",
-    _SERVER_PORT,
-    _CLIENT_PORT,
-    _WS_SEQ,
-    _URL_PATH,
-    "http.target",
-    _HTTP_ROUTE,
-    _METHOD,
-    "http.method",
-    _SOURCE,
-    _SERVER_ADDRESS,
-    _CLIENT_ADDRESS,
-    _PARTIAL,
-    _CLIENT_ABORTED,
-    _TRACEPARENT_MISSED,
+    *(n for n in _SLOT_NAMES if _INT_SLOT(n) is not None),
+    *(n for n in _SLOT_NAMES if _STR_SLOT(n) is not None),
+    *_FLAGS,
     _OFFSETS,
     sa.RESOURCE_SERVICE_NAME,
     sa.RESOURCE_HOST_NAME,
     sa.RESOURCE_PROCESS_PID,
 )
-assert frozenset(_FAST_NAMES[:29]) == _CONSUMED
-assert all(_INT_SLOT(n) is not None for n in _FAST_NAMES[:17])
-assert all(_STR_SLOT(n) is not None for n in _FAST_NAMES[17:25])
+assert len(_FAST_NAMES) == 32 and frozenset(_FAST_NAMES[:29]) == _CONSUMED
 
 
 def _load_fast() -> tuple[Any, str]:
