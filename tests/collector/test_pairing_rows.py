@@ -211,11 +211,12 @@ def test_a_pair_is_written_again_only_when_its_spans_change() -> None:
     from collector.store.client import Store
 
     def spec(**kw: Any) -> dict[str, Any]:
-        base: dict[str, Any] = {"agent": True, "parent_is_browser": True, "ws_seq": 0, "start_ms": 110.0,
-                "dur_ms": 200.0, "arrival_before_us": 100, "ttfb_us": 20_000, "ttft_us": None,
-                "recv_queue_us": 50, "srtt_us": None, "retransmits": None, "offsets": [],
-                "port": 8000, "host": "node-a", "service": "app", "route": None,
-                "status": 200}  # fmt: skip
+        base: dict[str, Any] = {
+            "agent": True, "parent_is_browser": True, "ws_seq": 0, "start_ms": 110.0,
+            "dur_ms": 200.0, "arrival_before_us": 100, "ttfb_us": 20_000, "ttft_us": None,
+            "recv_queue_us": 50, "srtt_us": None, "retransmits": None, "offsets": [],
+            "port": 8000, "host": "node-a", "service": "app", "route": None, "status": 200,
+        }  # fmt: skip
         return {**base, **kw}
 
     now = time.time_ns()
