@@ -1,6 +1,6 @@
 """Measures the compiled Native encoder against clickhouse-connect's encoding, in one process.
 
-``python -m collector.store.native_bench [--rows N] [--reps R] [--data-dir DIR]`` (wrap in
+``python -m bench.native_encoder [--rows N] [--reps R] [--data-dir DIR]`` (wrap in
 ``flock /tmp/parallax-bench.lock`` on the shared machine). Rows: the bench's OTLP and
 beacon bodies parsed, and their pairs. Prints, per table, µs per row (CPU,
 alternating before/after R times: the median and the range):
@@ -30,6 +30,9 @@ from clickhouse_connect.datatypes.registry import get_from_name
 from clickhouse_connect.driver.insert import InsertContext
 from clickhouse_connect.driver.transform import NativeTransform
 
+from bench.collector import _bodies
+from collector import pairer
+from collector.ingest import beacons, otlp
 from collector.store import native, schema
 from collector.store.client import Store
 
@@ -41,10 +44,6 @@ def _cpu() -> float:
 
 
 def _rows(n: int) -> dict[str, list[tuple[Any, ...]]]:
-    from bench.collector import _bodies  # noqa: PLC0415 (bench-only dependency)
-    from collector import pairer  # noqa: PLC0415
-    from collector.ingest import beacons, otlp  # noqa: PLC0415
-
     now = time.time_ns()
     spans_b, beacons_b = _bodies(n, 5)
     spans = [r for b in spans_b for r in otlp.parse(b, False, now, 0, now).rows]
@@ -95,7 +94,7 @@ def _per_row(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m collector.store.native_bench")
+    ap = argparse.ArgumentParser(prog="python -m bench.native_encoder")
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--data-dir", type=Path, default=None)
