@@ -32,17 +32,26 @@ def target(source: Path = SOURCE) -> Path:
     return source.with_name(source.stem + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
+def toolchain_missing() -> str | None:
+    """Why nothing can be compiled here (no Python.h, no gcc), or None: it can."""
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        return f"Python.h not found in {include}"
+    if shutil.which(os.environ.get("CC", "gcc")) is None:
+        return "no C compiler (gcc)"
+    return None
+
+
 def build(force: bool = False, source: Path = SOURCE) -> tuple[bool, str]:
     """(built or up to date, one-line message)."""
     out, without = target(source), WITHOUT[source]
     if not force and out.exists() and out.stat().st_mtime >= source.stat().st_mtime:
         return True, f"{out.name} is up to date"
+    missing = toolchain_missing()
+    if missing is not None:
+        return False, f"{missing}: {without}"
     include = sysconfig.get_paths()["include"]
-    if not (Path(include) / "Python.h").exists():
-        return False, f"Python.h not found in {include}: {without}"
-    cc = shutil.which(os.environ.get("CC", "gcc"))
-    if cc is None:
-        return False, f"no C compiler (gcc): {without}"
+    cc = shutil.which(os.environ.get("CC", "gcc")) or "gcc"
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     cmd = [cc, "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", f"-I{include}"]
     cmd += ["-o", str(tmp), str(source), "-lm"]

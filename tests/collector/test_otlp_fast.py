@@ -47,12 +47,19 @@ SDK_NAMES = ("http.scheme", "user_agent.original", "network.peer.port", "net.hos
 Fast = Callable[[bytes], tuple[list[tuple[Any, ...]], list[str], int] | None]
 
 
+def _built_or_skip(source: Path) -> None:
+    missing = build_fast.toolchain_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    ok, msg = build_fast.build(source=source)
+    assert ok, msg
+
+
 @pytest.fixture(scope="module")
 def fast() -> Fast:
-    """The compiled decoder, built here if setup has not (skipped without a C toolchain)."""
-    ok, msg = build_fast.build()
-    if not ok:
-        pytest.skip(msg)
+    """The compiled decoder, built here if setup has not (skipped only without a C
+    toolchain: a build that fails where one exists is a failure)."""
+    _built_or_skip(build_fast.SOURCE)
     from collector.ingest import _otlp_fast
 
     _otlp_fast.configure(otlp._FAST_NAMES, otlp._route, MAX_DURATION_NS, FUTURE_SLACK_NS)
@@ -447,9 +454,7 @@ def _varint(n: int) -> bytes:
 def test_parse_uses_the_compiled_decoder_and_falls_back() -> None:
     """otlp.parse: the compiled decoder when built (else said in DECODER), the reference for
     what it gives up on (a rejected span is counted), and PARALLAX_OTLP_FAST=0 turns it off."""
-    ok, msg = build_fast.build()
-    if not ok:
-        pytest.skip(msg)
+    _built_or_skip(build_fast.SOURCE)
     code = "from collector.ingest import otlp; print(otlp.DECODER)"
     root = Path(__file__).resolve().parents[2]
     for env, want in (({}, "compiled"), ({"PARALLAX_OTLP_FAST": "0"}, "pure Python")):
