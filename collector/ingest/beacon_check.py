@@ -27,9 +27,10 @@ _TRACE = re.compile(r"[0-9a-f]{32}").fullmatch
 _SPAN = re.compile(r"[0-9a-f]{16}").fullmatch
 _METHOD = re.compile(r"[A-Z]{1,16}").fullmatch
 _KINDS = frozenset(("fetch", "xhr", "eventsource", "websocket", "navigation"))
-_U32 = 4294967295
-_SAFE_INT = 9007199254740991
-_MS_MAX = 10000000000.0
+# The schema's numeric bounds (also the typed decoder's, collector/ingest/beacons.py).
+U32_MAX = 4294967295
+SAFE_INT = 9007199254740991
+MS_MAX = 10000000000.0
 
 _ENVELOPE_KEYS = frozenset(
     ("v", "site", "session", "page", "time_origin", "clock_drift_ms", "sent_ms", "dropped",
@@ -123,7 +124,7 @@ def _optional_envelope_ok(doc: dict[str, Any]) -> bool:
             return False
     if "dropped" in doc:
         x = doc["dropped"]
-        if not (_is_integer(x) and 0 <= x <= _U32):
+        if not (_is_integer(x) and 0 <= x <= U32_MAX):
             return False
     return True
 
@@ -143,7 +144,7 @@ def entry_is_valid(e: Any) -> bool:
         c = rule[0]
         t = type(v)
         if c == _MS:
-            if not ((t is float or t is int) and 0 <= v <= _MS_MAX):
+            if not ((t is float or t is int) and 0 <= v <= MS_MAX):
                 return False
         elif c == _TRACE_ID:
             if t is not str or not _TRACE(v):
@@ -167,17 +168,17 @@ def entry_is_valid(e: Any) -> bool:
             if not ((t is int or (t is float and v.is_integer())) and 0 <= v <= 999):
                 return False
         elif c == _UINT32:
-            if not ((t is int or (t is float and v.is_integer())) and 0 <= v <= _U32):
+            if not ((t is int or (t is float and v.is_integer())) and 0 <= v <= U32_MAX):
                 return False
         elif c == _CHUNKS_ARR:
             if t is not list or len(v) > 256:
                 return False
             for x in v:
                 tx = type(x)
-                if not ((tx is float or tx is int) and 0 <= x <= _MS_MAX):
+                if not ((tx is float or tx is int) and 0 <= x <= MS_MAX):
                     return False
         elif c == _SIZE:
-            if not ((t is int or (t is float and v.is_integer())) and 0 <= v <= _SAFE_INT):
+            if not ((t is int or (t is float and v.is_integer())) and 0 <= v <= SAFE_INT):
                 return False
         elif not timings_ok(v):  # _TIMINGS
             return False

@@ -37,8 +37,8 @@ _MAX_DURATION_MS = MAX_DURATION_NS / 1e6
 # holds the two paths to the same rows.) `\Z`, not `$`: msgspec searches with Python's re,
 # where `$` also matches before a trailing newline and the schema's (ECMA-262) does not.
 _N: Any = None  # an absent field reads None; an explicit null is refused (not in the schema)
-_Ms = Annotated[float, Meta(ge=0, le=10_000_000_000.0)]
-_U32 = Annotated[int, Meta(ge=0, le=4_294_967_295)]
+_Ms = Annotated[float, Meta(ge=0, le=beacon_check.MS_MAX)]
+_U32 = Annotated[int, Meta(ge=0, le=beacon_check.U32_MAX)]
 
 
 class _Entry(msgspec.Struct, forbid_unknown_fields=True):
@@ -64,7 +64,7 @@ class _Entry(msgspec.Struct, forbid_unknown_fields=True):
     coarse: bool = _N
     chunks_coarse: bool = _N
     hidden: bool = _N
-    transfer_size: Annotated[int, Meta(ge=0, le=9_007_199_254_740_991)] = _N
+    transfer_size: Annotated[int, Meta(ge=0, le=beacon_check.SAFE_INT)] = _N
     protocol: Annotated[str, Meta(max_length=16)] = _N
     server_timing: list[Any] = _N  # checked by beacon_check.timings_ok (one rule, one place)
     error: Annotated[str, Meta(max_length=64)] = _N
