@@ -23,19 +23,20 @@ from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
 BPF_SOURCE = Path(__file__).resolve().parent.parent / "bpf" / "agent.c"
-COUNTER_NAMES = (
-    "lost_events",
-    "events",
-    "conns_created",
-    "link_misses",
-    "conns_deleted",
-    "aggs_created",
-    "aggs_deleted",
-    "sock_closes",
-    "listen_changes",
-    "shed_reads",
-    "blocking_conns",
+# The kernel's counters (px_counters), in index order: (name in user space, C macro). The
+# loader defines the macros (-DC_LOST=0 ...), so the two sides cannot disagree.
+COUNTERS = (
+    ("lost_events", "C_LOST"),
+    ("conns_created", "C_CONNS"),
+    ("conns_deleted", "C_CONNS_DEL"),
+    ("aggs_created", "C_AGGS"),
+    ("aggs_deleted", "C_AGGS_DEL"),
+    ("sock_closes", "C_SOCK_CLOSE"),
+    ("listen_changes", "C_LISTEN_CHG"),
+    ("shed_reads", "C_SHED_READS"),
+    ("blocking_conns", "C_BLOCKING"),
 )
+COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 # sk->sk_socket->file->f_flags: whether a socket blocks on writes (PX_LAZY_SEND_START)
 _SOCKET_FLAGS = [("sock", "sk_socket"), ("socket", "file"), ("file", "f_flags")]
 _SOCKET_FLAG_MACROS = ["PX_OFF_SK_SOCKET", "PX_OFF_SOCKET_FILE", "PX_OFF_FILE_FLAGS"]
@@ -151,6 +152,8 @@ def load(opts: Options) -> Loaded:
         f"-DPX_RINGBUF_PAGES={opts.ringbuf_pages}",
         f"-DPX_PID_MAX={pid_max()}",
         f"-DPX_OFFS_SPAN_NS={int(opts.offs_span_ns)}ULL",
+        *(f"-D{macro}={i}" for i, (_, macro) in enumerate(COUNTERS)),
+        f"-DC_NCOUNTERS={len(COUNTERS)}",
         *(f"-D{m}" for m in sorted(macros)),
     ]
     text = BPF_SOURCE.read_bytes()
@@ -187,6 +190,8 @@ def load(opts: Options) -> Loaded:
                 ("tcp_sock", "srtt_us"),
                 ("sock_common", "skc_num"),
                 ("msghdr", "msg_flags"),
+                ("task_struct", "tgid"),
+                ("task_struct", "pid"),
                 *_SOCKET_FLAGS,
             ]
         )
@@ -196,6 +201,10 @@ def load(opts: Options) -> Loaded:
         if (num := off[("sock_common", "skc_num")]) is not None:
             sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
         # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
+        # the current task's ids by direct loads (the task pointer is fetched anyway)
+        for member in ("tgid", "pid"):
+            if (o := off[("task_struct", member)]) is not None:
+                sock_flags.append(f"-DPX_OFF_TASK_{member.upper()}={o}")
         if (mf := off[("msghdr", "msg_flags")]) is not None:
             sock_flags.append(f"-DPX_OFF_MSG_FLAGS={mf}")
         # ... and event-loop servers never make one: that hook (every TCP write on the node

@@ -1,6 +1,6 @@
 // Parallax agent: kernel side (bcc C; tracepoints and a libc uretprobe, no kprobes; no
-// header-derived kernel struct: the two socket fields read directly have their offsets from
-// the running kernel's BTF, PX_OFF_*).
+// header-derived kernel struct: the socket and task fields read directly have their offsets
+// from the running kernel's BTF, PX_OFF_*).
 //
 // The loader defines, with -D:
 //   PX_HEAD_WINDOW   request bytes captured per read (power of two, 256..16384)
@@ -10,6 +10,8 @@
 //   PX_SOCK_HOOKS    the default on x86-64 from Linux 6.3: no syscall tracepoint at all
 //   PX_RAW_SYSCALLS  else: raw_syscalls:sys_enter/exit (x86-64), else per-syscall ones
 //   PX_OFF_TCP_SRTT, PX_OFF_SKC_NUM  tcp_sock.srtt_us, sock_common.skc_num (from BTF)
+//   PX_OFF_TASK_TGID, PX_OFF_TASK_PID  task_struct.tgid, .pid (from BTF; direct loads)
+//   C_<COUNTER>      the px_counters indices (agent/loader.py COUNTERS)
 //
 // Flow with PX_SOCK_HOOKS (see docs/agent.md):
 //   sock_recv_length / sock_send_length (inside the read or write, traced tgid only): the
@@ -53,19 +55,13 @@
 #define WAGG_PARTIAL 2  // stream-length limit reached: more follows
 #define WAGG_CLOSE 4    // flushed because the connection closed
 
-// counters (px_counters index)
-#define C_LOST 0
-#define C_EVENTS 1
-#define C_CONNS 2
-#define C_LINK_MISS 3
-#define C_CONNS_DEL 4   // px_conns entries deleted (close): fill = C_CONNS - C_CONNS_DEL
-#define C_AGGS 5        // px_aggs entries created
-#define C_AGGS_DEL 6
-#define C_SOCK_CLOSE 7  // connections ended by the socket's own state change (no close())
-#define C_LISTEN_CHG 8  // listening sockets opened or closed: user space rescans /proc then
-#define C_SHED_READS 9  // reads with data by traced processes while paused (over CPU budget)
-#define C_BLOCKING 10   // followed connections whose socket blocks on writes (no O_NONBLOCK)
-#define C_NCOUNTERS 11
+// counters (px_counters index): C_LOST, C_CONNS, C_CONNS_DEL (px_conns entries deleted:
+// fill = C_CONNS - C_CONNS_DEL), C_AGGS, C_AGGS_DEL (px_aggs entries created, deleted),
+// C_SOCK_CLOSE (connections ended by the socket's own state change, no close()),
+// C_LISTEN_CHG (listening sockets opened or closed: user space rescans /proc then),
+// C_SHED_READS (reads with data by traced processes while paused, over the CPU budget),
+// C_BLOCKING (followed connections whose socket blocks on writes: no O_NONBLOCK) and
+// C_NCOUNTERS are defined by the loader from its one list (agent/loader.py COUNTERS).
 
 // Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
 // (without a flag: user space merges it into the same response) before it could wrap.
@@ -476,7 +472,6 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
         bpf_probe_read_kernel(&e->a, sizeof(struct px_agg), a);  // too big for an inline memcpy
         e->a.flags |= extra_flags;
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-        px_count(C_EVENTS);
     }
     a->n = 0;
     a->bytes = 0;
@@ -558,7 +553,6 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
     } else {
         px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-        px_count(C_EVENTS);
     }
     if (px_conns.delete(&sk) == 0)
         px_count(C_CONNS_DEL);
@@ -611,8 +605,6 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
         size = sizeof(struct px_ev_read);
     if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
         px_lost(c);
-    else
-        px_count(C_EVENTS);
 }
 
 // t: when the write began (a chunk's time); t_done: when it returned (the end of a
@@ -659,8 +651,6 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
             size = sizeof(struct px_ev_resp);
         if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
             px_lost(c);
-        else
-            px_count(C_EVENTS);
         return;
     }
     // WebSocket control frames (close, ping, pong: opcodes 8-10) carry no tokens; counted,
@@ -1097,7 +1087,15 @@ static __always_inline void px_send_abandon(u64 sk) {
 // A socket read or write of a traced task, from inside the syscall (process context, so
 // the pid is the caller's): the syscall's number and arguments come from its user pt_regs.
 static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+#if defined(PX_OFF_TASK_TGID) && defined(PX_OFF_TASK_PID)
+    // task->tgid, task->pid by direct loads (BTF offsets, checked by the verifier): the
+    // task pointer serves the pt_regs below too, one helper call fewer per traced event
+    u64 id = ((u64)*(u32 *)((u64)task + PX_OFF_TASK_TGID) << 32) |
+             *(u32 *)((u64)task + PX_OFF_TASK_PID);
+#else
     u64 id = bpf_get_current_pid_tgid();
+#endif
     if (!px_traced(id >> 32)) {
         if (is_read && px_shed(id >> 32))
             px_paused_read(sk, ret);
@@ -1111,7 +1109,6 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
         return;
     }
     u64 t = bpf_ktime_get_ns();
-    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     u64 regs = (u64)bpf_task_pt_regs(task);
     // A direct load: the verifier knows the pointer (BTF-typed, struct pt_regs) and
     // checks the offsets against the running kernel's BTF; no helper call.
@@ -1334,7 +1331,6 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         } else {
             px_hdr_fill(e, EV_PEER_FIN, owner, 0, sk, c, t);
             px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-            px_count(C_EVENTS);
         }
     }
     if (!closing)
@@ -1357,7 +1353,6 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     } else {
         px_hdr_fill(e, type, owner, (u32)fdkey, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-        px_count(C_EVENTS);
     }
     struct px_fd *f = px_fds.lookup(&fdkey);
     if (f && f->sk == sk)
