@@ -4,11 +4,14 @@ A keep-alive nginx (``return 200``) on loopback under wrk: paced loads (wrk's Lu
 per connection, since Debian's wrk has no ``-R``) and saturation, untraced then traced:
 added p50/p99, BPF run time per request (kernel.bpf_stats_enabled, run_time_ns/run_cnt of
 the agent's programs from /proc/<agent>/fdinfo), the agent's user-space CPU per request,
-and the throughput ratio at saturation. Then the node-wide cost to a process the agent does
-not trace: a 1-byte ``dd`` with and without the agent. Writes its section of
-docs/benchmarks.md.
+and the throughput ratio at saturation. Each fixed load is measured --repeats times, untraced
+and traced interleaved (medians and ranges reported: a single run swings with the VM's
+speed), plus once with the agent following a port nobody listens on (the floor: what being
+attached costs, apart from the work for traced requests). Then the node-wide cost to a
+process the agent does not trace: a 1-byte ``dd`` with and without the agent. Writes its
+section of docs/benchmarks.md.
 
-    python -m bench.agent [--seconds 5] [--rates 2000,5000]
+    python -m bench.agent [--seconds 5] [--rates 2000,5000] [--repeats 3] [--idle-effect]
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from bench import report
@@ -262,6 +268,90 @@ class AgentProc:
         self.p.wait(30)
 
 
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _median_index(xs: list[float]) -> int:
+    """The index of the (lower) median value: the repeat the per-program table comes from."""
+    return sorted(range(len(xs)), key=lambda i: xs[i])[(len(xs) - 1) // 2]
+
+
+def _range(xs: list[float], fmt: str = ".0f") -> str:
+    return f"{min(xs):{fmt}}–{max(xs):{fmt}}" if xs else "?"
+
+
+def _busy_loops() -> list[subprocess.Popen[bytes]]:
+    """One nice-19 busy loop per CPU: the vCPUs never halt between requests, so the
+    programs do not run on a CPU just woken from idle (cold caches, lower clocks)."""
+    return [
+        subprocess.Popen(["nice", "-n", "19", "sh", "-c", "while :; do :; done"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait(10)
+
+
+class TracedRun:
+    """One paced wrk run with the agent attached: started fresh for the run (so untraced
+    runs can sit between traced ones), bpf_stats on only while it is attached."""
+
+    def __init__(
+        self,
+        follow_port: int,
+        tmp: Path,
+        prev_stats: str,
+        measure: Callable[[], dict[str, float]],
+        idle_cores: float,
+    ) -> None:
+        tmp.mkdir()
+        # No CPU budget at the fixed loads: every request traced, so the per-request
+        # figures are the cost of tracing, not diluted by stretches of shedding.
+        agent = AgentProc(follow_port, tmp, ("--cpu-budget", "0"))
+        self.pauses: dict[str, float] = {}
+        try:
+            time.sleep(1.5)  # the first rescan has picked up nginx
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+            ns0, _ = _bpf_stats(agent.p.pid)
+            cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
+            b0 = bpf_breakdown(agent.p.pid)
+            res = measure()
+            ns1, _ = _bpf_stats(agent.p.pid)
+            cpu1, t1 = _cpu_ns(agent.p.pid), time.monotonic()
+            b1 = bpf_breakdown(agent.p.pid)
+            n = max(1.0, res["requests"])
+            res["bpf_ns_per_req"] = (ns1 - ns0) / n
+            cpu_s = (cpu1 - cpu0) / 1e9
+            res["cpu_us_per_req"] = cpu_s * 1e6 / n
+            # what the requests added on top of the idle work over the same span
+            res["marginal_us_per_req"] = (cpu_s - idle_cores * (t1 - t0)) * 1e6 / n
+            # name → (ns/request, runs/request)
+            self.breakdown = {
+                k: (
+                    (b1[k][0] - b0.get(k, (0, 0))[0]) / n,
+                    (b1[k][1] - b0.get(k, (0, 0))[1]) / n,
+                )
+                for k in b1
+            }
+            self.shed = agent.metric("parallax_agent_shed_requests_total")
+            for why in ("cpu_budget", "behind", "ring_full"):
+                n_p = agent.metric(f'parallax_agent_pauses_total{{reason="{why}"}}')
+                if n_p > 0:  # NaN (no such line): never paused for that reason
+                    self.pauses[why] = n_p
+            ready = [ln for ln in agent.err.read_text().splitlines() if "attached" in ln]
+            self.hooks_line = ready[0] if ready else ""
+        finally:
+            agent.stop()
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev_stats)
+        self.res = res
+        jsonl = tmp / "agent.jsonl"  # flushed at SIGTERM
+        self.records = jsonl.read_text().count("\n") if jsonl.exists() else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.agent",
@@ -287,12 +377,26 @@ def main(argv: list[str] | None = None) -> int:
         default=5,
         help="how long the traced agent's idle CPU is measured before the loads",
     )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="traced runs at each fixed load, each after an untraced run of the same load"
+        " (medians and ranges reported)",
+    )
+    ap.add_argument(
+        "--idle-effect",
+        action="store_true",
+        help="also: at the lowest load, 4 rounds of the traced run as is and with a nice-19"
+        " busy loop on every CPU (the vCPUs never halt); both medians of BPF ns/request",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
         print("bench.agent: needs root, wrk and nginx (make setup)", file=sys.stderr)
         return 1
     rates = [int(r) for r in a.rates.split(",")]
+    started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-"))
     port = free_port()
     (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port))
@@ -308,16 +412,18 @@ def main(argv: list[str] | None = None) -> int:
         lua.write_text(PACED_LUA.format(delay_ms=max(1, round(conns * 1000 / r))))
         luas[r] = lua
     prev_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
-    results: dict[str, dict[str, dict[str, float]]] = {"untraced": {}, "traced": {}}
+    # per load (target rate): one dict per repeat
+    untraced: dict[int, list[dict[str, float]]] = {r: [] for r in rates}
+    traced: dict[int, list[TracedRun]] = {r: [] for r in rates}
+    floors: dict[int, TracedRun] = {}
+    idle_effect: dict[str, list[float]] = {"idle": [], "busy": []}
     extra: dict[str, float] = {}
-    breakdown: list[tuple[float, str, float]] = []
     sat_un: list[float] = []
     sat_tr: list[float] = []
     sat_un2: list[float] = []  # the untraced run after each traced one
     sat_extra = {"requests": 0.0, "records": 0.0, "shed": 0.0, "lost": 0.0}
     hooks_line = ""
     sat_budget = "?"
-    pauses: dict[str, float] = {}  # at the fixed loads, by reason
     try:
         _wait_port(port)
         wrk(port, 1, conns, None)  # warm-up
@@ -326,88 +432,83 @@ def main(argv: list[str] | None = None) -> int:
         extra["dd_floor"] = dd_floor(a.dd_count, dd_base)
         extra["dd_floor_raw"] = dd_floor(a.dd_count, dd_base, RAW_FLOOR_PROGRAMS)
         dd_base = min(dd_base, dd_seconds(a.dd_count))
-        for mode in ("untraced", "traced"):
-            # No CPU budget at the fixed loads: every request traced, so the per-request
-            # figures are the cost of tracing, not diluted by stretches of shedding.
-            agent = AgentProc(port, tmp, ("--cpu-budget", "0")) if mode == "traced" else None
-            try:
-                if agent:
-                    time.sleep(1.5)  # the first rescan has picked up nginx
-                    # before bpf_stats: the stats' own clock reads would inflate it
-                    dd_traced = dd_seconds(a.dd_count)
-                    extra["dd_ratio"] = dd_traced / dd_base
-                    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-                    # The agent with nothing to trace, same flags, just before the loads:
-                    # its drain timer, once-a-second rescan and clock re-measure cost this
-                    # whether requests come or not.
-                    cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
-                    time.sleep(a.idle_seconds)
-                    extra["idle_cores"] = (
-                        (_cpu_ns(agent.p.pid) - cpu0) / 1e9 / (time.monotonic() - t0)
-                    )
-                for r in rates:
-                    if agent:
-                        ns0, _ = _bpf_stats(agent.p.pid)
-                        cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
-                        b0 = bpf_breakdown(agent.p.pid)
-                    res = wrk(port, a.seconds, conns, luas[r])
-                    if agent:
-                        ns1, _ = _bpf_stats(agent.p.pid)
-                        cpu1, t1 = _cpu_ns(agent.p.pid), time.monotonic()
-                        b1 = bpf_breakdown(agent.p.pid)
-                        n = max(1.0, res["requests"])
-                        res["bpf_ns_per_req"] = (ns1 - ns0) / n
-                        cpu_s = (cpu1 - cpu0) / 1e9
-                        res["cpu_us_per_req"] = cpu_s * 1e6 / n
-                        # what the requests added on top of the idle work over the same span
-                        res["marginal_us_per_req"] = (
-                            (cpu_s - extra["idle_cores"] * (t1 - t0)) * 1e6 / n
-                        )
-                    results[mode][str(r)] = res
-                if agent:
-                    # by program, at the highest paced load (at saturation the CPU budget
-                    # pauses tracing part of the time)
-                    n = max(1.0, results[mode][str(rates[-1])]["requests"])
-                    breakdown = sorted(
-                        (
-                            (
-                                (b1[k][0] - b0.get(k, (0, 0))[0]) / n,
-                                k,
-                                (b1[k][1] - b0.get(k, (0, 0))[1]) / n,
-                            )
-                            for k in b1
-                        ),
-                        reverse=True,
-                    )
-                    extra["records"] = (tmp / "agent.jsonl").read_text().count("\n")
-                    extra["fixed_shed"] = agent.metric("parallax_agent_shed_requests_total")
-                    for why in ("cpu_budget", "behind", "ring_full"):
-                        n_p = agent.metric(f'parallax_agent_pauses_total{{reason="{why}"}}')
-                        if n_p > 0:  # NaN (no such line): never paused for that reason
-                            pauses[why] = n_p
-                    ready = [ln for ln in agent.err.read_text().splitlines() if "attached" in ln]
-                    hooks_line = ready[0] if ready else ""
-            finally:
-                if agent:
-                    agent.stop()
-                    Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev_stats)
-        # The same highest load with the agent following another port: every run exits
-        # early, so this is what being attached costs per request (the floor,
-        # bpf_stats' own clock reads included) apart from the work for traced requests.
-        idle_tmp = tmp / "floor"
-        idle_tmp.mkdir()
-        agent = AgentProc(free_port(), idle_tmp, ("--cpu-budget", "0"))
+        # The traced agent with nothing to trace, same flags as at the loads: its drain
+        # timer, once-a-second rescan and clock re-measure cost this whether requests come
+        # or not. The dd first: bpf_stats' own clock reads would inflate it.
+        agent = AgentProc(port, tmp, ("--cpu-budget", "0"))
         try:
-            time.sleep(1.5)
+            time.sleep(1.5)  # the first rescan has picked up nginx
+            extra["dd_ratio"] = dd_seconds(a.dd_count) / dd_base
             Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-            ns0, _ = _bpf_stats(agent.p.pid)
-            res = wrk(port, a.seconds, conns, luas[rates[-1]])
-            ns1, _ = _bpf_stats(agent.p.pid)
-            extra["floor_ns"] = (ns1 - ns0) / max(1.0, res["requests"])
-            extra["floor_rps"] = res["rps"]
+            cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
+            time.sleep(a.idle_seconds)
+            extra["idle_cores"] = (_cpu_ns(agent.p.pid) - cpu0) / 1e9 / (time.monotonic() - t0)
         finally:
             agent.stop()
             Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev_stats)
+        for r in rates:
+            # Untraced and traced interleaved, N times: the VM's phase (a single 5 s run
+            # swings by a quarter) hits both alike, and the added p99 of each repeat is
+            # taken against the untraced run just before it.
+            for i in range(a.repeats):
+                untraced[r].append(wrk(port, a.seconds, conns, luas[r]))
+                run = TracedRun(
+                    port,
+                    tmp / f"traced-{r}-{i}",
+                    prev_stats,
+                    partial(wrk, port, a.seconds, conns, luas[r]),
+                    extra["idle_cores"],
+                )
+                traced[r].append(run)
+                hooks_line = hooks_line or run.hooks_line
+                uu, tt = untraced[r][-1], run.res
+                print(
+                    f"{r} req/s repeat {i + 1}: BPF {tt['bpf_ns_per_req']:.0f} ns/req,"
+                    f" CPU {tt['cpu_us_per_req']:.1f} µs/req, p99 {uu['p99_us']:.0f} →"
+                    f" {tt['p99_us']:.0f} µs",
+                    file=sys.stderr,
+                )
+            # The same load with the agent following a port nobody listens on: every run
+            # exits early, so this is what being attached costs per request (the floor,
+            # bpf_stats' own clock reads included) apart from the work for traced requests.
+            floors[r] = TracedRun(
+                free_port(),
+                tmp / f"floor-{r}",
+                prev_stats,
+                partial(wrk, port, a.seconds, conns, luas[r]),
+                extra["idle_cores"],
+            )
+            print(
+                f"{r} req/s floor: {floors[r].res['bpf_ns_per_req']:.0f} ns/req",
+                file=sys.stderr,
+            )
+        if a.idle_effect:
+            # The lowest load, traced, alternately as is and with a nice-19 busy loop on
+            # every CPU (the vCPUs never halt between requests): how much of the BPF figure
+            # is the programs running on a CPU just woken from idle.
+            r = rates[0]
+
+            def busy_run() -> dict[str, float]:
+                loops = _busy_loops()
+                try:
+                    time.sleep(0.2)
+                    return wrk(port, a.seconds, conns, luas[r])
+                finally:
+                    _stop_all(loops)
+
+            for i in range(4):
+                for kind, fn in (
+                    ("idle", partial(wrk, port, a.seconds, conns, luas[r])),
+                    ("busy", busy_run),
+                ):
+                    run = TracedRun(
+                        port, tmp / f"effect-{kind}-{i}", prev_stats, fn, extra["idle_cores"]
+                    )
+                    idle_effect[kind].append(run.res["bpf_ns_per_req"])
+                    print(
+                        f"idle effect round {i + 1} {kind}: {run.res['bpf_ns_per_req']:.0f} ns/req",
+                        file=sys.stderr,
+                    )
         # Saturation, untraced and traced in alternation (the machine is shared: a single
         # pair is mostly noise); bpf_stats off (its clock reads are not the agent's cost).
         # Each traced run sits between two untraced ones: the ratio is taken against their
@@ -442,31 +543,87 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ngx.terminate()
         ngx.wait(10)
-    u, t = results["untraced"], results["traced"]
+    n_rep = a.repeats
+    summ: dict[int, dict[str, float]] = {}
+    spread: dict[int, dict[str, list[float]]] = {}
+    for r in rates:
+        us, ts = untraced[r], [run.res for run in traced[r]]
+        col = {k: [t[k] for t in ts] for k in ts[0]}
+        col.update({f"u_{k}": [u[k] for u in us] for k in ("p50_us", "p99_us")})
+        col["added_p99"] = [t["p99_us"] - u["p99_us"] for u, t in zip(us, ts, strict=True)]
+        spread[r] = col
+        summ[r] = {k: _median(v) for k, v in col.items()}
+        summ[r]["floor_ns"] = floors[r].res["bpf_ns_per_req"]
+        summ[r]["floor_rps"] = floors[r].res["rps"]
     lines = [
         "## eBPF agent overhead",
         "",
         f"Machine: {report.machine()}. Commit {report.git_rev()}. "
         f"Command: `make bench-agent` (`python -m bench.agent --seconds {a.seconds:g}"
-        f" --rates {a.rates}`).",
+        f" --rates {a.rates} --repeats {n_rep}`).",
         "",
         "nginx (`return 200`, keep-alive, 1 worker) on loopback; wrk, 10 connections paced"
         " with Lua `delay()` for the fixed loads, 50 unpaced for saturation. Latency is wrk's"
         " (send → response).",
         "",
+        f"At each fixed load the figures are **medians of {n_rep} interleaved repeats**:"
+        f" untraced, traced, untraced, traced, … — each a fresh {a.seconds:g} s wrk run, the"
+        " agent started for each traced run (1.5 s before its load) and stopped after it —"
+        " so the VM's drifting speed (a single run swings by 20–35 % here) hits both alike."
+        " Added p99 is the median of the per-repeat differences (traced − the untraced run"
+        " just before it); the ranges are min–max over the repeats.",
+        "",
         "| Load | p50 untraced | p50 traced | p99 untraced | p99 traced | added p99 |"
-        " BPF ns/req | agent CPU µs/req (total) | agent CPU µs/req (marginal) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " added p99 range | BPF ns/req | BPF ns/req range | agent CPU µs/req (total) |"
+        " agent CPU µs/req (marginal) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rates:
-        uu, tt = u[str(r)], t[str(r)]
+        s, c = summ[r], spread[r]
         lines.append(
-            f"| {tt['rps']:.0f} req/s (target {r}) | {uu['p50_us']:.0f} µs | {tt['p50_us']:.0f} µs"
-            f" | {uu['p99_us']:.0f} µs | {tt['p99_us']:.0f} µs |"
-            f" {tt['p99_us'] - uu['p99_us']:+.0f} µs | {tt['bpf_ns_per_req']:.0f} |"
-            f" {tt['cpu_us_per_req']:.1f} | {tt['marginal_us_per_req']:.1f} |"
+            f"| {s['rps']:.0f} req/s (target {r}) | {s['u_p50_us']:.0f} µs"
+            f" | {s['p50_us']:.0f} µs | {s['u_p99_us']:.0f} µs | {s['p99_us']:.0f} µs"
+            f" | {s['added_p99']:+.0f} µs | {_range(c['added_p99'], '+.0f')} µs"
+            f" | {s['bpf_ns_per_req']:.0f} | {_range(c['bpf_ns_per_req'])}"
+            f" | {s['cpu_us_per_req']:.1f} | {s['marginal_us_per_req']:.1f} |"
+        )
+    lines += [
+        "",
+        "Per repeat, in run order: "
+        + "; ".join(
+            f"{r} req/s BPF {', '.join(f'{x:.0f}' for x in spread[r]['bpf_ns_per_req'])}"
+            f" ns/req, added p99 {', '.join(f'{x:+.0f}' for x in spread[r]['added_p99'])} µs"
+            for r in rates
+        )
+        + ".",
+        "",
+        "BPF time split: the floor is the same load with the agent following a port nobody"
+        " listens on (every program returns at its first check — the pid filter, or"
+        " sk_data_ready after a miss in the connection table: what being attached costs,"
+        " bpf_stats' own clock reads included), one run per load; the rest of the traced"
+        " figure is the work done for the traced requests. On loopback half of the floor's"
+        " runs are the client's (wrk's) own reads, writes and data arrivals, which exit at"
+        " the pid/connection check (they are in the traced figure too).",
+        "",
+        "| Load | BPF ns/req traced (median) | floor ns/req | work for the traced request"
+        " (traced − floor) |",
+        "|---|---|---|---|",
+    ]
+    for r in rates:
+        s = summ[r]
+        lines.append(
+            f"| target {r} ({s['rps']:.0f} traced, {s['floor_rps']:.0f} floor req/s)"
+            f" | {s['bpf_ns_per_req']:.0f} | {s['floor_ns']:.0f}"
+            f" | {s['bpf_ns_per_req'] - s['floor_ns']:.0f} |"
         )
     idle = extra.get("idle_cores", float("nan"))
+    runs = [run for r in rates for run in traced[r]]
+    records = sum(run.records for run in runs)
+    fixed_shed = sum(run.shed for run in runs)
+    pauses: dict[str, float] = {}
+    for run in runs:
+        for k, v in run.pauses.items():
+            pauses[k] = pauses.get(k, 0.0) + v
     lines += [
         "",
         f"Agent CPU is the sum of its threads' run time (user and kernel) over each load."
@@ -517,17 +674,10 @@ def main(argv: list[str] | None = None) -> int:
         f" {extra.get('foreign_progs', -1):.0f} (when some are syscall tracepoints, the"
         " untraced baseline already pays the kernel's slow path and the ratio shrinks;"
         " across runs on this shared machine the dd ratio ranged 1.0–3.3×).",
-        f"The same {extra.get('floor_rps', 0):.0f} req/s with the agent following another"
-        " port (every program exits early — at the pid filter, sk_data_ready after a miss in"
-        " the connection table: what being attached costs, bpf_stats' own clock reads"
-        f" included): {extra.get('floor_ns', float('nan')):.0f} ns/request"
-        " of BPF time — of the traced figure above, the rest is the work done for the traced"
-        " requests. On loopback both ends' reads and writes run the programs; the client's"
-        " (wrk's) exit early like these.",
-        f"Records the agent wrote at the fixed loads: {extra.get('records', 0):.0f}, with no"
+        f"Records the agent wrote at the fixed loads: {records}, with no"
         " CPU budget (`--cpu-budget 0`: every request traced, so the per-request figures"
         " are the cost of tracing, not diluted by shedding); requests shed there:"
-        f" {extra.get('fixed_shed', float('nan')):.0f}"
+        f" {fixed_shed:.0f}"
         + (
             " (tracing paused: " + ", ".join(f"{k} ×{v:.0f}" for k, v in pauses.items()) + ")"
             if pauses
@@ -535,9 +685,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         + ".",
         "",
-        "Caveat: measured on 2 cores shared with other jobs; the untraced and traced runs"
-        " are sequential, so the p99 and saturation columns carry that noise (compare the"
-        " BPF and CPU columns, which are per request).",
+        "Caveat: measured on 2 cores shared with other jobs, whose speed drifts over"
+        " minutes: the fixed loads are interleaved repeats for that reason (read the ranges"
+        " beside the medians), and the saturation figures carry that noise as well.",
         "",
         "Goals: BPF ≤ 2 µs/request, user space ≤ 30 µs CPU/request, added p99 ≤ 100 µs."
         " Levers used: socket hooks (reads and writes seen in `sock_recv_length` /"
@@ -554,17 +704,44 @@ def main(argv: list[str] | None = None) -> int:
         " wrk's included, and kernel.bpf_stats_enabled adds two clock reads to each run."
         " See docs/agent.md.",
     ]
+    # by program, at the lowest and the highest load, from each one's median repeat (at
+    # saturation the CPU budget pauses tracing part of the time)
+    ends = sorted({rates[0], rates[-1]})
+    bds = {r: traced[r][_median_index(spread[r]["bpf_ns_per_req"])].breakdown for r in ends}
+    top = sorted(bds[ends[-1]], key=lambda k: -bds[ends[-1]][k][0])[:8]
     lines += [
         "",
-        f"BPF time per request at {t[str(rates[-1])]['rps']:.0f} req/s, by program (top 8):",
+        "BPF time per request by program (top 8), from the median repeat of each load:",
         "",
-        "| Program | ns/request | runs/request |",
-        "|---|---|---|",
+        "| Program | "
+        + " | ".join(f"ns/req at {summ[r]['rps']:.0f} req/s | runs/req" for r in ends)
+        + " |",
+        "|---|" + "---|---|" * len(ends),
     ]
-    for ns, name, runs in breakdown[:8]:
-        lines.append(f"| `{name}` | {ns:.0f} | {runs:.2f} |")
+    for name in top:
+        lines.append(
+            f"| `{name}` | "
+            + " | ".join(
+                f"{bds[r].get(name, (0.0, 0.0))[0]:.0f} | {bds[r].get(name, (0.0, 0.0))[1]:.2f}"
+                for r in ends
+            )
+            + " |"
+        )
+    if a.idle_effect:
+        r = rates[0]
+        lines += [
+            "",
+            f"Idle effect (`--idle-effect`, not part of `make bench-agent`): at target {r}"
+            f" req/s, traced, 4 rounds alternating the run as is and with a nice-19 busy loop"
+            f" on every CPU (the vCPUs never halt between requests): BPF ns/request median"
+            f" **{_median(idle_effect['idle']):.0f}** as is"
+            f" ({', '.join(f'{x:.0f}' for x in idle_effect['idle'])}),"
+            f" **{_median(idle_effect['busy']):.0f}** with the busy loops"
+            f" ({', '.join(f'{x:.0f}' for x in idle_effect['busy'])}).",
+        ]
     md = "\n".join(lines)
     print(md)
+    print(f"bench.agent: {time.monotonic() - started:.0f} s in all", file=sys.stderr)
     if not a.no_write:
         report.write_section("agent", md)
     return 0
