@@ -61,6 +61,17 @@ _TRACEPARENT = b"\r\ntraceparent:"
 _CONTENT_LENGTH = b"\r\ncontent-length:"
 _TRANSFER_ENCODING = b"\r\ntransfer-encoding:"
 _UPGRADE = b"\r\nupgrade:"
+# A Content-Length longer than this is malformed (19 digits hold any length a 64-bit
+# counter can: no real body is larger), and int() of over 4,300 digits raises ValueError
+# (Python's int-string limit): the bytes come from any client, so they are checked first.
+MAX_LENGTH_DIGITS = 19
+
+
+def _length(value: bytes | None) -> int | None:
+    """A Content-Length value: 1-19 ASCII digits, else None (malformed or absent)."""
+    if value is None or not 0 < len(value) <= MAX_LENGTH_DIGITS or not value.isdigit():
+        return None  # (bytes.isdigit() is ASCII only: no other script's digits)
+    return int(value)
 
 
 def _header(block: bytes, lower: bytes, needle: bytes) -> bytes | None:
@@ -101,8 +112,9 @@ def parse_request(head: bytes) -> RequestHead | None:
         tp_value = tp.decode("latin-1") if tp is not None else None
     content_length = 0
     if _CONTENT_LENGTH in lower:
-        cl = _header(lower, lower, _CONTENT_LENGTH)
-        content_length = int(cl) if cl is not None and cl.isdigit() else 0
+        # malformed: taken as no body (the next bytes are parsed as the next request;
+        # if they are not one the connection resynchronises)
+        content_length = _length(_header(lower, lower, _CONTENT_LENGTH)) or 0
     chunked = False
     if _TRANSFER_ENCODING in lower:
         te = _header(lower, lower, _TRANSFER_ENCODING)
@@ -139,8 +151,8 @@ def parse_response(data: bytes) -> ResponseHead | None:
     lower = (data[end:stop] if stop >= 0 else data[end:]).lower()
     content_length = None
     if _CONTENT_LENGTH in lower:
-        cl = _header(lower, lower, _CONTENT_LENGTH)
-        content_length = int(cl) if cl is not None and cl.isdigit() else None
+        # malformed: None, as if absent (the body then ends at the next response or close)
+        content_length = _length(_header(lower, lower, _CONTENT_LENGTH))
     chunked = False
     if _TRANSFER_ENCODING in lower:
         te = _header(lower, lower, _TRANSFER_ENCODING)

@@ -105,6 +105,13 @@ class Metrics:
             "1 while tracing is paused (over the CPU budget, or behind the ring buffer)",
             registry=r,
         )
+        self.event_errors = Counter(
+            "parallax_agent_event_errors",
+            "Ring-buffer events the agent failed to handle (an unexpected error: the agent"
+            " goes on, the connection concerned resynchronises; its stderr names the error"
+            " type once)",
+            registry=r,
+        )
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )

@@ -47,6 +47,18 @@ _EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
 _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 
 
+def where(e: BaseException) -> str:
+    """Where an exception was raised, as ``file:line in function`` (its innermost frame):
+    enough to find the bug, and no data from the request."""
+    tb = e.__traceback__
+    if tb is None:
+        return "unknown place"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
+
+
 @dataclass
 class RunConfig:
     ports: list[int] = field(default_factory=list)
@@ -125,72 +137,122 @@ class Agent:
         self._head_too_large_pushed = 0  # of stats.head_too_large, in the metric
         self._label_lock = threading.Lock()  # _port_label: main loop and /metrics thread
         self._live = False  # the maps may be read for /metrics (loaded, not detached)
+        self.n_event_errors = 0
+        self._errors_logged: set[str] = set()  # exception type names already logged
 
     # -- events ---------------------------------------------------------------------
     def on_event(self, raw: bytes) -> None:
         """One ring-buffer record (the layouts of agent.events), decoded in place: the hot
         path of the agent (two or three calls per request), so no event object is built and
         the fields go straight to the cutter."""
-        self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
-        if len(raw) < _HDR_SIZE:
-            return
-        typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, _ = _HDR(raw)
-        if not _EV_READ <= typ <= _EV_SOCK_CLOSE:
-            return  # a type this agent does not know
-        key = (sk, ident)  # sockets are reused: a connection is (address, first-seen time)
-        conns = self.conns
-        st = conns.get(key)
-        if lost and st is not None:
-            st.cut.on_loss()
-        if typ >= _EV_CLOSE:
+        try:
+            self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
+            if len(raw) < _HDR_SIZE:
+                return
+            typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, _ = _HDR(raw)
+            if not _EV_READ <= typ <= _EV_SOCK_CLOSE:
+                return  # a type this agent does not know
+            key = (sk, ident)  # sockets are reused: a connection is (address, first-seen time)
+            conns = self.conns
+            st = conns.get(key)
+            if lost and st is not None:
+                st.cut.on_loss()
+            if typ >= _EV_CLOSE:
+                if st is None:
+                    return
+                if typ == _EV_PEER_FIN:
+                    st.cut.on_peer_fin(t)
+                    return
+                self._emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
+                del conns[key]
+                self._open_cl.pop(key, None)
+                return
             if st is None:
-                return
-            if typ == _EV_PEER_FIN:
-                st.cut.on_peer_fin(t)
-                return
-            self._emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
-            del conns[key]
-            self._open_cl.pop(key, None)
+                if len(conns) >= MAX_CONNS:
+                    old, _ = conns.popitem(last=False)  # the least recently active
+                    self._open_cl.pop(old, None)
+                    self.n_evicted += 1
+                st = conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), tgid)
+            else:
+                conns.move_to_end(key)
+            cut = st.cut
+            if srtt_us:  # Conn.update_tcp, inline
+                cut.srtt_us = srtt_us
+            cut.retrans = retrans
+            if typ == _EV_READ:
+                t_est, t_acc, t_arr, n, caplen, lport, rport, family, _ = _READ(raw, _HDR_SIZE)
+                if not st.lport:
+                    st.lport, st.rport = lport, rport
+                    la, ra = _ADDRS(raw, _ADDRS_AT)
+                    st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
+                out = cut.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr, t_acc, t_est)
+                if cut.mode == "dead" and not st.unparsed_counted and cut.requests == 0:
+                    st.unparsed_counted = True
+                    self.m.unparsed.labels(self._port_label(st.lport)).inc()
+            elif typ == _EV_RESP:
+                n, caplen = _RESP(raw, _HDR_SIZE)
+                out = cut.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
+            else:
+                t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
+                if t_first and t_first == st.snap_t_first:
+                    return  # already taken from the map snapshot
+                times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
+                out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags)
+            if out:
+                self._emit(st, out)
+            # the sweep looks only at Content-Length responses still open
+            a = cut.active
+            if a is not None and a.content_length is not None:
+                self._open_cl[key] = st
+            elif self._open_cl:
+                self._open_cl.pop(key, None)
+        except Exception as e:  # noqa: BLE001  (one event must not stop the agent)
+            self._event_error(raw, e)
+
+    def _event_error(self, raw: bytes, e: Exception) -> None:
+        """An event this agent could not handle (a bug, or input nothing here anticipated):
+        counted (parallax_agent_event_errors_total), logged once per exception type, and its
+        connection's state dropped, so that its framing resynchronises instead of going on
+        from a half-updated cutter."""
+        key: tuple[int, int] | None = None
+        closing = False
+        if len(raw) >= _HDR_SIZE:
+            h = _HDR(raw)
+            key, closing = (h[4], h[5]), h[0] in (_EV_CLOSE, _EV_SOCK_CLOSE)
+        self._conn_error(e, key, closing)
+
+    def _conn_error(self, e: Exception, key: tuple[int, int] | None, closing: bool) -> None:
+        self.n_event_errors += 1
+        name = type(e).__name__
+        if name not in self._errors_logged:
+            self._errors_logged.add(name)
+            # Privacy: the type and the code's place only, never str(e), which can quote the
+            # request's bytes (a header value, a path)
+            log.warning(
+                "an event could not be handled (%s at %s): its connection resynchronises;"
+                " counted in parallax_agent_event_errors_total (logged once per type)",
+                name,
+                where(e),
+            )
+        if key is None:
             return
+        self._open_cl.pop(key, None)
+        st = self.conns.get(key)
         if st is None:
-            if len(conns) >= MAX_CONNS:
-                old, _ = conns.popitem(last=False)  # the least recently active
-                self._open_cl.pop(old, None)
-                self.n_evicted += 1
-            st = conns[key] = ConnState(Conn(self.cfg.head_window, self.stats), tgid)
-        else:
-            conns.move_to_end(key)
-        cut = st.cut
-        if srtt_us:  # Conn.update_tcp, inline
-            cut.srtt_us = srtt_us
-        cut.retrans = retrans
-        if typ == _EV_READ:
-            t_est, t_acc, t_arr, n, caplen, lport, rport, family, _ = _READ(raw, _HDR_SIZE)
-            if not st.lport:
-                st.lport, st.rport = lport, rport
-                la, ra = _ADDRS(raw, _ADDRS_AT)
-                st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
-            out = cut.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr, t_acc, t_est)
-            if cut.mode == "dead" and not st.unparsed_counted and cut.requests == 0:
-                st.unparsed_counted = True
-                self.m.unparsed.labels(self._port_label(st.lport)).inc()
-        elif typ == _EV_RESP:
-            n, caplen = _RESP(raw, _HDR_SIZE)
-            out = cut.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
-        else:
-            t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
-            if t_first and t_first == st.snap_t_first:
-                return  # already taken from the map snapshot
-            times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
-            out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags)
-        if out:
-            self._emit(st, out)
-        # the sweep looks only at Content-Length responses still open
-        a = cut.active
-        if a is not None and a.content_length is not None:
-            self._open_cl[key] = st
-        elif self._open_cl:
-            self._open_cl.pop(key, None)
+            return
+        old = st.cut
+        # what it had in flight is lost, as after lost events
+        self.stats.lost_exchanges += (
+            len(old.pending) + (old.active is not None) + (old.ws_cur is not None)
+        )
+        if closing:
+            del self.conns[key]
+            return
+        fresh = Conn(self.cfg.head_window, self.stats)
+        fresh.mode = "resync"  # from the next read that starts a request
+        fresh.requests = old.requests  # not a first request: no accept-queue time
+        fresh.srtt_us, fresh.retrans = old.srtt_us, old.retrans
+        st.cut = fresh
 
     def _port_label(self, port: int) -> str:
         """A bounded label set: listening ports (at most MAX_PORT_LABELS), else "other"."""
@@ -263,9 +325,12 @@ class Agent:
             n = int(v.n)
             times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
             st.snap_t_first = v.t_first
-            self._emit(
-                st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags))
-            )
+            try:
+                self._emit(
+                    st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags))
+                )
+            except Exception as e:  # noqa: BLE001  (as for a ring event: on_event)
+                self._conn_error(e, (sk, ident), closing=False)
 
     # -- housekeeping -----------------------------------------------------------------
     def rescan(self, counters: dict[str, int]) -> None:
@@ -353,6 +418,7 @@ class Agent:
     def refresh_metrics(self, c: dict[str, int]) -> None:
         self._push_counter("events", self.m.events, self.n_events)
         self._push_counter("shed", self.m.shed, self.n_shed)
+        self._push_counter("event_errors", self.m.event_errors, self.n_event_errors)
         for svc, n in list(self.n_requests.items()):
             self._push_counter("req:" + svc, self.m.requests.labels(svc), n)
         self.m.lost.set(c["lost_events"])
@@ -493,6 +559,30 @@ class Agent:
             file=sys.stderr,
             flush=True,
         )
+        error: str | None = None
+        stop_error: str | None = None
+        try:
+            self._main_loop()
+        except Exception as e:  # noqa: BLE001  (reported in one line below, not a traceback)
+            error = f"{type(e).__name__} at {where(e)}"
+        finally:
+            # always: what is in flight is flushed and the exporters are closed, whatever
+            # stopped the loop
+            stop_error = self._stop_run(t, srv)
+        if error is not None or stop_error is not None:
+            what = "; ".join(x for x in (error, stop_error) if x is not None)
+            print(
+                f"parallax-agent: stopped by an internal error ({what}; a bug, please report"
+                " it); the records in flight "
+                + ("may be lost" if stop_error is not None else "were flushed"),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+
+    def _main_loop(self) -> None:
+        """Until SIGTERM/SIGINT: drain the ring, shed load, rescan, sweep."""
+        cfg = self.cfg
         last_slow = 0.0
         period = cfg.drain_ms / 1000
         idle = 0
@@ -524,12 +614,20 @@ class Agent:
                 self.clock.maybe_remeasure()
             self.sweep()
             self.stop.wait(period if idle < 5 else 5 * period)
+
+    def _stop_run(self, exporter: threading.Thread, srv: Any) -> str | None:
+        """The end of run(), however the main loop ended: flush (shutdown), let the exporter
+        write the last records, close. Returns what failed in shutdown, if anything."""
+        error = None
         with self.m.scrape_lock:  # no /metrics read of the maps from here on
             self._live = False
-        self.shutdown()
+        try:
+            self.shutdown()
+        except Exception as e:  # noqa: BLE001  (the exporters must still be flushed)
+            error = f"{type(e).__name__} at {where(e)}, while stopping"
         self.drained.set()
         self._have_records.set()
-        t.join(timeout=10)
+        exporter.join(timeout=10)
         for exp in self.exporters:
             exp.close()
         srv.shutdown()
@@ -543,7 +641,7 @@ class Agent:
             self.n_shed,
             self._shed_reads,
         )
-        return 0
+        return error
 
     def _apply_shedding(self, shedder: Shedder, change: bool | None) -> None:
         if change is None:
@@ -585,6 +683,25 @@ class Agent:
         for st in self.conns.values():
             st.cut.on_loss()
 
+    def _flush_conn(self, aggs: Any, sk: int, st: ConnState) -> None:
+        """Stopping: one connection's body writes still in the kernel aggregate, then what
+        it has in flight as partial records."""
+        if st.cut.active is not None or st.cut.ws_cur is not None:
+            try:
+                v = aggs[aggs.Key(sk)]
+            except KeyError:
+                v = None
+            if v is not None and v.t_last and v.t_first != st.snap_t_first:
+                n = int(v.n)
+                times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
+                self._emit(
+                    st,
+                    st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)),
+                )
+        out = st.cut.flush_inflight()
+        self.n_final_partial += len(out)
+        self._emit(st, out)
+
     def shutdown(self) -> None:
         """SIGTERM/SIGINT: stop tracing new work, take everything the kernel holds, and
         flush what is in flight as partial records before the exporters are flushed.
@@ -606,22 +723,11 @@ class Agent:
             if self.n_events == before:
                 break
         aggs = self.bpf["px_aggs"]
-        for (sk, _), st in list(self.conns.items()):
-            if st.cut.active is not None or st.cut.ws_cur is not None:
-                try:
-                    v = aggs[aggs.Key(sk)]
-                except KeyError:
-                    v = None
-                if v is not None and v.t_last and v.t_first != st.snap_t_first:
-                    n = int(v.n)
-                    times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
-                    self._emit(
-                        st,
-                        st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)),
-                    )
-            out = st.cut.flush_inflight()
-            self.n_final_partial += len(out)
-            self._emit(st, out)
+        for key, st in list(self.conns.items()):
+            try:
+                self._flush_conn(aggs, key[0], st)
+            except Exception as e:  # noqa: BLE001  (the other connections are still flushed)
+                self._conn_error(e, key, closing=True)
         self.conns.clear()
         self._shed_reads = loader.counters(self.bpf)["shed_reads"]
         self.ring.close()
