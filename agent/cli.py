@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 
 DESCRIPTION = """\
 Parallax agent: times every HTTP/1.x request the servers on this node handle, from the
@@ -19,8 +21,58 @@ Authorization or other headers, never bodies.
 """
 
 
+PORT_MAX = 65535
+PID_MAX_LIMIT = 4194304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
+HEAD_WINDOW_MIN, HEAD_WINDOW_MAX = 256, 16384  # the kernel's capture buffer, a power of two
+STREAM_LIMIT_MAX_S = 30 * 86400
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad value is one line and exit 2 (argparse's code), not the usage block: the
+    values are checked here, at parse time, so that none reaches the loader (an out-of-range
+    port once raised IndexError there after the probes were attached)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"wants an integer from {lo} to {hi}, got {text!r}")
+        return n
+
+    return parse
+
+
+def _float_in(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not lo <= x <= hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(
+                f"wants a number from {lo:.10g} to {hi:.10g}, got {text!r}"
+            )
+        return x
+
+    return parse
+
+
+def _ring_pages(text: str) -> int:
+    n = _int_in(0, 1 << 20)(text)
+    if n & (n - 1):
+        raise argparse.ArgumentTypeError(f"wants 0 or a power of two, got {text!r}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="parallax-agent",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -44,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--port",
-        type=int,
+        type=_int_in(1, PORT_MAX),
         action="append",
         default=[],
         metavar="P",
@@ -52,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--pid",
-        type=int,
+        type=_int_in(1, PID_MAX_LIMIT),
         action="append",
         default=[],
         metavar="N",
@@ -77,20 +129,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--head-window",
-        type=int,
+        type=_int_in(HEAD_WINDOW_MIN, HEAD_WINDOW_MAX),
         default=4096,
         metavar="BYTES",
         help="request bytes captured per read for parsing (default %(default)s,"
-        " rounded up to a power of two, max 16384); a traceparent beyond it is"
-        " counted as missed",
+        f" {HEAD_WINDOW_MIN}-{HEAD_WINDOW_MAX}, rounded up to a power of two); a traceparent"
+        " beyond it is counted as missed",
     )
     r.add_argument(
         "--stream-limit-s",
-        type=float,
+        type=_float_in(0, STREAM_LIMIT_MAX_S),
         default=60.0,
         metavar="S",
         help="a response streaming longer than this emits a partial record at the"
-        " limit, then the final one (default %(default)s; 0 = never)",
+        " limit, then the final one (default %(default)s; 0 = never; at most"
+        f" {STREAM_LIMIT_MAX_S})",
     )
     r.add_argument(
         "--service-name",
@@ -110,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--nice",
-        type=int,
+        type=_int_in(-20, 19),
         default=10,
         metavar="N",
         help="scheduling niceness of the agent once attached (default %(default)s): under"
@@ -119,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--cpu-budget",
-        type=float,
+        type=_float_in(0, 4096),
         default=None,
         metavar="CORES",
         help="the agent's CPU budget in cores (default: 5%% of the node's CPUs, at least"
@@ -129,12 +182,14 @@ def _parser() -> argparse.ArgumentParser:
         " 0 = no budget",
     )
     # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
-    r.add_argument("--drain-ms", type=float, default=50.0, help=argparse.SUPPRESS)
+    r.add_argument("--drain-ms", type=_float_in(1, 1000), default=50.0, help=argparse.SUPPRESS)
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
     # offsets cannot wrap (default about an hour); hidden from --help
-    r.add_argument("--offset-span-ms", type=float, default=0, help=argparse.SUPPRESS)
+    r.add_argument(
+        "--offset-span-ms", type=_float_in(0, 3_600_000), default=0, help=argparse.SUPPRESS
+    )
     # tests only: the ring buffer's size in pages (a power of two; default 2048 = 8 MiB)
-    r.add_argument("--ringbuf-pages", type=int, default=0, help=argparse.SUPPRESS)
+    r.add_argument("--ringbuf-pages", type=_ring_pages, default=0, help=argparse.SUPPRESS)
     # tests of the fallback: syscall tracepoints even where socket hooks work; hidden
     r.add_argument(
         "--io-hooks", choices=("auto", "syscalls"), default="auto", help=argparse.SUPPRESS
@@ -170,12 +225,17 @@ def main(argv: list[str] | None = None) -> int:
         names: dict[int, str] = {}
         for item in args.service_name:
             port, sep, name = item.partition("=")
-            if not sep or not port.isdigit() or not name:
+            try:
+                names[_int_in(1, PORT_MAX)(port)] = name
+            except argparse.ArgumentTypeError:
+                sep = ""
+            if not sep or not name:
                 print(
-                    f"parallax-agent: --service-name wants PORT=NAME, got {item!r}", file=sys.stderr
+                    f"parallax-agent: --service-name wants PORT=NAME (PORT 1-{PORT_MAX}),"
+                    f" got {item[:80]!r}",
+                    file=sys.stderr,
                 )
                 return 2
-            names[int(port)] = name
         if args.cpu_budget is None:
             args.cpu_budget = budget.default_cores()
         if not (args.cpu_budget == 0 or args.cpu_budget >= budget.MIN_CORES):  # NaN too
@@ -194,13 +254,14 @@ def main(argv: list[str] | None = None) -> int:
                 jsonl=args.jsonl,
                 otlp=args.otlp,
                 metrics_addr=args.metrics_addr,
-                head_window=args.head_window,
+                # rounded as the kernel's buffer is, so that both cut heads alike
+                head_window=1 << (args.head_window - 1).bit_length(),
                 stream_limit_s=args.stream_limit_s,
                 service_names=names,
                 disabled_tracepoints=args.disable_tracepoint,
                 offs_span_ns=int(args.offset_span_ms * 1e6),
                 nice=args.nice,
-                drain_ms=max(1.0, args.drain_ms),
+                drain_ms=args.drain_ms,
                 io_hooks=args.io_hooks,
                 cpu_budget=args.cpu_budget,
                 ringbuf_pages=args.ringbuf_pages,

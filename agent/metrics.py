@@ -163,7 +163,10 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(metrics: Metrics, addr: str) -> ThreadingHTTPServer:
     host, _, port = addr.rpartition(":")
     handler = type("H", (_Handler,), {"metrics": metrics})
-    srv = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), handler)
+    number = int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else -1
+    if not 0 <= number <= 65535:
+        raise ValueError(f"bad port {port!r}")  # (bind() raises OverflowError, uncaught)
+    srv = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", number), handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
     return srv
