@@ -28,7 +28,7 @@ _VERSION_TEXT = {b"1.0": "1.0", b"1.1": "1.1"}
 # of a setattr per field (two are built per request).
 class RequestHead(NamedTuple):
     method: str
-    path: str  # query string dropped
+    path: str  # query string and ";" path parameters dropped
     version: str
     traceparent: trace_context.TraceContext | None
     traceparent_present: bool  # a traceparent was sent (valid or not)
@@ -102,6 +102,10 @@ def parse_request(head: bytes) -> RequestHead | None:
     path, _, query = target.partition("?")
     if "://" in path:  # absolute form (proxies): keep only the path
         path = "/" + path.split("://", 1)[1].partition("/")[2]
+    if ";" in path:
+        # matrix parameters (RFC 3986 path parameters) carry session tokens
+        # (";jsessionid=..." of Java servlets): each segment is cut at its first ";"
+        path = "/".join(seg.partition(";")[0] for seg in path.split("/"))
     block = head[end:]  # starts with CRLF, so every header line is preceded by one
     lower = block.lower()
     # The framing headers are absent from most requests: a miss is one find; a hit goes
