@@ -33,6 +33,10 @@ FULL_SCAN_S = 60.0
 CHILD_SCAN_S = 5.0
 MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
 MAX_PORT_LABELS = 64  # label values of per-port metrics; beyond: "other"
+# A cached service name is checked against its pid's start time at most this often: with
+# every process traced, a pid reused by another process gets its own name within a second
+# (a /proc read per new connection would cost more than the rest of a request's handling).
+SVC_CHECK_S = 1.0
 # the record layouts of agent.events, bound once for on_event
 _HDR = events.HDR.unpack_from
 _HDR_SIZE = events.HDR.size
@@ -114,7 +118,8 @@ class Agent:
         self.drained = threading.Event()
         self._have_records = threading.Event()
         self.exporters: list[Any] = []
-        self._svc: dict[int, tuple[str, str]] = {}
+        # pid → (comm, service, start time, when checked): see SVC_CHECK_S
+        self._svc: dict[int, tuple[str, str, int | None, float]] = {}
         self._pids: set[int] = set(cfg.pids)
         self._pid_start: dict[int, int | None] = {}  # pid → start time (reuse detection)
         self._listen_ports: set[int] = set(cfg.ports)
@@ -273,8 +278,13 @@ class Agent:
     def _info(self, st: ConnState) -> ConnInfo:
         if st.info is None:
             cached = self._svc.get(st.pid)
-            if cached is None:
-                cached = (procinfo.comm(st.pid), procinfo.service_name(st.pid))
+            now = time.monotonic()
+            if cached is None or now - cached[3] >= SVC_CHECK_S:
+                start = procinfo.start_time(st.pid)
+                if cached is None or cached[2] != start:  # new, or the pid names another process
+                    cached = (procinfo.comm(st.pid), procinfo.service_name(st.pid), start, now)
+                else:
+                    cached = (cached[0], cached[1], start, now)
                 if len(self._svc) > 10000:
                     self._svc.clear()
                 self._svc[st.pid] = cached
@@ -428,8 +438,8 @@ class Agent:
         self._push_counter("unanswered", self.m.unanswered, self.stats.unanswered)
         self._push_counter("lost_exchanges", self.m.lost_exchanges, self.stats.lost_exchanges)
         self._push_counter("shed_requests", self.m.shed_requests, c["shed_reads"])
-        for port, n in loader.synack_retransmits(self.bpf).items():
-            self.m.synack_retransmits.labels(str(port)).set(n)
+        for label, n in self._by_port_label(loader.synack_retransmits(self.bpf)).items():
+            self.m.synack_retransmits.labels(label).set(n)
         self.m.listen_overflows.set(metrics.listen_overflows())
         self._listen_drops()
         self.m.connections.set(len(self.conns))
@@ -439,6 +449,15 @@ class Agent:
         if d:
             self.m.head_too_large.inc(d)
         self._head_too_large_pushed = head_too_large
+
+    def _by_port_label(self, per_port: dict[int, int]) -> dict[str, int]:
+        """Per-port counts under the bounded port labels (_port_label): ports beyond the
+        label budget are summed under "other"."""
+        out: dict[str, int] = {}
+        for port, n in per_port.items():
+            label = self._port_label(port)
+            out[label] = out.get(label, 0) + n
+        return out
 
     def _listen_drops(self) -> None:
         """Accept-queue drops per listening port: the agent's network namespace and those of
