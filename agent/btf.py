@@ -13,7 +13,7 @@ from pathlib import Path
 
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
 _MAGIC = 0xEB9F
-_STRUCT, _UNION = 4, 5
+_STRUCT, _UNION, _TYPEDEF = 4, 5, 8
 _MAX_KIND = 19  # BTF_KIND_ENUM64
 # bytes after the 12-byte common header, per kind: fixed, and per vlen entry
 _EXTRA = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 14: (4, 0)}
@@ -66,7 +66,16 @@ def member_offsets(
     wanted: list[tuple[str, str]], path: Path = VMLINUX
 ) -> dict[tuple[str, str], int | None]:
     """:func:`member_offset` for several (struct, member) pairs, the file parsed once."""
+    return lookup(wanted, [], path)[0]
+
+
+def lookup(
+    wanted: list[tuple[str, str]], typedefs: list[str], path: Path = VMLINUX
+) -> tuple[dict[tuple[str, str], int | None], dict[str, int | None]]:
+    """Member offsets (as :func:`member_offsets`) and the type ids of the ``typedefs`` named
+    (e.g. ``btf_trace_sk_data_ready``, what a tp_btf program attaches to), one parse."""
     out: dict[tuple[str, str], int | None] = dict.fromkeys(wanted)
+    ids: dict[str, int | None] = dict.fromkeys(typedefs)
     try:
         types, strings, members = _parse(path.read_bytes())
         by_name: dict[str, int] = {}
@@ -76,14 +85,18 @@ def member_offsets(
                 name = _name(strings, name_off)
                 if name in names and name not in by_name:
                     by_name[name] = tid
+            elif kind == _TYPEDEF and name_off and typedefs:
+                name = _name(strings, name_off)
+                if name in ids and ids[name] is None:
+                    ids[name] = tid
         for struct_name, member in wanted:
             if struct_name in by_name:
                 out[(struct_name, member)] = _find(
                     types, strings, members, by_name[struct_name], member, 0
                 )
     except (OSError, BtfError, struct.error, ValueError, IndexError):
-        return dict.fromkeys(wanted)
-    return out
+        return dict.fromkeys(wanted), dict.fromkeys(typedefs)
+    return out, ids
 
 
 def _find(

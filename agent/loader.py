@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import btf, kernel_headers, ringbuf, tracefs
+from agent import btf, kernel_headers, ringbuf, tpbtf, tracefs
 from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
@@ -35,6 +35,7 @@ COUNTERS = (
     ("listen_changes", "C_LISTEN_CHG"),
     ("shed_reads", "C_SHED_READS"),
     ("blocking_conns", "C_BLOCKING"),
+    ("arrivals_shared", "C_ARR_SHARED"),
 )
 COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 # sk->sk_socket->file->f_flags: whether a socket blocks on writes (PX_LAZY_SEND_START)
@@ -181,30 +182,41 @@ def load(opts: Options) -> Loaded:
     # (hooks, cflags) in order of preference. Per-thread state in task-local storage (no
     # hash lookups); kernels without it for tracepoint programs get the hash-map variant.
     variants: list[tuple[str, list[str]]] = []
+    sdr_btf_id: int | None = None
     if sock:
         sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
         # srtt read from the socket at each request (its offset from the kernel's BTF)
         # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
-        off = btf.member_offsets(
+        off, typedef = btf.lookup(
             [
                 ("tcp_sock", "srtt_us"),
                 ("sock_common", "skc_num"),
+                ("sock_common", "skc_hash"),
                 ("msghdr", "msg_flags"),
                 ("task_struct", "tgid"),
                 ("task_struct", "pid"),
                 *_SOCKET_FLAGS,
-            ]
+            ],
+            [_SDR_BTF_TYPEDEF],
         )
         if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
             sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
         # the local port, to tell a seeded fd from a later socket that reuses its number
         if (num := off[("sock_common", "skc_num")]) is not None:
             sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
-        # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
+            # ... and for sk_data_ready as a BTF tracepoint (agent.tpbtf): sockets on other
+            # ports stop at a direct load of their port, before any map lookup
+            sdr_btf_id = typedef[_SDR_BTF_TYPEDEF]
+            skc_hash = off[("sock_common", "skc_hash")]
+            if None not in (sdr_btf_id, skc_hash) and "PX_HAVE_SK_DATA_READY" in macros:
+                bits = min(20, max(10, (2 * opts.max_conns - 1).bit_length()))
+                sock_flags += ["-DPX_SDR_BTF", f"-DPX_ARR_BITS={bits}"]
+                sock_flags.append(f"-DPX_OFF_SKC_HASH={skc_hash}")
         # the current task's ids by direct loads (the task pointer is fetched anyway)
         for member in ("tgid", "pid"):
             if (o := off[("task_struct", member)]) is not None:
                 sock_flags.append(f"-DPX_OFF_TASK_{member.upper()}={o}")
+        # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
         if (mf := off[("msghdr", "msg_flags")]) is not None:
             sock_flags.append(f"-DPX_OFF_MSG_FLAGS={mf}")
         # ... and event-loop servers never make one: that hook (every TCP write on the node
@@ -246,17 +258,52 @@ def load(opts: Options) -> Loaded:
     if b is None:  # its compiler log went to stderr
         raise LoadError(f"BPF program failed to compile or load: {err}")
     _configure(b, opts)
+    attached_btf: list[str] = []
+    if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None:
+        attached_btf = _use_sdr_btf(b, sdr_btf_id)
     lazy = "-DPX_LAZY_SEND_START" in extra
     if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
         attach_send_start(b)
     attached = sorted(
-        k.decode() if isinstance(k, bytes) else str(k)
-        for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
+        {
+            k.decode() if isinstance(k, bytes) else str(k)
+            for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
+        }
+        | set(attached_btf)
     )
     return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks, lazy)
 
 
 _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
+_SDR = b"sock:sk_data_ready"
+_SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
+
+
+def _use_sdr_btf(b: Any, btf_id: int) -> list[str]:
+    """Put px_sdr_btf (tp_btf) in the place of the classic sk_data_ready program that bcc
+    attached: attached first, then the classic one detached (for that moment both run; an
+    arrival stamped twice keeps the first). Where the kernel refuses it, the classic one
+    stays: the same arrival times at the cost of a hash lookup per socket."""
+    try:
+        prog = tpbtf.TpBtfProgram(b, "px_sdr_btf", _SDR.decode(), btf_id)
+    except tpbtf.TpBtfError as e:
+        log.info("sk_data_ready stays a classic tracepoint: tp_btf did not load (%s)", e)
+        return []
+    try:
+        prog.attach()
+    except tpbtf.TpBtfError as e:
+        prog.close()
+        log.info("sk_data_ready stays a classic tracepoint: %s", e)
+        return []
+    b.px_tp_btf = {_SDR: prog}
+    if _SDR in b.tracepoint_fds:
+        b.detach_tracepoint(tp=_SDR)
+    return [_SDR.decode()]
+
+
+def _tp_btf(b: Any) -> dict[bytes, tpbtf.TpBtfProgram]:
+    progs: dict[bytes, tpbtf.TpBtfProgram] = getattr(b, "px_tp_btf", {})
+    return progs
 
 
 def attach_send_start(b: Any) -> None:
@@ -273,6 +320,10 @@ def _configure(b: Any, opts: Options) -> None:
     v = cfg.Leaf()
     v.all_pids = 0 if (opts.pids or opts.ports) else 1
     v.all_ports = 0 if opts.ports else 1
+    if 0 < len(opts.ports) <= len(v.ports):  # few ports: held where px_sdr_btf reads them
+        v.nports = len(opts.ports)
+        for i, port in enumerate(opts.ports):
+            v.ports[i] = port
     v.stream_limit_ns = int(opts.stream_limit_s * 1e9) if opts.stream_limit_s > 0 else 0
     # filters first, then the switch that may widen them (the programs are already live)
     ports = b["px_ports"]
@@ -319,6 +370,12 @@ def detach_idle(b: Any) -> list[bytes]:
     Never raises."""
     out: list[bytes] = []
     for tp, (raw, _) in _IDLE_WHILE_PAUSED.items():
+        btf_prog = _tp_btf(b).get(tp)
+        if btf_prog is not None:
+            if btf_prog.attached:
+                btf_prog.detach()
+                out.append(tp)
+            continue
         fds = b.raw_tracepoint_fds if raw else b.tracepoint_fds
         if tp not in fds:
             continue
@@ -336,6 +393,10 @@ def detach_idle(b: Any) -> list[bytes]:
 def reattach(b: Any, hooks: list[bytes]) -> None:
     """Attach again what detach_idle took off (bcc keeps the loaded programs)."""
     for tp in hooks:
+        btf_prog = _tp_btf(b).get(tp)
+        if btf_prog is not None:
+            btf_prog.attach()
+            continue
         raw, fn = _IDLE_WHILE_PAUSED[tp]
         if tp not in (b.raw_tracepoint_fds if raw else b.tracepoint_fds):
             (b.attach_raw_tracepoint if raw else b.attach_tracepoint)(tp=tp, fn_name=fn)
@@ -463,6 +524,11 @@ class Ring:
 
 
 def detach(b: Any) -> None:
+    for prog in _tp_btf(b).values():
+        try:
+            prog.close()
+        except OSError as e:
+            print(f"parallax-agent: detach: {e}", file=sys.stderr)
     try:
         b.cleanup()
     except Exception as e:  # noqa: BLE001  (shutdown must finish)
