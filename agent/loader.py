@@ -259,7 +259,7 @@ def load(opts: Options) -> Loaded:
         raise LoadError(f"BPF program failed to compile or load: {err}")
     _configure(b, opts)
     attached_btf: list[str] = []
-    if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None:
+    if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None and not os.environ.get(_NO_TP_BTF):
         attached_btf = _use_sdr_btf(b, sdr_btf_id)
     lazy = "-DPX_LAZY_SEND_START" in extra
     if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
@@ -277,6 +277,7 @@ def load(opts: Options) -> Loaded:
 _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
 _SDR = b"sock:sk_data_ready"
 _SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
+_NO_TP_BTF = "PARALLAX_AGENT_NO_TP_BTF"  # tests: keep the classic sk_data_ready program
 
 
 def _use_sdr_btf(b: Any, btf_id: int) -> list[str]:

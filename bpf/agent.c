@@ -1480,8 +1480,10 @@ int px_sdr_btf(u64 *ctx) {
     if (a->sk == sk && a->hash == hash) {
         if (pending)
             return 0;  // an earlier arrival not read yet: the request began then
-    } else if (pending) {
-        px_count(C_ARR_SHARED);  // another connection's unread arrival: it loses its time
+    } else if (pending && a->sk != sk) {
+        // another live connection's unread arrival: it loses its time (the same address
+        // with another hash is a dead socket's, whose memory this connection reuses)
+        px_count(C_ARR_SHARED);
     }
     a->sk = sk;
     a->hash = hash;

@@ -98,3 +98,38 @@ def test_unread_arrival_of_a_closed_socket_is_not_a_later_requests(
     assert not missing, missing
     for r in recs:
         assert 0 <= r["recv_queue_us"] < 1_000_000, r
+
+
+def test_arrivals_shared_is_exported(env: tuple[int, Agent]) -> None:
+    _, agent = env
+    assert agent.metrics()["parallax_agent_arrivals_shared_total"] == 0
+
+
+def test_classic_sk_data_ready_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel refuses the tp_btf program, bcc's classic one stays attached and
+    stamps arrivals in the connection's entry: the same records."""
+    monkeypatch.setenv("PARALLAX_AGENT_NO_TP_BTF", "1")
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
+    port = srv.port()
+    try:
+        agent = Agent(tmp_path, [port])
+        try:
+            assert "px_sdr_btf" not in {str(p["name"]) for p in _agent_progs(agent.p.pid)}
+            links = [
+                e
+                for e in _perf_list()
+                if e.get("pid") == agent.p.pid and e.get("tracepoint") == "sk_data_ready"
+            ]
+            assert len(links) == 1 and links[0]["fd_type"] == "tracepoint", links
+            paths = [f"/classic-{i}" for i in range(5)]
+            for path in paths:
+                with socket.create_connection(("127.0.0.1", port), 5) as s:
+                    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                    assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            recs = agent.wait_for(lambda r: r["path"] in paths, count=len(paths))
+            assert len(recs) == len(paths)
+            assert all(r["recv_queue_us"] is not None for r in recs), recs
+        finally:
+            assert agent.stop() == 0
+    finally:
+        srv.stop()
