@@ -35,7 +35,6 @@ COUNTERS = (
     ("listen_changes", "C_LISTEN_CHG"),
     ("shed_reads", "C_SHED_READS"),
     ("blocking_conns", "C_BLOCKING"),
-    ("arrivals_shared", "C_ARR_SHARED"),
 )
 COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 # sk->sk_socket->file->f_flags: whether a socket blocks on writes (PX_LAZY_SEND_START)
@@ -191,7 +190,6 @@ def load(opts: Options) -> Loaded:
             [
                 ("tcp_sock", "srtt_us"),
                 ("sock_common", "skc_num"),
-                ("sock_common", "skc_hash"),
                 ("msghdr", "msg_flags"),
                 ("task_struct", "tgid"),
                 ("task_struct", "pid"),
@@ -207,11 +205,8 @@ def load(opts: Options) -> Loaded:
             # ... and for sk_data_ready as a BTF tracepoint (agent.tpbtf): sockets on other
             # ports stop at a direct load of their port, before any map lookup
             sdr_btf_id = typedef[_SDR_BTF_TYPEDEF]
-            skc_hash = off[("sock_common", "skc_hash")]
-            if None not in (sdr_btf_id, skc_hash) and "PX_HAVE_SK_DATA_READY" in macros:
-                bits = min(20, max(10, (2 * opts.max_conns - 1).bit_length()))
-                sock_flags += ["-DPX_SDR_BTF", f"-DPX_ARR_BITS={bits}"]
-                sock_flags.append(f"-DPX_OFF_SKC_HASH={skc_hash}")
+            if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
+                sock_flags.append("-DPX_SDR_BTF")
         # the current task's ids by direct loads (the task pointer is fetched anyway)
         for member in ("tgid", "pid"):
             if (o := off[("task_struct", member)]) is not None:

@@ -112,13 +112,6 @@ class Metrics:
             " type once)",
             registry=r,
         )
-        self.arrivals_shared = Counter(
-            "parallax_agent_arrivals_shared",
-            "Data arrivals of two connections pending at once in one slot of the kernel's"
-            " arrival table (or a closed socket's unread one, under a second old): the"
-            " earlier one's request has no recv_queue_us",
-            registry=r,
-        )
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )

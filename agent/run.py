@@ -438,7 +438,6 @@ class Agent:
         self._push_counter("unanswered", self.m.unanswered, self.stats.unanswered)
         self._push_counter("lost_exchanges", self.m.lost_exchanges, self.stats.lost_exchanges)
         self._push_counter("shed_requests", self.m.shed_requests, c["shed_reads"])
-        self._push_counter("arrivals_shared", self.m.arrivals_shared, c["arrivals_shared"])
         for label, n in self._by_port_label(loader.synack_retransmits(self.bpf)).items():
             self.m.synack_retransmits.labels(label).set(n)
         self.m.listen_overflows.set(metrics.listen_overflows())

@@ -233,45 +233,6 @@ BPF_TABLE("lru_hash", struct px_tuple, u64, px_tuples, PX_MAX_CONNS);
 BPF_HASH(px_accept_args, u64, u64, 16384);
 #endif  // SYN-ACK retransmits per listening port
 BPF_RINGBUF_OUTPUT(px_events, PX_RINGBUF_PAGES);
-#ifdef PX_SDR_BTF
-// Pending data arrivals of followed sockets, written by the BTF sk_data_ready (below) and
-// taken by the next read with data: a direct-mapped table indexed by a hash of the socket
-// address (an inlined array access, one cache line), so the arrival does not touch the
-// connection's hash entry — the read that follows looks that up anyway. Only sockets on
-// the traced ports write here. Two connections whose arrivals are pending at the same
-// moment in one slot: the later one wins, the other request has no arrival time
-// (counted: C_ARR_SHARED). An entry a closed socket left (an arrival never read: a FIN
-// after the server's close) is told apart by the connection's hash (skc_hash, a function of
-// its 4-tuple) when another connection reuses the socket's memory, and by its time
-// (before the connection began) at the read.
-struct px_arrival {
-    u64 sk;
-    u64 t;
-    u32 epoch;
-    u32 hash;
-    u32 pad[8];  // 64 bytes: an entry never straddles two cache lines
-};
-#define PX_ARR_SLOTS (1 << PX_ARR_BITS)
-#define PX_ARR_PENDING_NS 1000000000ULL  // an older unread arrival is a dead socket's
-BPF_ARRAY(px_arrivals, struct px_arrival, PX_ARR_SLOTS);
-BPF_PERCPU_ARRAY(px_skval, u64, 1);
-
-static __always_inline u32 px_arr_slot(u64 sk) {
-    return ((u32)(sk >> 6) * 2654435761U) >> (32 - PX_ARR_BITS);  // Fibonacci hashing
-}
-
-// px_arr_slot of a typed socket pointer (tp_btf), which allows no multiplication: written
-// to a map and read back, the address is a plain number.
-static __always_inline int px_arr_slot_ptr(u64 sk, u32 *slot) {
-    u32 zero = 0;
-    u64 *v = px_skval.lookup(&zero);
-    if (!v)
-        return -1;
-    *v = sk;
-    *slot = px_arr_slot(*(volatile u64 *)v);
-    return 0;
-}
-#endif
 
 struct px_iovec {
     u64 base;
@@ -617,15 +578,8 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
         c->srtt_us = srtt8 >> 3;
 #endif
     if (ret <= 0) {
-        if (ret == 0) {
+        if (ret == 0)
             c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
-#ifdef PX_SDR_BTF
-            u32 k = px_arr_slot(sk);
-            struct px_arrival *ar = px_arrivals.lookup(&k);
-            if (ar && ar->sk == sk)
-                ar->t = 0;
-#endif
-        }
         return;
     }
     px_flush(id, a->fd, sk, c, t, 0);
@@ -638,16 +592,6 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     e->t_acc = c->t_acc;
     e->t_arr = c->arr_epoch == c->epoch ? c->t_arr : 0;  // not stamped before a pause
     c->t_arr = 0;
-#ifdef PX_SDR_BTF
-    u32 k = px_arr_slot(sk);
-    struct px_arrival *ar = px_arrivals.lookup(&k);
-    if (ar && ar->sk == sk && ar->t) {
-        // not stamped before a pause, nor for an earlier socket at the same address
-        if (!e->t_arr && ar->epoch == c->epoch && ar->t >= c->ident)
-            e->t_arr = ar->t;
-        ar->t = 0;
-    }
-#endif
     e->n = ret;
     e->lport = c->lport;
     e->rport = c->rport;
@@ -1448,47 +1392,24 @@ TRACEPOINT_PROBE(sock, sk_data_ready) {
 // sk_data_ready as a BTF tracepoint (tp_btf), loaded by agent/tpbtf.py: its socket argument
 // is a typed pointer, so the local port is a direct load from the socket's first cache
 // line, which the network stack has just used. With at most PX_CFG_PORTS traced ports
-// (px_cfg.nports), sockets on other ports — the node's clients, the servers' outbound
-// connections — stop there, and a followed one's arrival goes to px_arrivals. Otherwise
-// (every port traced, or many) the connection table is looked up as above.
+// (px_cfg.nports), sockets on other ports — the node's clients, the servers' own outbound
+// connections streaming from their backends — stop there, before any map lookup.
 int px_sdr_btf(u64 *ctx) {
     u64 sk = ctx[0];
     struct px_cfg *cfg = px_cfg_get();
     if (!cfg || cfg->paused)
         return 0;
     u32 n = cfg->nports;
-    if (!n) {
-        px_data_ready(sk, cfg);
-        return 0;
-    }
-    u16 num = *(u16 *)(sk + PX_OFF_SKC_NUM);
-    int hit = 0;
+    if (n) {
+        u16 num = *(u16 *)(sk + PX_OFF_SKC_NUM);
+        int hit = 0;
 #pragma unroll
-    for (int i = 0; i < PX_CFG_PORTS; i++)
-        hit |= i < n && cfg->ports[i] == num;
-    if (!hit)
-        return 0;
-    u32 k = 0;
-    if (px_arr_slot_ptr(sk, &k))
-        return 0;
-    struct px_arrival *a = px_arrivals.lookup(&k);
-    if (!a)
-        return 0;
-    u32 hash = *(u32 *)(sk + PX_OFF_SKC_HASH);
-    u64 now = bpf_ktime_get_ns();
-    int pending = a->t && a->epoch == cfg->epoch && now - a->t < PX_ARR_PENDING_NS;
-    if (a->sk == sk && a->hash == hash) {
-        if (pending)
-            return 0;  // an earlier arrival not read yet: the request began then
-    } else if (pending && a->sk != sk) {
-        // another live connection's unread arrival: it loses its time (the same address
-        // with another hash is a dead socket's, whose memory this connection reuses)
-        px_count(C_ARR_SHARED);
+        for (int i = 0; i < PX_CFG_PORTS; i++)
+            hit |= i < n && cfg->ports[i] == num;
+        if (!hit)
+            return 0;
     }
-    a->sk = sk;
-    a->hash = hash;
-    a->t = now;
-    a->epoch = cfg->epoch;
+    px_data_ready(sk, cfg);
     return 0;
 }
 #endif

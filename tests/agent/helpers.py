@@ -156,6 +156,21 @@ def perf_links(agent: Agent) -> list[dict[str, Any]]:
     return [e for e in json.loads(out) if e.get("pid") == agent.p.pid]
 
 
+def agent_progs(agent: Agent) -> list[dict[str, Any]]:
+    """The BPF programs the agent holds (bpftool's view: name, type, run stats)."""
+    ids = set()
+    for fd in os.listdir(f"/proc/{agent.p.pid}/fdinfo"):
+        try:
+            text = Path(f"/proc/{agent.p.pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        ids |= {int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("prog_id:")}
+    out = subprocess.run(
+        ["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    return [p for p in json.loads(out) if p.get("id") in ids]
+
+
 def tracepoints(agent: Agent) -> set[str]:
     """Names of the tracepoints (classic and raw) the agent has attached."""
     return {str(e.get("tracepoint", "")) for e in perf_links(agent) if "tracepoint" in e["fd_type"]}

@@ -1,12 +1,11 @@
-"""Data arrival times (t_arr, hence recv_queue_us) through the BTF sk_data_ready program and
-its direct-mapped arrival table (bpf/agent.c px_sdr_btf, px_arrivals; agent/tpbtf.py): the
-program this kernel runs, and arrivals that a closed socket left unread, which must not be
-taken for the request of a later connection that reuses the socket's memory."""
+"""Data arrival times (t_arr, hence recv_queue_us) through the BTF sk_data_ready program
+(bpf/agent.c px_sdr_btf, loaded by agent/tpbtf.py) and its fallback, the classic program:
+the program this kernel runs, and arrivals that a closed socket left unread, which must not
+be taken for the request of a later connection that reuses the socket's memory."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.helpers import PY, Agent, Proc, tracepoints
+from tests.agent.helpers import PY, Agent, Proc, agent_progs, tracepoints
 
 pytestmark = pytest.mark.ebpf
 
@@ -36,23 +35,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent]]
     assert rc == 0, agent.err.read_text()[-2000:]
 
 
-def _agent_progs(pid: int) -> list[dict[str, object]]:
-    ids = set()
-    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
-        try:
-            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        ids |= {int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("prog_id:")}
-    out = subprocess.run(
-        ["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    return [p for p in json.loads(out) if p.get("id") in ids]
-
-
 def test_sk_data_ready_runs_as_btf_tracepoint(env: tuple[int, Agent]) -> None:
     _, agent = env
-    progs = {str(p["name"]): p for p in _agent_progs(agent.p.pid)}
+    progs = {str(p["name"]): p for p in agent_progs(agent)}
     assert progs["px_sdr_btf"]["type"] == "tracing", progs.keys()
     # attached once: the BTF program's link, the classic program detached
     links = [
@@ -77,8 +62,9 @@ def test_unread_arrival_of_a_closed_socket_is_not_a_later_requests(
 ) -> None:
     """The client half-closes while the server works on its request: the FIN arrives (an
     sk_data_ready) after the server's last read, and the server answers and closes without
-    reading it. The next accepted socket usually takes the freed one's memory, hence its
-    arrival slot; every request must still get its own arrival time, not that FIN's."""
+    reading it. The next accepted socket usually takes the freed one's memory (the
+    connection table's key); every request must still get its own arrival time, not that
+    FIN's."""
     port, agent = env
     paths = [f"/arr-{i}" for i in range(20)]
     for path in paths:
@@ -100,21 +86,16 @@ def test_unread_arrival_of_a_closed_socket_is_not_a_later_requests(
         assert 0 <= r["recv_queue_us"] < 1_000_000, r
 
 
-def test_arrivals_shared_is_exported(env: tuple[int, Agent]) -> None:
-    _, agent = env
-    assert agent.metrics()["parallax_agent_arrivals_shared_total"] == 0
-
-
 def test_classic_sk_data_ready_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the kernel refuses the tp_btf program, bcc's classic one stays attached and
-    stamps arrivals in the connection's entry: the same records."""
+    """Where the kernel refuses the tp_btf program, bcc's classic one stays attached: the
+    same records."""
     monkeypatch.setenv("PARALLAX_AGENT_NO_TP_BTF", "1")
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
     port = srv.port()
     try:
         agent = Agent(tmp_path, [port])
         try:
-            assert "px_sdr_btf" not in {str(p["name"]) for p in _agent_progs(agent.p.pid)}
+            assert "px_sdr_btf" not in {str(p["name"]) for p in agent_progs(agent)}
             links = [
                 e
                 for e in _perf_list()
