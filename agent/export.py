@@ -42,6 +42,29 @@ class JsonlExporter:
             self._f.close()
 
 
+class _Counted:
+    """The OTLP exporter, counting the spans of the batches it failed to deliver (after its
+    own retries): the batch processor only logs them."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.failed = 0  # written by the batch processor's one worker thread only
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: PLC0415
+
+        result = self._inner.export(spans)
+        if result != SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
+
+
 class OtlpExporter:
     """One BatchSpanProcessor in front of the OTLP/HTTP exporter; resources per process."""
 
@@ -52,9 +75,10 @@ class OtlpExporter:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
 
         endpoint = base_url.rstrip("/") + "/v1/traces"
+        self._exporter = _Counted(OTLPSpanExporter(endpoint=endpoint, timeout=5))
         self._proc = BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=endpoint, timeout=5),
-            max_queue_size=max_queue,  # bounded: the SDK drops (and counts) beyond it
+            self._exporter,  # type: ignore[arg-type]
+            max_queue_size=max_queue,  # bounded: the SDK drops (and logs) beyond it
             schedule_delay_millis=500,
         )
         self._resources: dict[tuple[int, str], Any] = {}
@@ -113,6 +137,11 @@ class OtlpExporter:
     def export_batch(self, recs: list[dict[str, Any]]) -> None:
         for rec in recs:
             self.export(rec)
+
+    @property
+    def failed_spans(self) -> int:
+        """Spans in batches the collector did not take (after the exporter's retries)."""
+        return self._exporter.failed
 
     def close(self) -> None:
         self._proc.force_flush(5000)

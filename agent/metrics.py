@@ -112,6 +112,12 @@ class Metrics:
             " type once)",
             registry=r,
         )
+        self.otlp_failed = Counter(
+            "parallax_agent_otlp_failed_spans",
+            "Spans in OTLP batches the collector did not take after the exporter's retries"
+            " (--otlp; spans dropped at the SDK's full queue are only logged)",
+            registry=r,
+        )
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )

@@ -438,6 +438,8 @@ class Agent:
         self._push_counter("unanswered", self.m.unanswered, self.stats.unanswered)
         self._push_counter("lost_exchanges", self.m.lost_exchanges, self.stats.lost_exchanges)
         self._push_counter("shed_requests", self.m.shed_requests, c["shed_reads"])
+        failed = sum(getattr(e, "failed_spans", 0) for e in self.exporters)  # OTLP only
+        self._push_counter("otlp_failed", self.m.otlp_failed, failed)
         for label, n in self._by_port_label(loader.synack_retransmits(self.bpf)).items():
             self.m.synack_retransmits.labels(label).set(n)
         self.m.listen_overflows.set(metrics.listen_overflows())
