@@ -1,0 +1,117 @@
+"""Privacy on every way out of the agent: a request's cookie, authorization header, body,
+query string and path parameters appear in none of the JSONL records, the agent's stderr,
+its /metrics text or the OTLP export (raw protobuf bytes as posted to a receiver on
+loopback), while the span itself does arrive with its path and the query's traceparent."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parallax_contracts import trace_context
+from tests.agent.helpers import PY, Agent, Proc, http_request
+
+pytestmark = pytest.mark.ebpf
+POSTS: list[tuple[str, bytes]] = []  # (path, raw body) of every POST the receiver got
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)  # search the protobuf bytes, not their compression
+        POSTS.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent]]:
+    tmp: Path = tmp_path_factory.mktemp("privacy")
+    rx = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / "t.jsonl")])
+    port = srv.port()
+    try:
+        agent = Agent(tmp, [port], ["--otlp", f"http://127.0.0.1:{rx.server_address[1]}"])
+    except Exception:
+        srv.stop()
+        rx.shutdown()
+        raise
+    yield port, agent
+    agent.stop()
+    srv.stop()
+    rx.shutdown()
+
+
+def test_secrets_leave_by_no_exit(env: tuple[int, Agent]) -> None:
+    port, agent = env
+    uid = trace_context.new_span_id()
+    secrets = {
+        "cookie": f"secret-cookie-{uid}",
+        "auth": f"secret-token-{uid}",
+        "body": f"secret-body-{uid}",
+        "query": f"secret-query-{uid}",
+        "param": f"secret-param-{uid}",
+        "header": f"secret-header-{uid}",
+    }
+    ctx = trace_context.generate()
+    path = f"/priv-{uid}"
+    body = f'{{"prompt": "{secrets["body"]}"}}'.encode()
+    # the traceparent rides in the query (as EventSource sends it), behind the secret one
+    target = f"{path};jsessionid={secrets['param']}?{secrets['query']}&traceparent={ctx.header()}"
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: t\r\n"
+        f"Cookie: session={secrets['cookie']}\r\n"
+        f"Authorization: Bearer {secrets['auth']}\r\n"
+        f"X-Api-Key: {secrets['header']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    assert http_request(port, head + body).startswith(b"HTTP/1.1 200")
+    # the same secrets in a head too large for the capture window (the overflow path)
+    big = (
+        f"GET {path}-big?{secrets['query']} HTTP/1.1\r\nHost: t\r\n"
+        f"Cookie: session={secrets['cookie']}\r\nX-Pad: {'p' * 5000}\r\n"
+        f"Authorization: Bearer {secrets['auth']}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    assert http_request(port, big).startswith(b"HTTP/1.1 200")
+    [rec] = agent.wait_for(lambda r: r["path"] == path)
+    assert rec["trace_id"] == ctx.trace_id and rec["parent_span_id"] == ctx.span_id
+    assert rec["method"] == "POST" and rec["bytes_in"] == len(head) + len(body)
+    assert agent.wait_for(lambda r: r["path"] == f"{path}-big")
+    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+    metrics = urllib.request.urlopen(url, timeout=5).read()
+    assert b"parallax_agent_requests_total" in metrics  # /metrics did answer
+    assert agent.stop() == 0  # SIGTERM flushes the span exporter
+    deadline = time.monotonic() + 5
+    while not any(path.encode() in b for _, b in POSTS) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    otlp = b"".join(b for p, b in POSTS if p == "/v1/traces")
+    # the span arrived: its path and its parent's trace id (16 raw bytes) are in the export
+    assert path.encode() in otlp and bytes.fromhex(ctx.trace_id) in otlp, len(otlp)
+    exits = {
+        "jsonl": agent.jsonl.read_bytes(),
+        "stderr": agent.err.read_bytes(),
+        "metrics": metrics,
+        "otlp": otlp,
+    }
+    leaks = [
+        (where, what)
+        for where, text in exits.items()
+        for what, secret in secrets.items()
+        if secret.encode() in text
+    ]
+    assert not leaks, leaks
