@@ -3,8 +3,9 @@ than 256 body writes (the kernel keeps the first 256 write timestamps, then only
 sums), and pipelined requests (several complete requests in one client write, answered in
 order on a keep-alive connection).
 
-One agent for the module. The server records CLOCK_MONOTONIC when its read of each request
-line returned and before each write; the agent's figures must agree within 1 ms.
+One agent per kernel path (socket hooks, syscall tracepoints). The server records
+CLOCK_MONOTONIC when its read of each request line returned and before each write; the
+agent's figures must agree within 1 ms.
 """
 
 from __future__ import annotations
@@ -17,24 +18,37 @@ from typing import Any
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log
+from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log, tracepoints
 
 pytestmark = pytest.mark.ebpf
 TOL_US = 1000
 KEPT = 256  # body-write timestamps the kernel keeps per response (bpf/agent.c PX_CHUNKS)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent, Path]]:
-    tmp = tmp_path_factory.mktemp("writes")
+# both kernel paths: the socket hooks this kernel runs, and the syscall tracepoints older
+# kernels get (the hidden --io-hooks flag forces them); the write aggregation is shared, the
+# read and write capture differ
+@pytest.fixture(scope="module", params=["auto", "syscalls"])
+def env(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[int, Agent, Path]]:
+    tmp = tmp_path_factory.mktemp(f"writes-{request.param}")
     log = tmp / "t.jsonl"
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(log)])
     port = srv.port()
     try:
-        agent = Agent(tmp, [port])
+        agent = Agent(tmp, [port], ["--io-hooks", request.param])
+    except Exception:
+        srv.stop()
+        raise
+    try:
+        # the parameter took effect: syscall tracepoints attached only on that path
+        sys_tps = any("sys_e" in t for t in tracepoints(agent))
+        assert sys_tps == (request.param == "syscalls"), tracepoints(agent)
         # warm-up: the server's first requests take its slow paths (imports, allocations)
         http_request(port, b"GET /warm?n=10 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
     except Exception:
+        agent.stop()
         srv.stop()
         raise
     yield port, agent, log
