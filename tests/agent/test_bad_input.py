@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, ROOT, Agent, Proc, http_request
+from tests.agent.helpers import PY, ROOT, Agent, Proc, http_request, tracepoints
 
 pytestmark = pytest.mark.ebpf
 
@@ -67,9 +67,10 @@ def test_connection_from_before_the_agent_is_picked_up(
     env: tuple[int, Agent, socket.socket],
 ) -> None:
     port, agent, old = env
-    # The server thread was already blocked in recv() when the probes attached: that read's
-    # entry was never seen, so its request is not recorded; the connection is picked up from
-    # its next read on.
+    # The server thread was already blocked in recv() when the probes attached. The socket
+    # hooks see that read as it completes (sock_recv_length fires inside it), so its request
+    # is recorded; on the syscall hooks its entry was never seen and the connection is
+    # picked up from its next read on.
     http_request(port, b"GET /in-flight HTTP/1.1\r\nHost: x\r\n\r\n", sock=old)
     ctx = trace_context.generate()
     http_request(
@@ -80,7 +81,10 @@ def test_connection_from_before_the_agent_is_picked_up(
     [r] = agent.wait_for(lambda r: r["path"] == "/after")
     assert r["trace_id"] == ctx.trace_id and r["ttfb_us"] is not None
     assert r["service"] == "bad-input-svc"
-    assert not agent.wait_for(lambda r: r["path"] == "/before", timeout=0.2)
+    mine = [x for x in agent.records() if x["peer_port"] == old.getsockname()[1]]
+    syscalls = any(t.startswith("sys_e") for t in tracepoints(agent))
+    assert [x["path"] for x in mine] == (["/after"] if syscalls else ["/in-flight", "/after"])
+    assert all(x["accept_queue_us"] is None for x in mine)  # accepted before the agent
 
 
 def test_garbage_non_http_and_huge_request_line_make_no_record(
