@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +231,37 @@ def read_response(s: socket.socket) -> bytes:
         while d := s.recv(65536):
             body += d
     return head + b"\r\n\r\n" + body
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP endpoint on loopback that keeps every POST as (path, body) — the body
+    decompressed, so tests search the protobuf bytes — and answers ``status``."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.posts: list[tuple[str, bytes]] = []
+        posts = self.posts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                posts.append((self.path, body))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._srv.server_address[1]}"
+
+    def traces(self) -> list[bytes]:
+        """The bodies POSTed to /v1/traces (ExportTraceServiceRequest protobuf)."""
+        return [b for p, b in self.posts if p == "/v1/traces"]
+
+    def close(self) -> None:
+        self._srv.shutdown()
+        self._srv.server_close()

@@ -4,62 +4,46 @@ contract's attribute names."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from parallax_contracts import span_attributes as sa
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request
+from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, http_request
 
 pytestmark = pytest.mark.ebpf
-RECEIVED: list[ExportTraceServiceRequest] = []
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/v1/traces":
-            req = ExportTraceServiceRequest()
-            req.ParseFromString(body)
-            RECEIVED.append(req)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent]]:
+def setup(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[int, Agent, OtlpReceiver]]:
     tmp: Path = tmp_path_factory.mktemp("otlp")
-    rx = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    rx = OtlpReceiver()
     srv = Proc(
         [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / "t.jsonl")],
         env={"OTEL_SERVICE_NAME": "otlp-test-svc"},
     )
     port = srv.port()
     try:
-        agent = Agent(tmp, [port], ["--otlp", f"http://127.0.0.1:{rx.server_address[1]}"])
+        agent = Agent(tmp, [port], ["--otlp", rx.url])
     except Exception:
         srv.stop()
-        rx.shutdown()
+        rx.close()
         raise
-    yield port, agent
+    yield port, agent, rx
     assert agent.stop() == 0  # SIGTERM flushes the batch processor
     srv.stop()
-    rx.shutdown()
+    rx.close()
 
 
-def test_span_is_a_server_child_with_contract_attributes(setup: tuple[int, Agent]) -> None:
-    port, agent = setup
+def test_span_is_a_server_child_with_contract_attributes(
+    setup: tuple[int, Agent, OtlpReceiver],
+) -> None:
+    port, agent, rx = setup
     ctx = trace_context.generate()
     http_request(
         port,
@@ -68,9 +52,10 @@ def test_span_is_a_server_child_with_contract_attributes(setup: tuple[int, Agent
     )
     [rec] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
     agent.stop()
+    received = [ExportTraceServiceRequest.FromString(body) for body in rx.traces()]
     spans = [
         (rs, s)
-        for req in RECEIVED
+        for req in received
         for rs in req.resource_spans
         for ss in rs.scope_spans
         for s in ss.spans

@@ -5,59 +5,39 @@ loopback), while the span itself does arrive with its path and the query's trace
 
 from __future__ import annotations
 
-import gzip
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request
+from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, http_request
 
 pytestmark = pytest.mark.ebpf
-POSTS: list[tuple[str, bytes]] = []  # (path, raw body) of every POST the receiver got
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)  # search the protobuf bytes, not their compression
-        POSTS.append((self.path, body))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent]]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Agent, OtlpReceiver]]:
     tmp: Path = tmp_path_factory.mktemp("privacy")
-    rx = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    rx = OtlpReceiver()
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / "t.jsonl")])
     port = srv.port()
     try:
-        agent = Agent(tmp, [port], ["--otlp", f"http://127.0.0.1:{rx.server_address[1]}"])
+        agent = Agent(tmp, [port], ["--otlp", rx.url])
     except Exception:
         srv.stop()
-        rx.shutdown()
+        rx.close()
         raise
-    yield port, agent
+    yield port, agent, rx
     agent.stop()
     srv.stop()
-    rx.shutdown()
+    rx.close()
 
 
-def test_secrets_leave_by_no_exit(env: tuple[int, Agent]) -> None:
-    port, agent = env
+def test_secrets_leave_by_no_exit(env: tuple[int, Agent, OtlpReceiver]) -> None:
+    port, agent, rx = env
     uid = trace_context.new_span_id()
     secrets = {
         "cookie": f"secret-cookie-{uid}",
@@ -97,9 +77,9 @@ def test_secrets_leave_by_no_exit(env: tuple[int, Agent]) -> None:
     assert b"parallax_agent_requests_total" in metrics  # /metrics did answer
     assert agent.stop() == 0  # SIGTERM flushes the span exporter
     deadline = time.monotonic() + 5
-    while not any(path.encode() in b for _, b in POSTS) and time.monotonic() < deadline:
+    while not any(path.encode() in b for _, b in rx.posts) and time.monotonic() < deadline:
         time.sleep(0.1)
-    otlp = b"".join(b for p, b in POSTS if p == "/v1/traces")
+    otlp = b"".join(rx.traces())
     # the span arrived: its path and its parent's trace id (16 raw bytes) are in the export
     assert path.encode() in otlp and bytes.fromhex(ctx.trace_id) in otlp, len(otlp)
     exits = {
