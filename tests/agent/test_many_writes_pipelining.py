@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log, tracepoints
+from tests.agent.helpers import PY, Agent, Proc, attempts, http_request, timing_log, tracepoints
 
 pytestmark = pytest.mark.ebpf
 TOL_US = 1000
@@ -79,20 +79,6 @@ def _read_responses(c: socket.socket, n: int) -> list[bytes]:
     return out
 
 
-def _attempts(check: Callable[[], None], n: int = 3) -> None:
-    """As in test_timing: the server reads its clock in user space after the syscall; on this
-    shared 2-core machine a preemption in between can exceed 1 ms. A systematic error fails
-    every attempt."""
-    errors: list[str] = []
-    for _ in range(n):
-        try:
-            check()
-            return
-        except AssertionError as e:
-            errors.append(str(e).splitlines()[0][:300])
-    raise AssertionError(f"all {n} attempts failed: {errors}")
-
-
 def test_more_than_256_body_writes(env: tuple[int, Agent, Path]) -> None:
     port, agent, log = env
     n_writes = 300
@@ -129,7 +115,7 @@ def test_more_than_256_body_writes(env: tuple[int, Agent, Path]) -> None:
         assert r["duration_us"] - offs[-1] >= (n_writes - KEPT) * 200 - TOL_US
         assert r["status"] == 200 and r["path"] == "/stream" and r["client_aborted"] is False
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_pipelined_requests_in_one_write(env: tuple[int, Agent, Path]) -> None:
@@ -181,4 +167,4 @@ def test_pipelined_requests_in_one_write(env: tuple[int, Agent, Path]) -> None:
         for r, x in zip(recs, srv, strict=True):
             assert abs(r["ttfb_us"] - (x["t_writes_ns"][0] - t_read0) / 1000) <= TOL_US, (r, x)
 
-    _attempts(check)
+    attempts(check)

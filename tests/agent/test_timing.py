@@ -12,7 +12,7 @@ import json
 import shutil
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 
 from demo.stack import free_port
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log, wait_port
+from tests.agent.helpers import PY, Agent, Proc, attempts, http_request, timing_log, wait_port
 
 pytestmark = pytest.mark.ebpf
 TOL_US = 1000
@@ -143,21 +143,6 @@ def _get(path: str, tp: str | None = None, extra: str = "") -> bytes:
     return (h + extra + "\r\n").encode()
 
 
-def _attempts(check: Callable[[], None], n: int = 3) -> None:
-    """Run a timing comparison up to n times. The servers read their clocks in user space,
-    after the syscall returns: on a loaded machine (2 cores shared by parallel jobs) a
-    preemption between the two can exceed the 1 ms tolerance. A systematic error in the
-    agent fails every attempt; scheduler noise in the server's clock does not."""
-    errors: list[str] = []
-    for _ in range(n):
-        try:
-            check()
-            return
-        except AssertionError as e:
-            errors.append(str(e).splitlines()[0][:300])
-    raise AssertionError(f"all {n} attempts failed: {errors}")
-
-
 def _gaps(xs: list[int]) -> list[int]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
@@ -188,7 +173,7 @@ def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
         assert recs[1]["accept_queue_us"] is None and recs[2]["accept_queue_us"] is None
         assert all(r["recv_queue_us"] is not None and r["arrival_unix_ns"] for r in recs)
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_python_chunked_stream(stack: tuple[Stack, Agent]) -> None:
@@ -211,7 +196,7 @@ def test_python_chunked_stream(stack: tuple[Stack, Agent]) -> None:
             assert abs(got - want / 1000) <= TOL_US
         assert r["client_aborted"] is False and r["duration_us"] >= 5 * 40_000
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
@@ -238,7 +223,7 @@ def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
                 for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(writes), strict=True):
                     assert abs(got - want / 1000) <= TOL_US
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
@@ -260,7 +245,7 @@ def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
             assert abs(g - w / 1000) <= TOL_US
         assert r["ttft_us"] >= 55_000  # the first-token wait shows
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_uvicorn_chunked_post(stack: tuple[Stack, Agent]) -> None:
@@ -319,7 +304,7 @@ def test_uvicorn_websocket_exchanges(stack: tuple[Stack, Agent]) -> None:
             assert abs(r["duration_us"] - last_us) <= 2000, (r["duration_us"], last_us)
             assert r["chunks"] == len(srv["t_writes_ns"]), r
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_accept_queue_wait(stack: tuple[Stack, Agent]) -> None:
@@ -343,7 +328,7 @@ def test_accept_queue_wait(stack: tuple[Stack, Agent]) -> None:
         assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
         assert r["ttfb_us"] < 50_000
 
-    _attempts(check)
+    attempts(check)
 
 
 def test_receive_queue_wait_not_in_ttfb(stack: tuple[Stack, Agent]) -> None:
@@ -359,4 +344,4 @@ def test_receive_queue_wait_not_in_ttfb(stack: tuple[Stack, Agent]) -> None:
         assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
         assert json.dumps(r)  # a plain JSON object
 
-    _attempts(check)
+    attempts(check)
