@@ -14,7 +14,7 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent import kernel_headers, tracefs
+from agent import btf, kernel_headers, tpbtf, tracefs
 from agent.tracepoints import TRACEPOINTS
 
 # Capability bits (linux/capability.h)
@@ -143,6 +143,22 @@ def check_io_hooks(tfs: Path | None) -> Check:
     )
 
 
+def check_sdr_btf() -> Check:
+    """Whether sk_data_ready can run as a BTF tracepoint (agent/tpbtf.py): a one-instruction
+    tp_btf program on it, loaded and closed (needs the agent's privileges)."""
+    name = "sk_data_ready as BTF tracepoint"
+    _, ids = btf.lookup([], ["btf_trace_sk_data_ready"])
+    btf_id = ids["btf_trace_sk_data_ready"]
+    classic = "the classic program instead: a map lookup for every socket's data arrival"
+    if btf_id is None:
+        return Check(name, "info", f"no kernel BTF for it → {classic}")
+    try:
+        tpbtf.probe(btf_id)
+    except tpbtf.TpBtfError as e:
+        return Check(name, "info", f"not loadable here ({e}) → {classic}")
+    return Check(name, "ok", "loads: sockets on untraced ports stop at their port")
+
+
 def check_kprobes() -> Check:
     # Informational: the agent never uses kprobes or fentry, so hardened kernels are fine.
     have = Path("/sys/bus/event_source/devices/kprobe").exists()
@@ -192,7 +208,7 @@ def run_checks() -> list[Check]:
     tfs_check, tfs = check_tracefs()
     checks = [check_privilege(), check_bpf_syscall(), check_ringbuf(), tfs_check]
     checks += check_tracepoints(tfs)
-    checks += [check_io_hooks(tfs), check_uprobes(tfs), check_kprobes()]
+    checks += [check_io_hooks(tfs), check_sdr_btf(), check_uprobes(tfs), check_kprobes()]
     checks += [check_headers(), check_bcc(), check_nvml()]
     return checks
 

@@ -126,11 +126,14 @@ def resolve() -> HeaderSource | None:
     if env:
         return HeaderSource(Path(env), "env")
     build_dir = running_kernel_build()
-    if build_dir.exists():
-        return HeaderSource(build_dir, "running")
     fb = fallback_dir()
-    if fb is not None and (fb / _MARK).exists():
-        return HeaderSource(fb, "fallback")
+    try:
+        if build_dir.exists():
+            return HeaderSource(build_dir, "running")
+        if fb is not None and (fb / _MARK).exists():
+            return HeaderSource(fb, "fallback")
+    except OSError:  # EACCES: a tree this user cannot read is no use to bcc either
+        return None
     return None
 
 

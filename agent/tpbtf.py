@@ -55,6 +55,42 @@ class _ProgLoadAttr(ctypes.Structure):
     ]
 
 
+def load(insns: int, insn_cnt: int, name: str, btf_id: int) -> int:
+    """Load ``insn_cnt`` instructions at address ``insns`` as a tp_btf program attaching to
+    the tracepoint whose ``btf_trace_<name>`` typedef is ``btf_id``; its fd."""
+    sysno = _SYS_BPF.get(os.uname().machine)
+    if sysno is None:
+        raise TpBtfError(f"no bpf() system call number for {os.uname().machine}")
+    log = ctypes.create_string_buffer(1 << 16)
+    lic = ctypes.create_string_buffer(b"GPL")
+    attr = _ProgLoadAttr(
+        prog_type=_PROG_TYPE_TRACING,
+        insn_cnt=insn_cnt,
+        insns=insns,
+        license=ctypes.addressof(lic),
+        log_level=1,
+        log_size=len(log),
+        log_buf=ctypes.addressof(log),
+        prog_name=name.encode()[:15],
+        expected_attach_type=_TRACE_RAW_TP,
+        attach_btf_id=btf_id,
+    )
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = int(libc.syscall(sysno, _BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
+    if fd < 0:
+        err = os.strerror(ctypes.get_errno())
+        last = log.value.decode(errors="replace").strip().splitlines()[-1:]
+        raise TpBtfError(f"{name}: {err}" + (f" ({last[0]})" if last else ""))
+    return fd
+
+
+def probe(btf_id: int) -> None:
+    """Whether this kernel, with this process's privileges, loads a tp_btf program on that
+    tracepoint (``r0 = 0; exit``, closed at once): raises TpBtfError if not. For doctor."""
+    insns = (ctypes.c_uint64 * 2)(0x00000000000000B7, 0x0000000000000095)
+    os.close(load(ctypes.addressof(insns), 2, "px_probe", btf_id))
+
+
 class TpBtfProgram:
     """One bcc-compiled function loaded as a ``tp_btf`` program on ``tracepoint``."""
 
@@ -64,33 +100,13 @@ class TpBtfProgram:
         self._lib = lib
         self.tracepoint = tracepoint
         self.link_fd = -1
-        sysno = _SYS_BPF.get(os.uname().machine)
         fn = fn_name.encode()
         start = lib.bpf_function_start(b.module, fn)
         size = lib.bpf_function_size(b.module, fn)
-        if sysno is None or not start or size <= 0:
-            raise TpBtfError(f"{fn_name}: not compiled, or no bpf() number for this machine")
-        log = ctypes.create_string_buffer(1 << 16)
-        lic = ctypes.create_string_buffer(b"GPL")
-        attr = _ProgLoadAttr(
-            prog_type=_PROG_TYPE_TRACING,
-            insn_cnt=size // 8,
-            insns=ctypes.cast(start, ctypes.c_void_p).value or 0,
-            license=ctypes.addressof(lic),
-            log_level=1,
-            log_size=len(log),
-            log_buf=ctypes.addressof(log),
-            prog_name=fn[:15],
-            expected_attach_type=_TRACE_RAW_TP,
-            attach_btf_id=btf_id,
-        )
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.syscall(sysno, _BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr))
-        if fd < 0:
-            err = os.strerror(ctypes.get_errno())
-            last = log.value.decode(errors="replace").strip().splitlines()[-1:]
-            raise TpBtfError(f"{fn_name}: {err}" + (f" ({last[0]})" if last else ""))
-        self.prog_fd: int = fd
+        if not start or size <= 0:
+            raise TpBtfError(f"{fn_name}: not compiled")
+        insns = ctypes.cast(start, ctypes.c_void_p).value or 0
+        self.prog_fd: int = load(insns, size // 8, fn_name, btf_id)
 
     @property
     def attached(self) -> bool:

@@ -10,9 +10,16 @@ from pathlib import Path
 CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
+def _has_events(p: Path) -> bool:
+    try:
+        return (p / "events").is_dir()
+    except OSError:  # EACCES: tracefs is root-only (mode 700) on most systems
+        return False
+
+
 def find() -> Path | None:
     for p in CANDIDATES:
-        if (p / "events").is_dir():
+        if _has_events(p):
             return p
     return None
 
@@ -25,6 +32,8 @@ def ensure_mounted() -> tuple[Path | None, str]:
     if found is not None:
         return found, f"mounted at {found}"
     target = CANDIDATES[0]
+    if os.geteuid() != 0 and target.is_dir():
+        return None, f"{target} not readable by this user: run as root (or give it read access)"
     if os.geteuid() != 0 or not target.is_dir():
         return None, f"not mounted (mount -t tracefs nodev {target})"
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -89,3 +92,25 @@ def test_doctor_verdict_matches_this_machine() -> None:
     assert (p.returncode == 0) is expected
     # No GPU here: NVML must degrade, not fail the verdict.
     assert by_name["NVML"]["status"] in ("ok", "degraded")
+    # sk_data_ready as a BTF tracepoint: loadable where BPF and the kernel's BTF are
+    sdr = by_name["sk_data_ready as BTF tracepoint"]
+    has_btf = Path("/sys/kernel/btf/vmlinux").exists()
+    assert (sdr["status"] == "ok") == (bpf_ok and has_btf and os.geteuid() == 0), sdr
+
+
+def test_doctor_as_an_unprivileged_user_explains_instead_of_failing() -> None:
+    """Run as nobody: tracefs, the headers and BPF are out of reach; doctor says so, line by
+    line, and exits 1 — no traceback."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to drop to another user (setpriv)")
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    p = subprocess.run(
+        [*nobody, str(VENV_BIN / "parallax-agent"), "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 1
+    assert p.stdout.splitlines()[-1].startswith("verdict: the agent cannot run here")
+    assert any(ln.startswith("[ missing] tracefs") for ln in p.stdout.splitlines()), p.stdout
