@@ -33,6 +33,9 @@ FULL_SCAN_S = 60.0
 CHILD_SCAN_S = 5.0
 MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
 MAX_PORT_LABELS = 64  # label values of per-port metrics; beyond: "other"
+# Map lookups per sweep (every 50 ms), one per open Content-Length response idle for 20 ms:
+# a node serving thousands of downloads at once takes several sweeps to go round them.
+SWEEP_LOOKUPS = 256
 # A cached service name is checked against its pid's start time at most this often: with
 # every process traced, a pid reused by another process gets its own name within a second
 # (a /proc read per new connection would cost more than the rest of a request's handling).
@@ -317,6 +320,7 @@ class Agent:
             return
         aggs = self.bpf["px_aggs"]
         now = time.monotonic_ns()
+        lookups = 0
         for (sk, ident), st in list(self._open_cl.items()):
             a = st.cut.active
             if a is None or a.content_length is None:
@@ -324,6 +328,10 @@ class Agent:
                 continue
             if now - st.cut.t_last_event < 20_000_000:
                 continue
+            if lookups == SWEEP_LOOKUPS:
+                break  # the rest next time: each looked-at response moved to the back
+            lookups += 1
+            self._open_cl[(sk, ident)] = self._open_cl.pop((sk, ident))
             try:
                 v = aggs[aggs.Key(sk)]
             except KeyError:
@@ -488,7 +496,8 @@ class Agent:
                     try:
                         e.export_batch(batch)
                     except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
-                        log.warning("export failed: %s", exc)
+                        # the type and place, not the message: it may quote a record
+                        log.warning("export failed: %s at %s", type(exc).__name__, where(exc))
             if stopping:
                 return
             time.sleep(0.05)  # batches: at most 20 wake-ups a second

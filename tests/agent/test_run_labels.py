@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent import run
-from agent.httpcut import Conn
+from agent.httpcut import Conn, Exchange
 from tests.agent.helpers import PY, Proc
 
 
@@ -62,3 +62,37 @@ def test_a_reused_pid_gets_its_own_service_name() -> None:
         first.stop()
         if second is not None:
             second.stop()
+
+
+class _Aggs:
+    """px_aggs as the sweep reads it, counting the lookups (every socket: no aggregate)."""
+
+    def __init__(self) -> None:
+        self.looked: list[int] = []
+
+    def Key(self, sk: int) -> int:  # noqa: N802  (bcc's table API)
+        return sk
+
+    def __getitem__(self, sk: int) -> object:
+        self.looked.append(sk)
+        raise KeyError(sk)
+
+
+def test_the_sweep_bounds_its_map_lookups_and_goes_round() -> None:
+    """Thousands of Content-Length responses open at once: each sweep (every 50 ms) looks up
+    at most SWEEP_LOOKUPS of them in the kernel's map, and the next sweeps take the rest."""
+    a = run.Agent(run.RunConfig())
+    aggs = _Aggs()
+    a.bpf = {"px_aggs": aggs}
+    n = run.SWEEP_LOOKUPS * 2 + 88
+    for sk in range(1, n + 1):
+        st = run.ConnState(Conn(), 1)
+        st.cut.active = Exchange("GET", "/dl", "HTTP/1.1", None, False, t1=1)
+        st.cut.active.content_length = 1 << 30
+        a._open_cl[(sk, 0)] = st  # t_last_event 0: idle for long
+    a.sweep()
+    assert len(aggs.looked) == run.SWEEP_LOOKUPS
+    a.sweep()
+    a.sweep()
+    assert len(aggs.looked) == 3 * run.SWEEP_LOOKUPS
+    assert set(aggs.looked) == set(range(1, n + 1))  # every response looked at, none starved
