@@ -340,15 +340,18 @@ class Agent:
                 continue
             if a.body_out + v.bytes < a.content_length:
                 continue
-            n = int(v.n)
-            times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
-            st.snap_t_first = v.t_first
             try:
-                self._emit(
-                    st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags))
-                )
+                self._take_snapshot(st, v)
             except Exception as e:  # noqa: BLE001  (as for a ring event: on_event)
                 self._conn_error(e, (sk, ident), closing=False)
+
+    def _take_snapshot(self, st: ConnState, v: Any) -> None:
+        """Body writes read from a px_aggs entry (the sweep, shutdown), as if their WAGG
+        event had come; the event itself, when it comes, is then skipped (snap_t_first)."""
+        n = int(v.n)
+        times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
+        st.snap_t_first = v.t_first
+        self._emit(st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)))
 
     # -- housekeeping -----------------------------------------------------------------
     def rescan(self, counters: dict[str, int]) -> None:
@@ -722,12 +725,7 @@ class Agent:
             except KeyError:
                 v = None
             if v is not None and v.t_last and v.t_first != st.snap_t_first:
-                n = int(v.n)
-                times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
-                self._emit(
-                    st,
-                    st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)),
-                )
+                self._take_snapshot(st, v)
         out = st.cut.flush_inflight()
         self.n_final_partial += len(out)
         self._emit(st, out)
