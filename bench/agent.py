@@ -11,7 +11,7 @@ attached costs, apart from the work for traced requests). Then the node-wide cos
 process the agent does not trace: a 1-byte ``dd`` with and without the agent. Writes its
 section of docs/benchmarks.md.
 
-    python -m bench.agent [--seconds 5] [--rates 2000,5000] [--repeats 3] [--idle-effect]
+    python -m bench.agent [--seconds 5] [--rates 2000,5000] [--repeats 3] [--no-idle-effect]
 """
 
 from __future__ import annotations
@@ -385,10 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         " (medians and ranges reported)",
     )
     ap.add_argument(
-        "--idle-effect",
+        "--no-idle-effect",
         action="store_true",
-        help="also: at the lowest load, 4 rounds of the traced run as is and with a nice-19"
-        " busy loop on every CPU (the vCPUs never halt); both medians of BPF ns/request",
+        help="skip the idle effect: at the lowest load, 4 rounds of the traced run as is and"
+        " with a nice-19 busy loop on every CPU (the vCPUs never halt); both medians of BPF"
+        " ns/request",
     )
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args(argv)
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r} req/s floor: {floors[r].res['bpf_ns_per_req']:.0f} ns/req",
                 file=sys.stderr,
             )
-        if a.idle_effect:
+        if not a.no_idle_effect:
             # The lowest load, traced, alternately as is and with a nice-19 busy loop on
             # every CPU (the vCPUs never halt between requests): how much of the BPF figure
             # is the programs running on a CPU just woken from idle.
@@ -727,17 +728,19 @@ def main(argv: list[str] | None = None) -> int:
             )
             + " |"
         )
-    if a.idle_effect:
+    if not a.no_idle_effect:
         r = rates[0]
         lines += [
             "",
-            f"Idle effect (`--idle-effect`, not part of `make bench-agent`): at target {r}"
-            f" req/s, traced, 4 rounds alternating the run as is and with a nice-19 busy loop"
-            f" on every CPU (the vCPUs never halt between requests): BPF ns/request median"
-            f" **{_median(idle_effect['idle']):.0f}** as is"
+            f"Idle effect: at target {r} req/s, traced, 4 rounds alternating the run as is"
+            f" and with a nice-19 busy loop on every CPU (the vCPUs never halt between"
+            f" requests, so the programs do not run on a CPU just woken from idle): BPF"
+            f" ns/request median **{_median(idle_effect['idle']):.0f}** as is"
             f" ({', '.join(f'{x:.0f}' for x in idle_effect['idle'])}),"
             f" **{_median(idle_effect['busy']):.0f}** with the busy loops"
-            f" ({', '.join(f'{x:.0f}' for x in idle_effect['busy'])}).",
+            f" ({', '.join(f'{x:.0f}' for x in idle_effect['busy'])}). The same code and the"
+            f" same requests: the difference is what this VM's idle vCPUs add to each"
+            f" request's first program runs (see docs/agent.md, Performance).",
         ]
     md = "\n".join(lines)
     print(md)
