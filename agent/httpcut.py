@@ -450,6 +450,11 @@ class Conn:
                     break
                 ln = int.from_bytes(data[pos + 2 : pos + 10], "big")
                 hl = 10
+                if ln >> 63:
+                    # RFC 6455 5.2: the top bit must be 0, and the server fails the
+                    # connection. Not a length to skip (it would hide every later frame):
+                    # the rest of this read is not framed, the next read starts afresh.
+                    break
             if b1 & 0x80:
                 hl += 4
             if opcode in (1, 2):
