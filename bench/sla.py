@@ -24,7 +24,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-NOW = datetime(2026, 11, 29, 10, 5, 0, tzinfo=UTC)
+# Recent, so that the store's retention and the window block's one-day TTL keep the rows:
+# a whole hour one to three hours ago, plus five minutes.
+NOW = (datetime.now(UTC) - timedelta(hours=2)).replace(minute=5, second=0, microsecond=0)
 WINDOW = timedelta(minutes=5)
 
 

@@ -15,7 +15,16 @@ from typing import Any
 
 import numpy as np
 
-NOW = datetime(2026, 11, 29, 10, 0, 30, tzinfo=UTC)
+
+def _recent_hour() -> datetime:
+    """A whole hour one to three hours ago (never midnight): the scenario's data must be
+    recent, as the store's retention and the window block's one-day TTL drop older rows
+    at insert (a fixed date here failed every evaluation test a day later)."""
+    h = (datetime.now(UTC) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    return h + timedelta(hours=1) if h.hour == 0 else h
+
+
+NOW = _recent_hour() + timedelta(seconds=30)
 SERVICE = "app"
 
 
