@@ -30,6 +30,8 @@ ALERTS = "sla_alerts"
 LEASE = "sla_lease"
 STATE = "sla_state"
 RETENTION_DAYS = 8
+# sla_blocks holds the current window only: its rows expire a day after their window ends
+BLOCK_TTL_DAYS = 1
 
 
 class Commander(Protocol):
@@ -68,7 +70,7 @@ SETTINGS ttl_only_drop_parts = 1""",
 ) ENGINE = ReplacingMergeTree(version)
 PARTITION BY toDate(end_minute)
 ORDER BY (end_minute, start_minute, service, route, series)
-TTL end_minute + toIntervalDay(1)
+TTL end_minute + toIntervalDay({BLOCK_TTL_DAYS})
 SETTINGS ttl_only_drop_parts = 1""",
         f"""CREATE TABLE IF NOT EXISTS {db}.{SESSIONS}
 (

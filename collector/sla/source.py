@@ -161,9 +161,15 @@ class SlaSource:
     """SQL access for the checker. ``get_client`` returns a clickhouse-connect client for
     the calling thread (chDB or server); ``db`` is the store's database."""
 
-    def __init__(self, get_client: Callable[[], Any], db: str) -> None:
+    def __init__(
+        self,
+        get_client: Callable[[], Any],
+        db: str,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._get = get_client
         self.db = db
+        self._wall = wall  # the real time: what the store's TTLs are measured against
         self._marks: dict[datetime, tuple[int, datetime]] | None = None
         self._parts_sig: tuple[str, ...] | None = None
         self._covered: datetime | None = None  # the scan with these parts reached back to
@@ -447,7 +453,10 @@ GROUP BY service, route, series"""  # noqa: S608
         (built when missing) plus the current minute; per minute when there is no block."""
         db = self.db
         end = last - timedelta(minutes=1)
-        if end < start:
+        # A window that ended more than a day ago (a past evaluation) would get a block
+        # already past the table's TTL, dropped as it is written: read its minutes instead.
+        stale = self._wall() - end > timedelta(days=schema.BLOCK_TTL_DAYS, hours=-1)
+        if end < start or stale:
             return (
                 f"SELECT service, route, series, n, cells, counts FROM {db}.{schema.MINUTES} "  # noqa: S608
                 f"FINAL WHERE minute >= '{_sec(start)}' AND minute <= '{_sec(last)}' AND n > 0"

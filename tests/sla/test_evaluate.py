@@ -376,3 +376,20 @@ def test_session_offsets_age_and_old_tables_are_migrated(
     assert theta() == pytest.approx(0.0, abs=0.01)
     exchanges(start + timedelta(minutes=20), 40.0, 4.0, "b")  # the clock stepped 40 ms
     assert theta() == pytest.approx(40.0, abs=1.0)
+
+
+def test_a_window_past_the_block_ttl_is_read_by_minute(
+    source: SlaSource, scenario_store: tuple[Any, Path, dict[str, scenario.RouteData]]
+) -> None:
+    """Evaluated two days after the fact, the window's block would be past its one-day TTL
+    and dropped as written (the scenario at a fixed date read only its last minute): the
+    minutes are read instead, and the evaluation is the same."""
+    client = scenario_store[0]
+    late = SlaSource(lambda: client, "parallax", wall=lambda: scenario.NOW + timedelta(days=2))
+    start, last = late.window_minutes(scenario.NOW, timedelta(seconds=SlaConfig().window_s))
+    assert "sla_blocks" not in late._window_rows_sql(start, last)
+    again = evaluate(late, SlaConfig(), scenario.NOW)
+    got = {(r.route, k): m.to_json() for r in again.routes for k, m in r.metrics.items()}
+    ev = evaluate(source, SlaConfig(), scenario.NOW)  # the store as other tests left it
+    want = {(r.route, k): m.to_json() for r in ev.routes for k, m in r.metrics.items()}
+    assert got == want and got[("/v1/net", "ttfb")]["n"] >= 1500
