@@ -139,6 +139,27 @@ def children(pids: set[int]) -> set[int]:
     return out
 
 
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def worker_children(parents: set[int]) -> set[int]:
+    """The children of these processes that run the same executable as their parent: the
+    workers of a server that accepts in one process and hands the connections to them
+    (Node's cluster module, round-robin by default; PM2's cluster mode), which hold none
+    of the listening sockets themselves."""
+    out: set[int] = set()
+    for parent in parents:
+        exe = _exe(parent)
+        if exe is None:
+            continue
+        out.update(kid for kid in children({parent}) if _exe(kid) == exe)
+    return out
+
+
 def established(pids: set[int], ports: set[int] | None) -> list[tuple[int, int, SockEntry]]:
     """(pid, fd, socket) of established server-side connections of these processes."""
     entries = _tcp_table()

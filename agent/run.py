@@ -396,6 +396,10 @@ class Agent:
             found = set(procinfo.holders(kids, self._listening))
         else:
             return
+        # Workers handed their connections by a traced process hold no listener: its
+        # children on the same executable are traced too (the kernel still follows only
+        # connections accepted on the --port listeners, whoever reads them).
+        found |= procinfo.worker_children(self._pids | found)
         new = found - self._pids
         if new and self.accept_probes is not None:
             self.accept_probes.add(new)

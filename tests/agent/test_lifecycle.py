@@ -262,3 +262,37 @@ def test_children_of_a_process() -> None:
     finally:
         p.kill()
         p.wait(5)
+
+
+def test_cluster_workers_handed_their_connections_are_traced(tmp_path: Path) -> None:
+    """Node's cluster module (round-robin, as PM2's cluster mode): the primary holds the
+    listener and accepts; the workers serve each connection it hands them and hold no
+    listener. They are traced as the primary's children on the same executable."""
+    srv = Proc(["node", "tests/agent/servers/node_cluster.mjs"])
+    port = srv.port()
+    agent = Agent(tmp_path, [port])
+    try:
+        time.sleep(2.5)  # the first rescan after the start
+        workers: set[int] = set()
+        ids = []
+        for i in range(6):
+            ctx = trace_context.generate()
+            ids.append(ctx.trace_id)
+            resp = http_request(
+                port,
+                f"GET /w{i} HTTP/1.1\r\nHost: x\r\ntraceparent: {ctx.header()}\r\n"
+                "Connection: close\r\n\r\n".encode(),
+            )
+            workers.add(int(resp.split(b"x-worker: ")[1].split(b"\r\n")[0]))
+        recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=6)
+        assert sorted(r["path"] for r in recs) == [f"/w{i}" for i in range(6)], recs
+        assert {r["pid"] for r in recs} == workers and srv.p.pid not in workers
+        assert len(workers) == 2  # round-robin: both workers served
+        for r in recs:
+            # accepted by the primary: no accept time of the worker's own; the hand-off
+            # over IPC is in the receive-queue wait, before the worker's read
+            assert r["ttfb_us"] is not None and r["accept_queue_us"] is None, r
+            assert r["recv_queue_us"] is not None and r["recv_queue_us"] >= 0, r
+    finally:
+        agent.stop()
+        srv.stop()
