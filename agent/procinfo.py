@@ -1,10 +1,16 @@
 """Process identity and /proc scans: service names, owners of listening ports, and the
-connections that existed before the agent started (to seed the kernel's fd table)."""
+connections that existed before the agent started (to seed the kernel's fd table).
+
+Sockets are listed per network namespace: a pod has its own, and /proc/net is only the
+agent's. The TCP tables are read from /proc/<pid>/net of one process in each namespace the
+processes asked about are in (socket inodes are unique across namespaces, so an fd still
+names its socket by inode alone)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +32,7 @@ class SockEntry:
     laddr: bytes = b""  # network order (4 or 16 bytes)
     raddr: bytes = b""
     rport: int = 0
+    netns: int = 0  # network namespace inode
 
 
 def _proc_addr(hexaddr: str) -> bytes:
@@ -36,11 +43,34 @@ def _proc_addr(hexaddr: str) -> bytes:
     return raw
 
 
-def _tcp_table(states: frozenset[str] = frozenset((_LISTEN, _ESTABLISHED))) -> list[SockEntry]:
-    """Entries in the given states (hex, as printed): the rest (TIME_WAIT, often thousands
-    of lines) is skipped before any parsing."""
+def _net_dirs(pids: Iterable[int] | None) -> dict[int, str]:
+    """netns inode → a /proc/.../net directory in it: the agent's own namespace and those
+    of these processes, each once. A process that is gone or not ours to see is skipped."""
+    out = {os.stat("/proc/self/ns/net").st_ino: "/proc/self/net"}
+    for pid in pids or ():
+        try:
+            out.setdefault(os.stat(f"/proc/{pid}/ns/net").st_ino, f"/proc/{pid}/net")
+        except OSError:
+            continue
+    return out
+
+
+def _tcp_table(
+    states: frozenset[str] = frozenset((_LISTEN, _ESTABLISHED)),
+    pids: Iterable[int] | None = None,
+) -> list[SockEntry]:
+    """Entries in the given states (hex, as printed) in the agent's network namespace and
+    those of ``pids``: the rest (TIME_WAIT, often thousands of lines) is skipped before any
+    parsing."""
     out = []
-    for name, family in (("/proc/net/tcp", AF_INET), ("/proc/net/tcp6", AF_INET6)):
+    for netns, net in _net_dirs(pids).items():
+        out += _tcp_entries(states, net, netns)
+    return out
+
+
+def _tcp_entries(states: frozenset[str], net: str, netns: int) -> list[SockEntry]:
+    out = []
+    for name, family in ((f"{net}/tcp", AF_INET), (f"{net}/tcp6", AF_INET6)):
         try:
             lines = Path(name).read_text().splitlines()[1:]
         except OSError:
@@ -61,6 +91,7 @@ def _tcp_table(states: frozenset[str] = frozenset((_LISTEN, _ESTABLISHED))) -> l
                         _proc_addr(la),
                         _proc_addr(ra),
                         int(rp, 16),
+                        netns,
                     )
                 )
             except ValueError:
@@ -68,10 +99,11 @@ def _tcp_table(states: frozenset[str] = frozenset((_LISTEN, _ESTABLISHED))) -> l
     return out
 
 
-def listen_counts() -> dict[int, int]:
-    """Listening TCP sockets per local port (all namespaces' views aside: this one's)."""
+def listen_counts(pids: Iterable[int] | None = None) -> dict[int, int]:
+    """Listening TCP sockets per local port, in the agent's network namespace and those of
+    ``pids`` (all_pids(): every namespace on the node with a process in it)."""
     out: dict[int, int] = {}
-    for e in _tcp_table(_ONLY_LISTEN):
+    for e in _tcp_table(_ONLY_LISTEN, pids):
         if e.state == _LISTEN:
             out[e.lport] = out.get(e.lport, 0) + 1
     return out
@@ -99,9 +131,10 @@ def all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def listener_inodes(ports: set[int]) -> dict[int, int]:
-    """inode → port of the listening sockets on the given ports (this namespace's view)."""
-    table = _tcp_table(_ONLY_LISTEN)
+def listener_inodes(ports: set[int], pids: Iterable[int] | None = None) -> dict[int, int]:
+    """inode → port of the listening sockets on the given ports, in the agent's network
+    namespace and those of ``pids``."""
+    table = _tcp_table(_ONLY_LISTEN, pids)
     return {e.inode: e.lport for e in table if e.state == _LISTEN and e.lport in ports}
 
 
@@ -118,8 +151,10 @@ def holders(pids: list[int] | set[int], inodes: dict[int, int]) -> dict[int, set
 
 
 def listeners(ports: set[int]) -> dict[int, set[int]]:
-    """pid → the given ports it listens on: every process's fds are looked at."""
-    return holders(all_pids(), listener_inodes(ports))
+    """pid → the given ports it listens on: every process's fds are looked at, in every
+    network namespace."""
+    pids = all_pids()
+    return holders(pids, listener_inodes(ports, pids))
 
 
 def children(pids: set[int]) -> set[int]:
@@ -162,14 +197,14 @@ def worker_children(parents: set[int]) -> set[int]:
 
 def established(pids: set[int], ports: set[int] | None) -> list[tuple[int, int, SockEntry]]:
     """(pid, fd, socket) of established server-side connections of these processes."""
-    entries = _tcp_table()
+    entries = _tcp_table(pids=pids)
     table = {e.inode: e for e in entries if e.state == _ESTABLISHED}
-    listen_ports = {e.lport for e in entries if e.state == _LISTEN}
+    listening = {(e.netns, e.lport) for e in entries if e.state == _LISTEN}
     out = []
     for pid in pids:
         for inode, fd in _socket_fds(pid).items():
             e = table.get(inode)
-            if e is None or e.lport not in listen_ports:
+            if e is None or (e.netns, e.lport) not in listening:
                 continue  # a client socket of this process, not one it serves
             if ports is None or e.lport in ports:
                 out.append((pid, fd, e))

@@ -270,7 +270,7 @@ class Agent:
     def _port_label_locked(self, port: int) -> str:
         if port not in self._listen_ports and time.monotonic() - self._listen_checked > 5:
             self._listen_checked = time.monotonic()
-            self._listen_ports |= set(procinfo.listen_counts())
+            self._listen_ports |= set(procinfo.listen_counts(self._pids))
         if port in self._listen_ports:
             label = str(port)
             if label in self._port_labels or len(self._port_labels) < MAX_PORT_LABELS:
@@ -381,12 +381,14 @@ class Agent:
             # listener change (a forked worker maps its parent's libc, already probed).
             if changes != self._listen_changes and self.accept_probes is not None:
                 self._listen_changes = changes
-                self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts())))
+                everyone = procinfo.all_pids()
+                self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts(everyone))))
             return
         if changes != self._listen_changes or now - self._last_full_scan >= FULL_SCAN_S:
             self._listen_changes, self._last_full_scan = changes, now
-            self._listening = procinfo.listener_inodes(set(self.cfg.ports))
-            found = set(procinfo.holders(procinfo.all_pids(), self._listening))
+            everyone = procinfo.all_pids()
+            self._listening = procinfo.listener_inodes(set(self.cfg.ports), everyone)
+            found = set(procinfo.holders(everyone, self._listening))
         elif now - self._last_child_scan >= CHILD_SCAN_S:
             # A worker forked later inherits its parent's listener without any state
             # change: only the traced processes' children need looking at, not every
@@ -568,7 +570,8 @@ class Agent:
                 os.setpriority(os.PRIO_PROCESS, 0, max(-20, min(19, cfg.nice)))
             except OSError as e:
                 log.warning("cannot set nice %d: %s", cfg.nice, e)
-        listen = procinfo.listen_counts()
+        # the kernel counts listeners per port over every namespace: seeded the same way
+        listen = procinfo.listen_counts(procinfo.all_pids())
         loader.seed_listen(self.bpf, listen)
         # with every process traced, the servers are the owners of listening sockets
         servers = self._pids or set(procinfo.listeners(set(listen)))
