@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from demo.stack import free_port
+from parallax_contracts import trace_context
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -280,3 +284,63 @@ def attempts(check: Callable[[], None], n: int = 3) -> None:
         except AssertionError as e:
             errors.append(str(e).splitlines()[0][:300])
     raise AssertionError(f"all {n} attempts failed: {errors}")
+
+
+# A client inside a server's network namespace (netns_client): one keep-alive connection;
+# each stdin line is a request path and a traceparent, answered with the status line.
+NETNS_CLIENT = r"""
+import socket, sys
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port), 5)
+for line in sys.stdin:
+    path, tp = line.split()
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\ntraceparent: {tp}\r\n\r\n".encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += s.recv(65536)
+    head, _, body = buf.partition(b"\r\n\r\n")
+    n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < n:
+        body += s.recv(65536)
+    print(head.split(b"\r\n")[0].decode(), flush=True)
+"""
+
+
+def netns_server(log: Path) -> tuple[Proc, int]:
+    """py_server in a network namespace of its own, as a pod's, and its port (skips
+    without the tools)."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
+        pytest.skip("needs root, unshare and nsenter to make a network namespace")
+    srv = Proc(
+        [
+            "unshare",
+            "--net",
+            "sh",
+            "-c",
+            f"ip link set lo up && exec {PY} -m tests.agent.servers.py_server --timing-log {log}",
+        ]
+    )
+    port = srv.port()  # started: in its own namespace from here on
+    assert os.stat(f"/proc/{srv.p.pid}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino
+    return srv, port
+
+
+def netns_client(pid: int, port: int) -> subprocess.Popen[str]:
+    """A keep-alive client in the network namespace of process ``pid``."""
+    return subprocess.Popen(
+        ["nsenter", f"--net=/proc/{pid}/ns/net", PY, "-c", NETNS_CLIENT, str(port)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def netns_ask(client: subprocess.Popen[str], path: str) -> str:
+    """One request on that client's connection; its trace id."""
+    assert client.stdin is not None and client.stdout is not None
+    ctx = trace_context.generate()
+    client.stdin.write(f"{path} {ctx.header()}\n")
+    client.stdin.flush()
+    assert " 200 " in client.stdout.readline()
+    return ctx.trace_id

@@ -13,9 +13,32 @@ from pathlib import Path
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, agent_progs, http_request
+from tests.agent.helpers import (
+    PY,
+    Agent,
+    Proc,
+    agent_progs,
+    http_request,
+    netns_ask,
+    netns_client,
+    netns_server,
+)
 
 pytestmark = pytest.mark.ebpf
+
+
+def _daemonset_caps() -> list[str]:
+    """setpriv to the DaemonSet's capabilities, less CAP_SYS_RESOURCE (which this sandbox
+    cannot grant)."""
+    caps = "-all,+bpf,+perfmon,+sys_ptrace"
+    return [
+        "setpriv",
+        "--reuid",
+        "0",
+        f"--inh-caps={caps}",
+        f"--ambient-caps={caps}",
+        f"--bounding-set={caps}",
+    ]
 
 
 def test_accept_times_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
@@ -23,9 +46,7 @@ def test_accept_times_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
     which this sandbox cannot grant): the kernel refuses to resolve another process's
     /proc/<pid>/root link for a probe without CAP_SYS_ADMIN, so the agent opens the libc
     itself and names it /proc/self/fd/<n> — accept times still come."""
-    caps = "-all,+bpf,+perfmon,+sys_ptrace"
-    setpriv = ["setpriv", "--reuid", "0", f"--inh-caps={caps}", f"--ambient-caps={caps}"]
-    setpriv.append(f"--bounding-set={caps}")
+    setpriv = _daemonset_caps()
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
     port = srv.port()
     agent = Agent(tmp_path, [port], wrapper=setpriv)
@@ -49,6 +70,24 @@ def test_accept_times_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
         assert "px_sdr_btf" in {p["name"] for p in agent_progs(agent)}
         assert r["recv_queue_us"] is not None
     finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0
+
+
+def test_a_pods_server_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
+    """A server in a network namespace of its own (a pod's): with only the DaemonSet's
+    capabilities the agent reads that namespace's TCP tables and follows its requests."""
+    srv, port = netns_server(tmp_path / "pod.jsonl")
+    agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
+    client = netns_client(srv.p.pid, port)
+    try:
+        ids = {netns_ask(client, f"/pod{i}") for i in range(3)}
+        recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=3)
+        assert sorted(r["path"] for r in recs) == ["/pod0", "/pod1", "/pod2"], agent.records()
+        assert all(r["pid"] == srv.p.pid and r["local_port"] == port for r in recs)
+    finally:
+        client.kill()
         rc = agent.stop()
         srv.stop()
     assert rc == 0
