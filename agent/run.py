@@ -270,7 +270,8 @@ class Agent:
     def _port_label_locked(self, port: int) -> str:
         if port not in self._listen_ports and time.monotonic() - self._listen_checked > 5:
             self._listen_checked = time.monotonic()
-            self._listen_ports |= set(procinfo.listen_counts(self._pids))
+            # a copy: the main loop's rescan may grow the set meanwhile (/metrics thread)
+            self._listen_ports |= set(procinfo.listen_counts(tuple(self._pids)))
         if port in self._listen_ports:
             label = str(port)
             if label in self._port_labels or len(self._port_labels) < MAX_PORT_LABELS:
