@@ -43,13 +43,14 @@ def _proc_addr(hexaddr: str) -> bytes:
     return raw
 
 
-def _net_dirs(pids: Iterable[int] | None) -> dict[int, str]:
-    """netns inode → a /proc/.../net directory in it: the agent's own namespace and those
-    of these processes, each once. A process that is gone or not ours to see is skipped."""
-    out = {os.stat("/proc/self/ns/net").st_ino: "/proc/self/net"}
+def _net_dirs(pids: Iterable[int] | None) -> dict[int, list[str]]:
+    """netns inode → /proc/.../net directories in it (any one will do; the next is tried
+    if its process has gone): the agent's own namespace and those of these processes. A
+    process that is gone or not ours to see is skipped."""
+    out = {os.stat("/proc/self/ns/net").st_ino: ["/proc/self/net"]}
     for pid in pids or ():
         try:
-            out.setdefault(os.stat(f"/proc/{pid}/ns/net").st_ino, f"/proc/{pid}/net")
+            out.setdefault(os.stat(f"/proc/{pid}/ns/net").st_ino, []).append(f"/proc/{pid}/net")
         except OSError:
             continue
     return out
@@ -62,40 +63,57 @@ def _tcp_table(
     """Entries in the given states (hex, as printed) in the agent's network namespace and
     those of ``pids``: the rest (TIME_WAIT, often thousands of lines) is skipped before any
     parsing."""
-    out = []
-    for netns, net in _net_dirs(pids).items():
-        out += _tcp_entries(states, net, netns)
+    out: list[SockEntry] = []
+    for netns, dirs in _net_dirs(pids).items():
+        for net in dirs:
+            got = _tcp_entries(states, net, netns)
+            if got is not None:
+                out += got
+                break
     return out
 
 
-def _tcp_entries(states: frozenset[str], net: str, netns: int) -> list[SockEntry]:
+def _tcp_entries(states: frozenset[str], net: str, netns: int) -> list[SockEntry] | None:
+    """None when the directory is gone (its process exited)."""
     out = []
     for name, family in ((f"{net}/tcp", AF_INET), (f"{net}/tcp6", AF_INET6)):
         try:
-            lines = Path(name).read_text().splitlines()[1:]
+            # listeners only: small reads, so that the kernel generates little past them
+            fh = open(name, buffering=1024 if states == _ONLY_LISTEN else -1)  # noqa: SIM115
         except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) < 10 or f[3] not in states:
-                continue
-            la, _, lp = f[1].rpartition(":")
-            ra, _, rp = f[2].rpartition(":")
-            try:
-                out.append(
-                    SockEntry(
-                        int(f[9]),
-                        int(lp, 16),
-                        f[3],
-                        family,
-                        _proc_addr(la),
-                        _proc_addr(ra),
-                        int(rp, 16),
-                        netns,
+            if family == AF_INET:
+                return None  # the process has gone (or is not ours to see)
+            continue  # no IPv6 in this kernel
+        with fh:
+            next(fh, None)  # the header
+            for line in fh:
+                f = line.split()
+                if len(f) < 10:
+                    continue
+                if f[3] not in states:
+                    if states == _ONLY_LISTEN and f[3] != _LISTEN:
+                        # The kernel prints the listeners first, then walks the whole
+                        # connection hash (every namespace's): stopping here spares that
+                        # walk (measured here: 4.4 -> 2.0 ms per file)
+                        break
+                    continue
+                la, _, lp = f[1].rpartition(":")
+                ra, _, rp = f[2].rpartition(":")
+                try:
+                    out.append(
+                        SockEntry(
+                            int(f[9]),
+                            int(lp, 16),
+                            f[3],
+                            family,
+                            _proc_addr(la),
+                            _proc_addr(ra),
+                            int(rp, 16),
+                            netns,
+                        )
                     )
-                )
-            except ValueError:
-                continue
+                except ValueError:
+                    continue
     return out
 
 

@@ -309,8 +309,9 @@ for line in sys.stdin:
 def netns_server(log: Path) -> tuple[Proc, int]:
     """py_server in a network namespace of its own, as a pod's, and its port (skips
     without the tools)."""
-    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
-        pytest.skip("needs root, unshare and nsenter to make a network namespace")
+    tools = ("unshare", "nsenter", "ip")
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in tools):
+        pytest.skip("needs root, unshare, nsenter and ip to make a network namespace")
     srv = Proc(
         [
             "unshare",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -264,6 +265,7 @@ def test_children_of_a_process() -> None:
         p.wait(5)
 
 
+@pytest.mark.skipif(not shutil.which("node"), reason="needs node (make setup)")
 def test_cluster_workers_handed_their_connections_are_traced(tmp_path: Path) -> None:
     """Node's cluster module (round-robin, as PM2's cluster mode): the primary holds the
     listener and accepts; the workers serve each connection it hands them and hold no
@@ -271,19 +273,30 @@ def test_cluster_workers_handed_their_connections_are_traced(tmp_path: Path) -> 
     srv = Proc(["node", "tests/agent/servers/node_cluster.mjs"])
     port = srv.port()
     agent = Agent(tmp_path, [port])
+
+    def ask(path: str) -> tuple[str, int]:
+        """(trace id, the worker that answered)"""
+        ctx = trace_context.generate()
+        resp = http_request(
+            port,
+            f"GET {path} HTTP/1.1\r\nHost: x\r\ntraceparent: {ctx.header()}\r\n"
+            "Connection: close\r\n\r\n".encode(),
+        )
+        return ctx.trace_id, int(resp.split(b"x-worker: ")[1].split(b"\r\n")[0])
+
     try:
-        time.sleep(2.5)  # the first rescan after the start
-        workers: set[int] = set()
-        ids = []
-        for i in range(6):
-            ctx = trace_context.generate()
-            ids.append(ctx.trace_id)
-            resp = http_request(
-                port,
-                f"GET /w{i} HTTP/1.1\r\nHost: x\r\ntraceparent: {ctx.header()}\r\n"
-                "Connection: close\r\n\r\n".encode(),
-            )
-            workers.add(int(resp.split(b"x-worker: ")[1].split(b"\r\n")[0]))
+        # until both workers are traced (the agent's first rescan, a second after its
+        # start, finds them): two requests in a row, one per worker, both recorded
+        deadline = time.monotonic() + 20
+        while True:
+            probes = {ask("/probe")[0] for _ in range(2)}
+            time.sleep(1.0)  # the records of traced workers reach the file
+            if probes <= {r["trace_id"] for r in agent.records()}:
+                break
+            assert time.monotonic() < deadline, "the workers were never traced"
+        asked = [ask(f"/w{i}") for i in range(6)]
+        ids = [t for t, _ in asked]
+        workers = {w for _, w in asked}
         recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=6)
         assert sorted(r["path"] for r in recs) == [f"/w{i}" for i in range(6)], recs
         assert {r["pid"] for r in recs} == workers and srv.p.pid not in workers

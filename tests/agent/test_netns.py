@@ -27,11 +27,14 @@ def test_server_in_its_own_network_namespace_is_traced(
     tmp_path: Path, pod: tuple[Proc, int]
 ) -> None:
     srv, port = pod
-    old = netns_client(srv.p.pid, port)  # a connection older than the agent: seeded from /proc
-    netns_ask(old, "/before")
-    agent = Agent(tmp_path, [port])
+    clients = [netns_client(srv.p.pid, port)]  # a connection older than the agent: seeded
+    old = clients[0]
+    agent = None
     try:
+        netns_ask(old, "/before")
+        agent = Agent(tmp_path, [port])
         new = netns_client(srv.p.pid, port)
+        clients.append(new)
         ids = {netns_ask(new, f"/new{i}"): f"/new{i}" for i in range(3)}
         ids[netns_ask(old, "/after")] = "/after"
         recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=4)
@@ -41,10 +44,9 @@ def test_server_in_its_own_network_namespace_is_traced(
             assert r["local_port"] == port and r["peer_addr"] == "127.0.0.1", r
             assert r["ttfb_us"] is not None and r["status"] == 200, r
         assert not [r for r in agent.records() if r["path"] == "/before"]
-        for c in (new, old):
-            assert c.stdin is not None
-            c.stdin.close()
-            c.wait(5)
     finally:
-        old.kill()
-        agent.stop()
+        for c in clients:
+            c.kill()
+            c.wait(5)
+        if agent is not None:
+            agent.stop()

@@ -79,15 +79,18 @@ def test_a_pods_server_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
     """A server in a network namespace of its own (a pod's): with only the DaemonSet's
     capabilities the agent reads that namespace's TCP tables and follows its requests."""
     srv, port = netns_server(tmp_path / "pod.jsonl")
-    agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
-    client = netns_client(srv.p.pid, port)
+    agent = client = None
     try:
+        agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
+        client = netns_client(srv.p.pid, port)
         ids = {netns_ask(client, f"/pod{i}") for i in range(3)}
         recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=3)
         assert sorted(r["path"] for r in recs) == ["/pod0", "/pod1", "/pod2"], agent.records()
         assert all(r["pid"] == srv.p.pid and r["local_port"] == port for r in recs)
     finally:
-        client.kill()
-        rc = agent.stop()
+        if client is not None:
+            client.kill()
+            client.wait(5)
+        rc = agent.stop() if agent is not None else 0
         srv.stop()
     assert rc == 0
