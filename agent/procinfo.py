@@ -149,11 +149,15 @@ def all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def listener_inodes(ports: set[int], pids: Iterable[int] | None = None) -> dict[int, int]:
-    """inode → port of the listening sockets on the given ports, in the agent's network
-    namespace and those of ``pids``."""
+def listener_inodes(ports: set[int] | None, pids: Iterable[int] | None = None) -> dict[int, int]:
+    """inode → port of the listening sockets on the given ports (None: any), in the agent's
+    network namespace and those of ``pids``."""
     table = _tcp_table(_ONLY_LISTEN, pids)
-    return {e.inode: e.lport for e in table if e.state == _LISTEN and e.lport in ports}
+    return {
+        e.inode: e.lport
+        for e in table
+        if e.state == _LISTEN and (ports is None or e.lport in ports)
+    }
 
 
 def holders(pids: list[int] | set[int], inodes: dict[int, int]) -> dict[int, set[int]]:
@@ -168,9 +172,9 @@ def holders(pids: list[int] | set[int], inodes: dict[int, int]) -> dict[int, set
     return out
 
 
-def listeners(ports: set[int]) -> dict[int, set[int]]:
-    """pid → the given ports it listens on: every process's fds are looked at, in every
-    network namespace."""
+def listeners(ports: set[int] | None) -> dict[int, set[int]]:
+    """pid → the given ports (None: any) it listens on: every process's fds are looked at,
+    in every network namespace."""
     pids = all_pids()
     return holders(pids, listener_inodes(ports, pids))
 

@@ -382,8 +382,7 @@ class Agent:
             # listener change (a forked worker maps its parent's libc, already probed).
             if changes != self._listen_changes and self.accept_probes is not None:
                 self._listen_changes = changes
-                everyone = procinfo.all_pids()
-                self.accept_probes.add(procinfo.listeners(set(procinfo.listen_counts(everyone))))
+                self.accept_probes.add(procinfo.listeners(None))  # one read of the tables
             return
         if changes != self._listen_changes or now - self._last_full_scan >= FULL_SCAN_S:
             self._listen_changes, self._last_full_scan = changes, now
