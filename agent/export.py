@@ -26,8 +26,9 @@ class JsonlExporter:
         self._own = target != "-"
         self._f: BinaryIO = open(target, "ab") if self._own else sys.stdout.buffer  # noqa: SIM115
 
-    def export(self, rec: dict[str, Any]) -> None:
-        self.export_batch([rec])
+    @property
+    def failed(self) -> int:
+        return 0  # a failed write raises (the exporter thread logs it)
 
     def export_batch(self, recs: list[dict[str, Any]]) -> None:
         # orjson: compact, UTF-8, the same objects json.dumps accepts (dicts of str, int,
@@ -139,7 +140,7 @@ class OtlpExporter:
             self.export(rec)
 
     @property
-    def failed_spans(self) -> int:
+    def failed(self) -> int:
         """Spans in batches the collector did not take (after the exporter's retries)."""
         return self._exporter.failed
 

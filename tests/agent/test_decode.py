@@ -1,5 +1,5 @@
-"""The agent's in-place decoding of ring-buffer records (Agent.on_event reads the layouts of
-agent.events without building event objects): records packed as bpf/agent.c lays them out
+"""The agent's in-place decoding of ring-buffer records (Connections.on_event reads the
+layouts of agent.events without building event objects): records packed as bpf/agent.c lays them out
 give the fields agent.events.decode reads from them, and the exported record they imply.
 Pure Python: no kernel."""
 
@@ -9,7 +9,9 @@ import struct
 from typing import Any
 
 from agent import events
-from agent.run import Agent, RunConfig
+from agent.clock import MonoClock
+from agent.connections import Connections
+from agent.outputs import RecordQueue
 
 LA = bytes([127, 0, 0, 1]) + bytes(12)
 RA = bytes([127, 0, 0, 2]) + bytes(12)
@@ -36,8 +38,16 @@ def _wagg(t_first: int, t_last: int, offs_us: list[int], nbytes: int, gap_ns: in
     return _hdr(events.EV_WAGG, t_last) + agg + offs
 
 
-def _agent() -> Agent:
-    return Agent(RunConfig(ports=[8080], service_names={8080: "svc"}, cpu_budget=0))
+def _table() -> Connections:
+    """The connection table as the agent wires it, with a fixed identity for every pid."""
+    return Connections(
+        4096,
+        MonoClock(),
+        RecordQueue(100),
+        identity=lambda pid, lport: ("comm", "svc" if lport == 8080 else "other"),
+        on_unparsed=lambda lport: None,
+        on_traceparent_missed=lambda: None,
+    )
 
 
 def test_a_streamed_response_from_packed_records() -> None:
@@ -55,11 +65,11 @@ def test_a_streamed_response_from_packed_records() -> None:
     assert isinstance(rd, events.ReadEv) and rd.addrs() == ("127.0.0.1", "127.0.0.2")
     assert isinstance(rs, events.RespEv) and rs.n == len(head)
     assert isinstance(wg, events.WaggEv) and wg.times_ns() == [20 * ms, 21 * ms, 24 * ms]
-    a = _agent()
+    a = _table()
     a.clock.offset_ns = 0
     for r in recs:
         a.on_event(r)
-    [rec] = list(a.q)
+    [rec] = list(a.out.q)
     want: dict[str, Any] = {
         "method": "GET",
         "path": "/a",
@@ -91,7 +101,7 @@ def test_a_streamed_response_from_packed_records() -> None:
 
 
 def test_unknown_short_and_lost_records() -> None:
-    a = _agent()
+    a = _table()
     a.on_event(_hdr(99, 1))  # a type this agent does not know
     a.on_event(_hdr(events.EV_READ, 1)[:20])  # shorter than a header
     assert a.n_events == 2 and not a.conns
@@ -99,4 +109,4 @@ def test_unknown_short_and_lost_records() -> None:
     # the next event says events of this connection were lost: the request in flight is
     # dropped (counted), not matched to a response it may not own
     a.on_event(_hdr(events.EV_RESP, 2000, lost=1) + events.RESP.pack(3, 3) + b"HTT")
-    assert a.stats.lost_exchanges == 1 and not a.q
+    assert a.stats.lost_exchanges == 1 and not a.out.q

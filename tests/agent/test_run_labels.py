@@ -10,22 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from agent import run
+from agent import connections, processes
+from agent.clock import MonoClock
 from agent.httpcut import Conn, Exchange
+from agent.outputs import RecordQueue
 from tests.agent.helpers import PY, Proc
 
 
 def test_synack_labels_are_bounded_like_the_other_port_metrics() -> None:
-    a = run.Agent(run.RunConfig())
-    listening = range(20000, 20000 + run.MAX_PORT_LABELS + 36)
+    a = processes.Processes([], [])
+    listening = range(20000, 20000 + processes.MAX_PORT_LABELS + 36)
     a._listen_ports = set(listening)
     a._listen_checked = time.monotonic()  # no /proc rescan: these ports count as listening
     per_port = {p: 1 for p in listening} | {7: 5}  # port 7: not a listener
-    labels = a._by_port_label(per_port)
-    assert len(labels) == run.MAX_PORT_LABELS + 1
+    labels = a.by_port_label(per_port)
+    assert len(labels) == processes.MAX_PORT_LABELS + 1
     assert labels["other"] == 36 + 5
     assert sum(labels.values()) == sum(per_port.values())
-    assert a._by_port_label({20000: 3}) == {"20000": 3}  # a labelled port keeps its label
+    assert a.by_port_label({20000: 3}) == {"20000": 3}  # a labelled port keeps its label
 
 
 def _sleeper(service: str) -> list[str]:
@@ -44,20 +46,20 @@ def _spawn_with_pid(service: str, pid: int, tries: int = 50) -> Proc | None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="ns_last_pid needs root")
 def test_a_reused_pid_gets_its_own_service_name() -> None:
-    a = run.Agent(run.RunConfig())  # every process traced: no rescan drops the pid
+    a = processes.Processes([], [])  # every process traced: no rescan drops the pid
     first = Proc(_sleeper("svc-first"), env={"OTEL_SERVICE_NAME": "svc-first"})
     second: Proc | None = None
     try:
         first.port()  # started (its environment is in place)
         pid = first.p.pid
-        assert a._info(run.ConnState(Conn(), pid)).service == "svc-first"
+        assert a.identity(pid, 8080)[1] == "svc-first"
         first.stop()
         second = _spawn_with_pid("svc-second", pid)
         if second is None:
             pytest.skip("another process kept taking the pid")
         second.port()
-        time.sleep(run.SVC_CHECK_S + 0.05)
-        assert a._info(run.ConnState(Conn(), pid)).service == "svc-second"
+        time.sleep(processes.SVC_CHECK_S + 0.05)
+        assert a.identity(pid, 8080)[1] == "svc-second"
     finally:
         first.stop()
         if second is not None:
@@ -81,18 +83,19 @@ class _Aggs:
 def test_the_sweep_bounds_its_map_lookups_and_goes_round() -> None:
     """Thousands of Content-Length responses open at once: each sweep (every 50 ms) looks up
     at most SWEEP_LOOKUPS of them in the kernel's map, and the next sweeps take the rest."""
-    a = run.Agent(run.RunConfig())
+    a = connections.Connections(
+        4096, MonoClock(), RecordQueue(10), lambda *_: ("", ""), lambda _: None, lambda: None
+    )
     aggs = _Aggs()
-    a.bpf = {"px_aggs": aggs}
-    n = run.SWEEP_LOOKUPS * 2 + 88
+    n = connections.SWEEP_LOOKUPS * 2 + 88
     for sk in range(1, n + 1):
-        st = run.ConnState(Conn(), 1)
+        st = connections.ConnState(Conn(), 1)
         st.cut.active = Exchange("GET", "/dl", "HTTP/1.1", None, False, t1=1)
         st.cut.active.content_length = 1 << 30
         a._open_cl[(sk, 0)] = st  # t_last_event 0: idle for long
-    a.sweep()
-    assert len(aggs.looked) == run.SWEEP_LOOKUPS
-    a.sweep()
-    a.sweep()
-    assert len(aggs.looked) == 3 * run.SWEEP_LOOKUPS
+    a.sweep(aggs)
+    assert len(aggs.looked) == connections.SWEEP_LOOKUPS
+    a.sweep(aggs)
+    a.sweep(aggs)
+    assert len(aggs.looked) == 3 * connections.SWEEP_LOOKUPS
     assert set(aggs.looked) == set(range(1, n + 1))  # every response looked at, none starved

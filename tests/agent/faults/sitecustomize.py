@@ -16,20 +16,20 @@ from typing import Any
 _DIR = os.environ.get("PARALLAX_TEST_FAULT_DIR")
 
 if _DIR:
-    from agent import httpcut, run
+    from agent import httpcut, processes
 
     _on_read = httpcut.Conn.on_read
-    _rescan = run.Agent.rescan
+    _rescan = processes.Processes.rescan
 
     def on_read(self: httpcut.Conn, t: int, n: int, data: bytes, *rest: Any) -> Any:
         if b"/boom" in data:
             raise ValueError("bad header value: Cookie: s3cret-cookie")
         return _on_read(self, t, n, data, *rest)
 
-    def rescan(self: run.Agent, counters: dict[str, int]) -> None:
+    def rescan(self: processes.Processes, counters: dict[str, int]) -> None:
         if os.path.exists(os.path.join(str(_DIR), "fail-loop")):
             raise RuntimeError("injected failure of the main loop")
         _rescan(self, counters)
 
     httpcut.Conn.on_read = on_read  # type: ignore[method-assign,assignment]
-    run.Agent.rescan = rescan  # type: ignore[method-assign]
+    processes.Processes.rescan = rescan  # type: ignore[method-assign]

@@ -1,0 +1,296 @@
+"""The connection table: ring-buffer events → HTTP exchanges → records, per connection.
+
+Every event of a followed connection lands here (``on_event``, the agent's hot path); each
+connection has its cutter (agent.httpcut.Conn), and each finished exchange becomes a record
+(agent.records.build) handed to the export queue. The table is a bounded LRU: a connection
+whose end is never seen (an event lost to a full ring) cannot grow it for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent import events
+from agent.clock import MonoClock
+from agent.diagnostics import where
+from agent.httpcut import Conn, Exchange, Stats
+from agent.outputs import RecordQueue
+from agent.records import ConnInfo, build
+
+log = logging.getLogger("parallax.agent")
+MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
+# Map lookups per sweep (every 50 ms), one per open Content-Length response idle for 20 ms:
+# a node serving thousands of downloads at once takes several sweeps to go round them.
+SWEEP_LOOKUPS = 256
+SWEEP_IDLE_NS = 20_000_000
+# the record layouts of agent.events, bound once for on_event
+_HDR = events.HDR.unpack_from
+_HDR_SIZE = events.HDR.size
+_READ = events.READ_NOADDR.unpack_from
+_ADDRS = events.READ_ADDRS.unpack_from
+_ADDRS_AT = events.HDR.size + events.READ_NOADDR.size
+_READ_DATA = events.READ_DATA
+_RESP = events.RESP.unpack_from
+_RESP_DATA = events.RESP_DATA
+_AGG = events.AGG.unpack_from
+_EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
+_EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
+
+Key = tuple[int, int]  # (socket address, first-seen time): sockets are reused
+
+
+@dataclass
+class ConnState:
+    cut: Conn
+    pid: int
+    lport: int = 0
+    rport: int = 0
+    laddr: str = ""
+    raddr: str = ""
+    snap_t_first: int = 0  # an aggregate already consumed from a map snapshot
+    unparsed_counted: bool = False
+    info: ConnInfo | None = None
+
+
+class Connections:
+    """The followed connections and their cutters. ``identity(pid, lport)`` gives (comm,
+    service) for a record; ``on_unparsed(lport)`` counts a connection that is not HTTP/1.x;
+    ``out`` takes the records."""
+
+    def __init__(
+        self,
+        head_window: int,
+        clock: MonoClock,
+        out: RecordQueue,
+        identity: Callable[[int, int], tuple[str, str]],
+        on_unparsed: Callable[[int], None],
+        on_traceparent_missed: Callable[[], None],
+    ) -> None:
+        self.head_window = head_window
+        self.clock = clock
+        self.out = out
+        self.stats = Stats()
+        self._identity = identity
+        self._on_unparsed = on_unparsed
+        self._on_traceparent_missed = on_traceparent_missed
+        self.conns: OrderedDict[Key, ConnState] = OrderedDict()
+        self._open_cl: dict[Key, ConnState] = {}  # Content-Length responses still open
+        self.n_events = 0
+        self.n_evicted = 0
+        self.n_final_partial = 0
+        self.n_event_errors = 0
+        self._errors_logged: set[str] = set()  # exception type names already logged
+
+    def __len__(self) -> int:
+        return len(self.conns)
+
+    @property
+    def waiting(self) -> bool:
+        """Responses wait for the sweep (the main loop keeps draining at full rate)."""
+        return bool(self._open_cl)
+
+    # -- events ---------------------------------------------------------------------
+    def on_event(self, raw: bytes) -> None:
+        """One ring-buffer record (the layouts of agent.events), decoded in place: the hot
+        path of the agent (two or three calls per request), so no event object is built and
+        the fields go straight to the cutter."""
+        try:
+            self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
+            if len(raw) < _HDR_SIZE:
+                return
+            typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, _ = _HDR(raw)
+            if not _EV_READ <= typ <= _EV_SOCK_CLOSE:
+                return  # a type this agent does not know
+            key = (sk, ident)
+            conns = self.conns
+            st = conns.get(key)
+            if lost and st is not None:
+                st.cut.on_loss()
+            if typ >= _EV_CLOSE:
+                if st is None:
+                    return
+                if typ == _EV_PEER_FIN:
+                    st.cut.on_peer_fin(t)
+                    return
+                self.emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
+                del conns[key]
+                self._open_cl.pop(key, None)
+                return
+            if st is None:
+                if len(conns) >= MAX_CONNS:
+                    old, _ = conns.popitem(last=False)  # the least recently active
+                    self._open_cl.pop(old, None)
+                    self.n_evicted += 1
+                st = conns[key] = ConnState(Conn(self.head_window, self.stats), tgid)
+            else:
+                conns.move_to_end(key)
+            cut = st.cut
+            if srtt_us:  # Conn.update_tcp, inline
+                cut.srtt_us = srtt_us
+            cut.retrans = retrans
+            if typ == _EV_READ:
+                t_est, t_acc, t_arr, n, caplen, lport, rport, family, _ = _READ(raw, _HDR_SIZE)
+                if not st.lport:
+                    st.lport, st.rport = lport, rport
+                    la, ra = _ADDRS(raw, _ADDRS_AT)
+                    st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
+                out = cut.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr, t_acc, t_est)
+                if cut.mode == "dead" and not st.unparsed_counted and cut.requests == 0:
+                    st.unparsed_counted = True
+                    self._on_unparsed(st.lport)
+            elif typ == _EV_RESP:
+                n, caplen = _RESP(raw, _HDR_SIZE)
+                out = cut.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
+            else:
+                t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
+                if t_first and t_first == st.snap_t_first:
+                    return  # already taken from the map snapshot
+                times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
+                out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags)
+            if out:
+                self.emit(st, out)
+            # the sweep looks only at Content-Length responses still open
+            a = cut.active
+            if a is not None and a.content_length is not None:
+                self._open_cl[key] = st
+            elif self._open_cl:
+                self._open_cl.pop(key, None)
+        except Exception as e:  # noqa: BLE001  (one event must not stop the agent)
+            self._event_error(raw, e)
+
+    def _event_error(self, raw: bytes, e: Exception) -> None:
+        """An event this agent could not handle (a bug, or input nothing here anticipated):
+        counted (parallax_agent_event_errors_total), logged once per exception type, and its
+        connection's state dropped, so that its framing resynchronises instead of going on
+        from a half-updated cutter."""
+        key: Key | None = None
+        closing = False
+        if len(raw) >= _HDR_SIZE:
+            h = _HDR(raw)
+            key, closing = (h[4], h[5]), h[0] in (_EV_CLOSE, _EV_SOCK_CLOSE)
+        self.conn_error(e, key, closing)
+
+    def conn_error(self, e: Exception, key: Key | None, closing: bool) -> None:
+        self.n_event_errors += 1
+        name = type(e).__name__
+        if name not in self._errors_logged:
+            self._errors_logged.add(name)
+            # Privacy: the type and the code's place only, never str(e), which can quote the
+            # request's bytes (a header value, a path)
+            log.warning(
+                "an event could not be handled (%s at %s): its connection resynchronises;"
+                " counted in parallax_agent_event_errors_total (logged once per type)",
+                name,
+                where(e),
+            )
+        if key is None:
+            return
+        self._open_cl.pop(key, None)
+        st = self.conns.get(key)
+        if st is None:
+            return
+        old = st.cut
+        # what it had in flight is lost, as after lost events
+        self.stats.lost_exchanges += (
+            len(old.pending) + (old.active is not None) + (old.ws_cur is not None)
+        )
+        if closing:
+            del self.conns[key]
+            return
+        fresh = Conn(self.head_window, self.stats)
+        fresh.mode = "resync"  # from the next read that starts a request
+        fresh.requests = old.requests  # not a first request: no accept-queue time
+        fresh.srtt_us, fresh.retrans = old.srtt_us, old.retrans
+        st.cut = fresh
+
+    def resync_all(self) -> None:
+        """What the kernel skipped (a pause) cannot be framed: every connection
+        resynchronises at its next request (what it had in flight is counted as lost)."""
+        for st in self.conns.values():
+            st.cut.on_loss()
+
+    # -- records --------------------------------------------------------------------
+    def _info(self, st: ConnState) -> ConnInfo:
+        comm, service = self._identity(st.pid, st.lport)
+        st.info = ConnInfo(st.pid, comm, service, st.laddr, st.lport, st.raddr, st.rport)
+        return st.info
+
+    def emit(self, st: ConnState, out: list[Exchange]) -> None:
+        for ex in out:
+            if not ex.t2 and not ex.ws_seq:
+                continue
+            info = st.info or self._info(st)
+            rec = build(ex, info, self.clock)
+            if ex.traceparent_missed:
+                self._on_traceparent_missed()
+            self.out.put(rec, info.service)
+
+    # -- body writes still in the kernel aggregate ---------------------------------
+    def sweep(self, aggs: Any) -> None:
+        """A Content-Length response whose body writes sit in the kernel aggregate
+        (``aggs``: px_aggs, flushed only at the next boundary) is finished from a snapshot
+        of the map."""
+        if not self._open_cl:
+            return
+        now = time.monotonic_ns()
+        lookups = 0
+        for (sk, ident), st in list(self._open_cl.items()):
+            a = st.cut.active
+            if a is None or a.content_length is None:
+                self._open_cl.pop((sk, ident), None)
+                continue
+            if now - st.cut.t_last_event < SWEEP_IDLE_NS:
+                continue
+            if lookups == SWEEP_LOOKUPS:
+                break  # the rest next time: each looked-at response moved to the back
+            lookups += 1
+            self._open_cl[(sk, ident)] = self._open_cl.pop((sk, ident))
+            try:
+                v = aggs[aggs.Key(sk)]
+            except KeyError:
+                continue
+            if not v.t_last or v.t_first == st.snap_t_first:
+                continue
+            if a.body_out + v.bytes < a.content_length:
+                continue
+            try:
+                self._take_snapshot(st, v)
+            except Exception as e:  # noqa: BLE001  (as for a ring event: on_event)
+                self.conn_error(e, (sk, ident), closing=False)
+
+    def _take_snapshot(self, st: ConnState, v: Any) -> None:
+        """Body writes read from a px_aggs entry (the sweep, shutdown), as if their WAGG
+        event had come; the event itself, when it comes, is then skipped (snap_t_first)."""
+        n = int(v.n)
+        times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
+        st.snap_t_first = v.t_first
+        self.emit(st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)))
+
+    def flush_all(self, aggs: Any) -> None:
+        """Stopping: every connection's body writes still in the kernel aggregate, then what
+        it has in flight as partial records (requests read but not answered yet are counted
+        as unanswered, not recorded)."""
+        for key, st in list(self.conns.items()):
+            try:
+                self._flush_conn(aggs, key[0], st)
+            except Exception as e:  # noqa: BLE001  (the other connections are still flushed)
+                self.conn_error(e, key, closing=True)
+        self.conns.clear()
+        self._open_cl.clear()
+
+    def _flush_conn(self, aggs: Any, sk: int, st: ConnState) -> None:
+        if st.cut.active is not None or st.cut.ws_cur is not None:
+            try:
+                v = aggs[aggs.Key(sk)]
+            except KeyError:
+                v = None
+            if v is not None and v.t_last and v.t_first != st.snap_t_first:
+                self._take_snapshot(st, v)
+        out = st.cut.flush_inflight()
+        self.n_final_partial += len(out)
+        self.emit(st, out)
