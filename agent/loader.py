@@ -22,7 +22,9 @@ from agent import btf, kernel_headers, ringbuf, tpbtf, tracefs
 from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
-BPF_SOURCE = Path(__file__).resolve().parent.parent / "bpf" / "agent.c"
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+BPF_SOURCE = BPF_DIR / "agent.c"
+_INCLUDE = re.compile(rb'^#include "([a-z_]+/[a-z_]+\.h)"[ \t]*$', re.MULTILINE)
 # The kernel's counters (px_counters), in index order: (name in user space, C macro). The
 # loader defines the macros (-DC_LOST=0 ...), so the two sides cannot disagree.
 COUNTERS = (
@@ -99,6 +101,26 @@ def available(disabled: frozenset[str] = frozenset()) -> tuple[list[Tracepoint],
     return have, missing
 
 
+def program_text(path: Path) -> bytes:
+    """A BPF program as bcc must get it: one text. Its parts (headers by concern under
+    bpf/, ``#include "agent/http.h"``) are inlined here because bcc generates tracepoint
+    argument types and rewrites map calls in its main file only; ``#line`` markers keep the
+    compiler's messages pointing at the header and line where the code lives."""
+    rel = path.relative_to(BPF_DIR.parent).as_posix().encode()
+    out: list[bytes] = []
+    pos, line = 0, 1
+    text = path.read_bytes()
+    for m in _INCLUDE.finditer(text):
+        out.append(text[pos : m.start()])
+        line += text.count(b"\n", pos, m.end())
+        part = program_text(BPF_DIR / m.group(1).decode())
+        part_rel = (BPF_DIR / m.group(1).decode()).relative_to(BPF_DIR.parent).as_posix()
+        out.append(b'#line 1 "%s"\n%s\n#line %d "%s"' % (part_rel.encode(), part, line + 1, rel))
+        pos = m.end()
+    out.append(text[pos:])
+    return b"".join(out)
+
+
 def _pow2(n: int) -> int:
     p = 256
     while p < n:
@@ -156,7 +178,7 @@ def load(opts: Options) -> Loaded:
         f"-DC_NCOUNTERS={len(COUNTERS)}",
         *(f"-D{m}" for m in sorted(macros)),
     ]
-    text = BPF_SOURCE.read_bytes()
+    text = program_text(BPF_SOURCE)
     x86 = platform.machine() == "x86_64"
     # Reads and writes seen from the socket layer, no syscall tracepoint at all (x86-64:
     # the syscall's arguments come from its user pt_regs; Linux >= 6.5). Else syscalls

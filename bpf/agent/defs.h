@@ -1,0 +1,42 @@
+// Constants shared by every part of the agent program: sizes, event and write kinds,
+// aggregate flags (the layouts user space mirrors in agent/events.py).
+
+#define PX_CHUNKS 256
+// Bytes read at once from the start of every body write (see px_on_write_conn).
+#define PX_PEEK (PX_RESP_WINDOW < 256 ? PX_RESP_WINDOW : 256)
+#define PX_AF_INET 2
+#define PX_IPPROTO_TCP 6
+#define EV_READ 1
+#define EV_RESP 2
+#define EV_WAGG 3
+#define EV_CLOSE 4
+#define EV_PEER_FIN 5
+#define EV_SOCK_CLOSE 6  // the socket closed without a close() we saw (process killed, exit)
+
+#define KIND_READ 1
+#define KIND_WRITE 2
+#define KIND_SENDFILE 3
+#define KIND_ACCEPT 4  // raw path only: accept()/accept4() in flight (buf: the peer sockaddr)
+#define KIND_SENDFILE_CONT 5  // a later piece of the same sendfile(): bytes, not a new chunk
+
+#define IOV_NONE 0
+#define IOV_VEC 1
+#define IOV_MSG 2
+
+#define WAGG_END 1      // chunked terminator seen: the response is complete
+#define WAGG_PARTIAL 2  // stream-length limit reached: more follows
+#define WAGG_CLOSE 4    // flushed because the connection closed
+
+// counters (px_counters index): C_LOST, C_CONNS, C_CONNS_DEL (px_conns entries deleted:
+// fill = C_CONNS - C_CONNS_DEL), C_AGGS, C_AGGS_DEL (px_aggs entries created, deleted),
+// C_SOCK_CLOSE (connections ended by the socket's own state change, no close()),
+// C_LISTEN_CHG (listening sockets opened or closed: user space rescans /proc then),
+// C_SHED_READS (reads with data by traced processes while paused, over the CPU budget),
+// C_BLOCKING (followed connections whose socket blocks on writes: no O_NONBLOCK) and
+// C_NCOUNTERS are defined by the loader from its one list (agent/loader.py COUNTERS).
+
+// Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
+// (without a flag: user space merges it into the same response) before it could wrap.
+#ifndef PX_OFFS_SPAN_NS
+#define PX_OFFS_SPAN_NS 3600000000000ULL
+#endif

@@ -1,0 +1,176 @@
+// The HTTP cut in the kernel: a read with data -> READ event with the request head; a write
+// starting "HTTP/" -> RESP event; other writes -> the connection's body-write aggregate
+// (chunked terminator, WebSocket frames, stream limit), flushed as WAGG at a boundary.
+
+static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u64 t) {
+    u64 sk = a->sk;
+    struct px_conn *c = px_conn_for(id, a->fd, sk);
+    if (!c)
+        return;
+#ifdef PX_OFF_TCP_SRTT
+    // tcp_sock.srtt_us (microseconds << 3) at its offset in the running kernel's BTF: one
+    // read per request instead of tcp_probe on every segment of every socket on the node
+    u32 srtt8 = 0;
+    if (ret > 0 && bpf_probe_read_kernel(&srtt8, sizeof(srtt8), (void *)(sk + PX_OFF_TCP_SRTT)) == 0)
+        c->srtt_us = srtt8 >> 3;
+#endif
+    if (ret <= 0) {
+        if (ret == 0)
+            c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
+        return;
+    }
+    px_flush(id, a->fd, sk, c, t, 0);
+    u32 zero = 0;
+    struct px_ev_read *e = px_scratch_read.lookup(&zero);
+    if (!e)
+        return;
+    px_hdr_fill(&e->h, EV_READ, id, a->fd, sk, c, t);
+    e->t_est = c->t_est;
+    e->t_acc = c->t_acc;
+    e->t_arr = c->arr_epoch == c->epoch ? c->t_arr : 0;  // not stamped before a pause
+    c->t_arr = 0;
+    e->n = ret;
+    e->lport = c->lport;
+    e->rport = c->rport;
+    e->family = c->family;
+    __builtin_memcpy(e->laddr, c->laddr, 16);
+    __builtin_memcpy(e->raddr, c->raddr, 16);
+    u64 seglen = 0;
+    u64 buf = px_first_buf(a, &seglen);
+    u64 len = px_clamp(ret, seglen, PX_HEAD_WINDOW);
+    e->caplen = 0;
+    if (buf && len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
+        e->caplen = len;
+    u64 size = sizeof(struct px_ev_read) - PX_HEAD_WINDOW + e->caplen;
+    asm volatile("" : "+r"(size));
+    if (size > sizeof(struct px_ev_read))
+        size = sizeof(struct px_ev_read);
+    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+        px_lost(c);
+}
+
+// t: when the write began (a chunk's time); t_done: when it returned (the end of a
+// response is its last write's return: a blocking write can last seconds).
+static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn *c, u64 id,
+                                             long ret, u64 t, u64 t_done) {
+    if (ret <= 0)
+        return;
+    u64 sk = a->sk;
+    u32 zero = 0;
+    struct px_ev_resp *e = px_scratch_resp.lookup(&zero);
+    if (!e)
+        return;
+    // One read of the write's first bytes serves every check below — the response-head
+    // test, the WebSocket opcode, and for a short single-buffer write (a streamed token)
+    // its chunked terminator — and is the captured head when that fits: a helper call
+    // and the kernel's usercopy checks fewer per write.
+    u64 seglen = 0;
+    u64 buf = 0;
+    u64 peek = 0;
+    if (a->kind != KIND_SENDFILE && a->kind != KIND_SENDFILE_CONT) {
+        buf = px_first_buf(a, &seglen);
+        peek = px_clamp(ret, seglen, PX_PEEK);
+        if (!buf || peek == 0 || bpf_probe_read_user(e->data, peek, (void *)buf))
+            peek = 0;
+    }
+    u8 *head = e->data;
+    if (peek >= 12 && head[0] == 'H' && head[1] == 'T' && head[2] == 'T' && head[3] == 'P' &&
+        head[4] == '/') {
+        // "HTTP/1.x 101": from now on the server writes WebSocket frames
+        c->ws = head[9] == '1' && head[10] == '0' && head[11] == '1';
+        px_flush(id, a->fd, sk, c, t, 0);
+        px_hdr_fill(&e->h, EV_RESP, id, a->fd, sk, c, t);
+        e->n = ret;
+        u64 len = px_clamp(ret, seglen, PX_RESP_WINDOW);
+        e->caplen = peek;
+        if (len > peek) {  // a head longer than the peek: read it whole
+            if (bpf_probe_read_user(e->data, len, (void *)buf) == 0)
+                e->caplen = len;
+        }
+        u64 size = sizeof(struct px_ev_resp) - PX_RESP_WINDOW + e->caplen;
+        asm volatile("" : "+r"(size));
+        if (size > sizeof(struct px_ev_resp))
+            size = sizeof(struct px_ev_resp);
+        if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+            px_lost(c);
+        return;
+    }
+    // WebSocket control frames (close, ping, pong: opcodes 8-10) carry no tokens; counted,
+    // a keepalive ping would stretch whichever exchange it follows to the idle time.
+    if (c->ws && peek >= 2 && (head[0] & 0x0f) >= 8)
+        return;
+    struct px_agg *g = px_aggs.lookup(&sk);
+    if (!g) {
+        u32 zero = 0;
+        struct px_agg *z = px_agg_zero.lookup(&zero);
+        if (!z)
+            return;
+        px_aggs.update(&sk, z);
+        g = px_aggs.lookup(&sk);
+        if (!g)
+            return;
+        px_count(C_AGGS);
+    }
+    if (a->kind == KIND_SENDFILE_CONT && g->n > 0) {
+        g->bytes += ret;
+        g->t_last = t_done;
+        c->agg_pending = 1;
+        return;
+    }
+    // u32 µs offsets would wrap past ~71 min of one aggregate: flush what it holds first
+    // (no flag: the same response continues) so offsets restart from this write.
+    if (g->t_first && t - g->t_first >= PX_OFFS_SPAN_NS) {
+        px_flush(id, a->fd, sk, c, t, 0);
+    }
+    // Chunked terminator at the end of this write: the response is complete now. A write
+    // that is only the terminator ends the response but carries no body (not a chunk).
+    u32 flags = 0;
+    u64 lastlen = 0;
+    u64 last = 0;
+    if (a->iov == IOV_NONE && peek == (u64)ret && peek >= 5) {
+        // the whole write was peeked: its last five bytes are in hand
+        u64 off = peek - 5;
+        asm volatile("" : "+r"(off));
+        if (off <= PX_PEEK - 5 && head[off] == '0' && head[off + 1] == '\r' &&
+            head[off + 2] == '\n' && head[off + 3] == '\r' && head[off + 4] == '\n')
+            flags = WAGG_END;
+    } else if (a->kind < KIND_SENDFILE) {
+        last = px_last_buf(a, ret, &lastlen);
+    }
+    if (last && lastlen >= 5) {
+        char tail[5] = {};
+        u64 off = lastlen - 5;
+        asm volatile("" : "+r"(off));
+        if (bpf_probe_read_user(tail, 5, (void *)(last + off)) == 0 && tail[0] == '0' &&
+            tail[1] == '\r' && tail[2] == '\n' && tail[3] == '\r' && tail[4] == '\n')
+            flags = WAGG_END;
+    }
+    int pure_end = flags == WAGG_END && ret == 5;
+    if (g->t_first == 0)
+        g->t_first = t;
+    if (!pure_end) {
+        if (g->n > 0 && t - g->t_last > g->gap_max_ns)
+            g->gap_max_ns = t - g->t_last;
+        u32 i = g->n;
+        if (i < PX_CHUNKS)
+            g->offs_us[i & (PX_CHUNKS - 1)] = (t - g->t_first) / 1000;
+        g->n = i + 1;
+    }
+    g->bytes += ret;
+    g->t_last = t_done;
+    c->agg_pending = 1;
+    struct px_cfg *cfg = px_cfg_get();
+    if (!flags && cfg && cfg->stream_limit_ns && t - g->t_first >= cfg->stream_limit_ns)
+        flags = WAGG_PARTIAL;
+    if (flags)
+        px_flush(id, a->fd, sk, c, t, flags);
+}
+
+static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u64 t,
+                                        u64 t_done) {
+    if (ret <= 0)
+        return;
+    struct px_conn *c = px_conn_for(id, a->fd, a->sk);
+    if (c)
+        px_on_write_conn(a, c, id, ret, t, t_done);
+}

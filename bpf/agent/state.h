@@ -1,0 +1,151 @@
+// What is kept per thread (the syscall in flight) and per connection (fd link, framing
+// state, body-write aggregate), and how a read or write finds its connection.
+
+struct px_active {
+    u64 busy;  // task storage is reused: 0 = no traced syscall in flight
+    u64 buf;
+    u64 sk;
+    u32 fd;
+    u8 kind;
+    u8 iov;
+    u16 vlen;  // iovec count for readv/writev (sendmsg: read from the msghdr)
+};
+
+struct px_fd {
+    u64 sk;      // 0 until the first read/write links it
+    u64 t_acc;   // accept() return, 0 when unknown
+    u16 lport;   // seeded from /proc for connections older than the agent (with the
+    u16 rport;   // addresses: /proc/net/tcp{,6} knows them, the conn would not)
+    u16 family;
+    u8 seeded;
+    u8 pad;
+    u8 laddr[16];
+    u8 raddr[16];
+};
+
+struct px_conn {
+    u64 agg_pending;  // body writes sit in px_aggs: reads need not look there otherwise
+    u64 fdkey;       // (tgid << 32 | fd) last linked to this socket: skips the fd table
+    u64 t_est;       // handshake complete (0: before the agent started)
+    u64 ident;       // t_est, or the time the agent first saw the socket (socket reuse)
+    u64 t_acc;
+    u64 t_arr;       // first data arrival not yet consumed by a read
+    u32 tgid;
+    u32 srtt_us;
+    u32 retrans;
+    u16 lport;
+    u16 rport;
+    u16 family;
+    u16 ws;          // 1 after a "101 Switching Protocols" response: WebSocket frames follow
+    u8 laddr[16];
+    u8 raddr[16];
+    u32 lost;        // an event of this connection was lost (ring full): told with the next
+    u32 peer_rst;    // tcp_receive_reset: the reset that closes it is the peer's
+    u32 epoch;       // px_cfg.epoch of its last event: another one means a pause in between
+    u32 arr_epoch;   // px_cfg.epoch when t_arr was stamped
+    // PX_SOCK_HOOKS write state, on the connection rather than the thread (one lookup
+    // fewer per write: the connection is looked up anyway). A socket's writes are
+    // serialised by its lock, so one in progress at a time.
+    u64 t_send;      // start of the blocking write in progress (tcp_sendmsg_locked)
+    u64 sf_left;     // bytes the sendfile() in progress still has to send
+    u32 send_epoch;  // px_cfg.epoch when t_send was stamped
+    u32 mode_seen;   // its socket's blocking mode was checked (see px_cfg.send_start)
+};
+
+struct px_agg {
+    u64 t_first;
+    u64 t_last;
+    u64 bytes;
+    u64 gap_max_ns;
+    u32 n;
+    u32 flags;
+    u32 offs_us[PX_CHUNKS];
+};
+
+#ifdef PX_TASK_STORAGE
+// The syscall in flight, per thread: task-local storage (a pointer in the task, no hash)
+BPF_TASK_STORAGE(px_active, struct px_active);
+#else
+BPF_HASH(px_active, u64, struct px_active, 16384);
+#endif
+BPF_TABLE("lru_hash", u64, struct px_fd, px_fds, PX_MAX_CONNS);
+BPF_TABLE("lru_hash", u64, struct px_conn, px_conns, PX_MAX_CONNS);
+BPF_TABLE("lru_hash", u64, struct px_agg, px_aggs, PX_MAX_CONNS);
+BPF_PERCPU_ARRAY(px_agg_zero, struct px_agg, 1);  // never written: the zero value for inits
+
+#if !defined(PX_HAVE_SOCK_RECV_LENGTH) || !defined(PX_HAVE_SOCK_SEND_LENGTH)
+// Before Linux 6.3 (no sock_*_length): link fd and socket by the peer address that accept()
+// writes to user memory and the 4-tuple inet_sock_set_state saw at the handshake. Servers
+// that pass no address buffer to accept() (libuv, Go) are not followed on these kernels.
+#define PX_LINK_BY_TUPLE 1
+struct px_tuple {
+    u8 raddr[16];
+    u16 rport;
+    u16 pad[3];
+};
+BPF_TABLE("lru_hash", struct px_tuple, u64, px_tuples, PX_MAX_CONNS);
+BPF_HASH(px_accept_args, u64, u64, 16384);
+#endif
+
+static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
+    struct px_conn *c = px_conns.lookup(&sk);
+    u64 key = (id & 0xffffffff00000000ULL) | fd;
+    if (c && c->fdkey == key) {  // the common case: one hash lookup per event
+        u32 ep = px_epoch();
+        if (c->epoch != ep) {
+            c->epoch = ep;
+            c->lost = 1;
+            c->sf_left = 0;
+        }
+        return c;
+    }
+    struct px_fd *f = px_fds.lookup(&key);
+    if (!c) {
+        // A connection older than the agent: seeded from /proc by user space.
+        if (!f || !f->seeded || !px_port_ok(f->lport))
+            return 0;
+#ifdef PX_OFF_SKC_NUM
+        // Its close is not seen on the socket path: a seeded fd may since name another
+        // socket (an outbound connection, a unix socket). The local port tells.
+        u16 num = 0;
+        if (bpf_probe_read_kernel(&num, sizeof(num), (void *)(sk + PX_OFF_SKC_NUM)) ||
+            num != f->lport) {
+            px_fds.delete(&key);
+            return 0;
+        }
+#endif
+        struct px_conn nc = {};
+        nc.ident = bpf_ktime_get_ns();
+        nc.epoch = px_epoch();
+        nc.arr_epoch = nc.epoch;
+        nc.lport = f->lport;
+        nc.rport = f->rport;
+        nc.family = f->family;
+        __builtin_memcpy(nc.laddr, f->laddr, 16);
+        __builtin_memcpy(nc.raddr, f->raddr, 16);
+        nc.tgid = id >> 32;
+        px_conns.update(&sk, &nc);
+        c = px_conns.lookup(&sk);
+        if (!c)
+            return 0;
+        px_count(C_CONNS);
+    }
+    if (!f) {
+        struct px_fd nf = {};
+        nf.sk = sk;
+        px_fds.update(&key, &nf);
+    } else if (f->sk != sk) {
+        if (f->t_acc && !c->t_acc && f->sk == 0)
+            c->t_acc = f->t_acc;
+        f->sk = sk;
+    }
+    c->tgid = id >> 32;
+    c->fdkey = key;
+    u32 ep = px_epoch();
+    if (c->epoch != ep) {
+        c->epoch = ep;
+        c->lost = 1;  // tracing was paused since its last event: user space resynchronises
+        c->sf_left = 0;
+    }
+    return c;
+}

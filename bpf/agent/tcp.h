@@ -1,0 +1,282 @@
+// The softirq side, keyed by socket address (these run with whatever task is on the CPU):
+// handshake and close (inet_sock_set_state), data arrival (sk_data_ready, also as a BTF
+// tracepoint), srtt (tcp_probe where BTF gives no offset), resets, retransmits, SYN-ACK
+// retransmits per listening port.
+
+// SYN-ACK retransmits per listening port
+BPF_HASH(px_synack, u16, u64, 256);
+
+// ---- softirq side: keyed by socket address ----------------------------------------
+
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_RECV 3
+#define TCP_FIN_WAIT1 4
+#define TCP_CLOSE 7
+#define TCP_CLOSE_WAIT 8
+#define TCP_LAST_ACK 9
+#define TCP_LISTEN 10
+
+// Threads of traced processes that are exiting (sched_process_exit runs before the exit
+// closes the files): a reset sent from such a thread is the server's, not the peer's.
+BPF_TABLE("lru_hash", u64, u8, px_exiting, 1024);
+
+#ifdef PX_HAVE_SCHED_PROCESS_EXIT
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 id = bpf_get_current_pid_tgid();
+    if (!px_followed(id >> 32))
+        return 0;
+    u8 one = 1;
+    px_exiting.update(&id, &one);
+#ifdef PX_HAVE_EXIT_GROUP_DEAD
+    if (args->group_dead) {
+        // The whole process is gone: stop tracing its tgid now, not at the next /proc
+        // rescan (a reused pid must not be traced because a previous owner was).
+        u32 tgid = id >> 32;
+        u8 zero = 0;
+        px_pids.update(&tgid, &zero);
+    }
+#endif
+    return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(sock, inet_sock_set_state) {
+    if (args->protocol != PX_IPPROTO_TCP)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    int ns = args->newstate;
+    int os = args->oldstate;
+    if (os == TCP_SYN_RECV && ns == TCP_ESTABLISHED) {
+        if (!px_port_ok(args->sport))
+            return 0;
+        struct px_conn c = {};
+        c.t_est = bpf_ktime_get_ns();
+        c.epoch = px_epoch();
+        c.arr_epoch = c.epoch;
+        c.ident = c.t_est;
+        c.lport = args->sport;
+        c.rport = args->dport;
+        c.family = args->family;
+        if (args->family == PX_AF_INET) {
+            __builtin_memcpy(c.laddr, args->saddr, 4);
+            __builtin_memcpy(c.raddr, args->daddr, 4);
+        } else {
+            __builtin_memcpy(c.laddr, args->saddr_v6, 16);
+            __builtin_memcpy(c.raddr, args->daddr_v6, 16);
+        }
+        px_conns.update(&sk, &c);
+        px_count(C_CONNS);
+#ifdef PX_LINK_BY_TUPLE
+        struct px_tuple tk = {};
+        __builtin_memcpy(tk.raddr, c.raddr, 16);
+        tk.rport = args->dport;
+        px_tuples.update(&tk, &sk);
+#endif
+        return 0;
+    }
+    if (ns == TCP_LISTEN || os == TCP_LISTEN) {
+        // listening sockets per port: only connections accepted on one are followed
+        px_count(C_LISTEN_CHG);
+        u32 k = args->sport;
+        u32 *n = px_listen.lookup(&k);
+        if (n) {
+            if (ns == TCP_LISTEN)
+                __sync_fetch_and_add(n, 1);
+            else if (*n > 0)
+                __sync_fetch_and_add(n, -1);
+        }
+        return 0;
+    }
+    int peer_fin = ns == TCP_CLOSE_WAIT;
+    // Our side's own close transitions: a close() we saw has already ended the connection
+    // (sys_enter_close runs first); one still here was closed without it — a process killed
+    // or exiting mid-request, or a close by a path we do not trace.
+    int closing = (os == TCP_ESTABLISHED && ns == TCP_FIN_WAIT1) ||
+                  (os == TCP_CLOSE_WAIT && ns == TCP_LAST_ACK) || ns == TCP_CLOSE;
+    if (!peer_fin && !closing)
+        return 0;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (!c)
+        return 0;
+    u64 t = bpf_ktime_get_ns();
+    u64 owner = ((u64)c->tgid) << 32;
+    if (ns == TCP_CLOSE && os == TCP_ESTABLISHED) {
+        // A reset while established: the peer's (a client that closes with unread data
+        // resets instead of sending a FIN) unless an exiting thread of ours sent it.
+        u64 id = bpf_get_current_pid_tgid();
+        peer_fin = px_exiting.lookup(&id) == 0;
+#if defined(PX_SOCK_HOOKS) && defined(PX_HAVE_TCP_RECEIVE_RESET)
+        // No close() is seen on this path: a server's abortive close (unread data,
+        // SO_LINGER 0) makes this transition too. Only a received reset is the peer's.
+        peer_fin = c->peer_rst;
+#endif
+    }
+    if (peer_fin) {
+        // The peer is gone: its FIN (CLOSE_WAIT) or its RST.
+        struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+        if (!e) {
+            px_lost(c);
+        } else {
+            px_hdr_fill(e, EV_PEER_FIN, owner, 0, sk, c, t);
+            px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        }
+    }
+    if (!closing)
+        return 0;
+    u32 type = EV_SOCK_CLOSE;
+#ifdef PX_SOCK_HOOKS
+    // No close() is seen on this path: the app's own close is this transition, unless an
+    // exiting thread of the process makes it (a server killed or exiting mid-request).
+    u64 cur = bpf_get_current_pid_tgid();
+    if (px_exiting.lookup(&cur) == 0)
+        type = EV_CLOSE;
+#endif
+    if (type == EV_SOCK_CLOSE)
+        px_count(C_SOCK_CLOSE);
+    u64 fdkey = c->fdkey;
+    px_flush(owner, (u32)fdkey, sk, c, t, WAGG_CLOSE);
+    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+    if (!e) {
+        px_lost(c);
+    } else {
+        px_hdr_fill(e, type, owner, (u32)fdkey, sk, c, t);
+        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    }
+    struct px_fd *f = px_fds.lookup(&fdkey);
+    if (f && f->sk == sk)
+        px_fds.delete(&fdkey);
+    if (px_conns.delete(&sk) == 0)
+        px_count(C_CONNS_DEL);
+    if (px_aggs.delete(&sk) == 0)
+        px_count(C_AGGS_DEL);
+    return 0;
+}
+
+#ifdef PX_HAVE_SK_DATA_READY
+static __always_inline void px_data_ready(u64 sk, struct px_cfg *cfg) {
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c && (c->t_arr == 0 || c->arr_epoch != cfg->epoch)) {
+        c->t_arr = bpf_ktime_get_ns();
+        c->arr_epoch = cfg->epoch;
+    }
+}
+
+// Attached by bcc; replaced by px_sdr_btf where the kernel loads that (agent/tpbtf.py).
+TRACEPOINT_PROBE(sock, sk_data_ready) {
+    u64 sk = (u64)args->skaddr;
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || cfg->paused)
+        return 0;  // nothing while paused (a request read meanwhile is not timed)
+    px_data_ready(sk, cfg);
+    return 0;
+}
+
+#ifdef PX_SDR_BTF
+// sk_data_ready as a BTF tracepoint (tp_btf), loaded by agent/tpbtf.py: its socket argument
+// is a typed pointer, so the local port is a direct load from the socket's first cache
+// line, which the network stack has just used. With at most PX_CFG_PORTS traced ports
+// (px_cfg.nports), sockets on other ports — the node's clients, the servers' own outbound
+// connections streaming from their backends — stop there, before any map lookup.
+int px_sdr_btf(u64 *ctx) {
+    u64 sk = ctx[0];
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || cfg->paused)
+        return 0;
+    u32 n = cfg->nports;
+    if (n) {
+        u16 num = *(u16 *)(sk + PX_OFF_SKC_NUM);
+        int hit = 0;
+#pragma unroll
+        for (int i = 0; i < PX_CFG_PORTS; i++)
+            hit |= i < n && cfg->ports[i] == num;
+        if (!hit)
+            return 0;
+    }
+    px_data_ready(sk, cfg);
+    return 0;
+}
+#endif
+#endif
+
+#if defined(PX_HAVE_TCP_PROBE) && !defined(PX_OFF_TCP_SRTT)
+TRACEPOINT_PROBE(tcp, tcp_probe) {
+    // the port first (an inlined array lookup): client-side segments stop here
+    if (!px_port_ok(args->sport))
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (!c) {
+        // A connection older than the agent, seen at its next segment with data. Only on a
+        // listening port: a traced process's outbound connections (to its database, its
+        // LLM backend) are not requests it serves.
+        if (args->data_len == 0)
+            return 0;
+        u32 lk = args->sport;
+        u32 *ln = px_listen.lookup(&lk);
+        if (!ln || *ln == 0)
+            return 0;
+        struct px_conn nc = {};
+        nc.ident = bpf_ktime_get_ns();
+        nc.epoch = px_epoch();
+        nc.arr_epoch = nc.epoch;
+        nc.lport = args->sport;
+        nc.rport = args->dport;
+        nc.family = args->family;
+        if (args->family == PX_AF_INET) {
+            __builtin_memcpy(nc.laddr, (u8 *)args->saddr + 4, 4);
+            __builtin_memcpy(nc.raddr, (u8 *)args->daddr + 4, 4);
+        } else {
+            __builtin_memcpy(nc.laddr, (u8 *)args->saddr + 8, 16);
+            __builtin_memcpy(nc.raddr, (u8 *)args->daddr + 8, 16);
+        }
+        px_conns.update(&sk, &nc);
+        c = px_conns.lookup(&sk);
+        if (!c)
+            return 0;
+        px_count(C_CONNS);
+    }
+    c->srtt_us = args->srtt;  // already microseconds (tp->srtt_us >> 3)
+#ifndef PX_HAVE_SK_DATA_READY
+    if (args->data_len && (c->t_arr == 0 || c->arr_epoch != px_epoch())) {
+        c->t_arr = bpf_ktime_get_ns();
+        c->arr_epoch = px_epoch();
+    }
+#endif
+    return 0;
+}
+#endif
+
+#if defined(PX_SOCK_HOOKS) && defined(PX_HAVE_TCP_RECEIVE_RESET)
+TRACEPOINT_PROBE(tcp, tcp_receive_reset) {
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c)
+        c->peer_rst = 1;
+    return 0;
+}
+#endif
+
+#ifdef PX_HAVE_TCP_RETRANSMIT_SKB
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+    u64 sk = (u64)args->skaddr;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c)
+        c->retrans += 1;
+    return 0;
+}
+#endif
+
+#ifdef PX_HAVE_TCP_RETRANSMIT_SYNACK
+TRACEPOINT_PROBE(tcp, tcp_retransmit_synack) {
+    u16 port = args->sport;
+    if (!px_port_ok(port))
+        return 0;
+    u64 one = 1;
+    u64 *v = px_synack.lookup(&port);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+    else
+        px_synack.update(&port, &one);
+    return 0;
+}
+#endif
