@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-AttrType = Literal["string", "int", "bool", "int[]"]
+AttrType = Literal["string", "int", "double", "bool", "int[]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +131,71 @@ TRACEPARENT_MISSED = Attr(
 )
 SOURCE = Attr("parallax.source", "string", "", "Who measured the span: `ebpf` for the agent.")
 
+# --- Parallax: GPU time beside the request (agent, docs/gpu.md) ----------------------
+# Windows: prefill = t1 → the first body write (ttft), decode = first body write → the last
+# write. GPU activity is the *service's*: its GPU processes (the traced process and those in
+# its cgroup that use a GPU) during the window, shared with whatever else they served then
+# (inference servers batch), never the request's own kernels. Absent when not measured: a
+# service without GPU processes, no NVML, uprobes off, a window without samples.
+GPU_PREFILL_LAUNCHES = Attr(
+    "parallax.gpu.prefill_launches",
+    "int",
+    "",
+    "Kernel and graph launches the service's GPU processes enqueued during prefill (host"
+    " enqueue times, CUDA driver uprobes; not execution on the GPU).",
+)
+GPU_DECODE_LAUNCHES = Attr(
+    "parallax.gpu.decode_launches",
+    "int",
+    "",
+    "Kernel and graph launches the service's GPU processes enqueued during decode.",
+)
+GPU_PREFILL_WAIT_US = Attr(
+    "parallax.gpu.prefill_wait_us",
+    "int",
+    "us",
+    "Time a host thread of the service was blocked on the GPU during prefill (synchronize,"
+    " device-to-host copy; the union over threads).",
+)
+GPU_DECODE_WAIT_US = Attr(
+    "parallax.gpu.decode_wait_us",
+    "int",
+    "us",
+    "Time a host thread of the service was blocked on the GPU during decode (union over threads).",
+)
+GPU_PREFILL_SM_UTIL_PCT = Attr(
+    "parallax.gpu.prefill_sm_util_pct",
+    "double",
+    "%",
+    "SM utilisation of the service's GPU processes during prefill, 0–100 (NVML process"
+    " samples, time-weighted).",
+)
+GPU_DECODE_SM_UTIL_PCT = Attr(
+    "parallax.gpu.decode_sm_util_pct",
+    "double",
+    "%",
+    "SM utilisation of the service's GPU processes during decode, 0–100.",
+)
+GPU_SAMPLE_COVERAGE = Attr(
+    "parallax.gpu.sample_coverage",
+    "double",
+    "",
+    "Share of the request's windows (prefill + decode) that NVML samples cover, 0–1.",
+)
+GPU_INFLIGHT_MEAN = Attr(
+    "parallax.gpu.inflight_mean",
+    "double",
+    "",
+    "Mean number of requests in flight to the same service over the request (itself"
+    " included): the batch it shared the GPU with.",
+)
+GPU_UUID = Attr(
+    "parallax.gpu.uuid",
+    "string",
+    "",
+    "The GPUs the service's GPU processes ran on (NVML UUIDs, comma-separated).",
+)
+
 # Resource attributes the agent sets per process (standard names).
 RESOURCE_SERVICE_NAME = "service.name"
 RESOURCE_PROCESS_PID = "process.pid"
@@ -167,9 +232,26 @@ ALL: tuple[Attr, ...] = (
     CLIENT_ABORTED,
     TRACEPARENT_MISSED,
     SOURCE,
+    GPU_PREFILL_LAUNCHES,
+    GPU_DECODE_LAUNCHES,
+    GPU_PREFILL_WAIT_US,
+    GPU_DECODE_WAIT_US,
+    GPU_PREFILL_SM_UTIL_PCT,
+    GPU_DECODE_SM_UTIL_PCT,
+    GPU_SAMPLE_COVERAGE,
+    GPU_INFLIGHT_MEAN,
+    GPU_UUID,
 )
+GPU: tuple[Attr, ...] = tuple(a for a in ALL if a.name.startswith("parallax.gpu."))
 BY_NAME: dict[str, Attr] = {a.name: a for a in ALL}
 CHUNK_OFFSETS_CAP = 256
+
+
+def record_field(a: Attr) -> str:
+    """The agent's JSONL field for a ``parallax.*`` attribute: the name without
+    ``parallax.``, dots as underscores (``parallax.gpu.prefill_wait_us`` →
+    ``gpu_prefill_wait_us``)."""
+    return a.name.removeprefix("parallax.").replace(".", "_")
 
 
 def markdown_table() -> str:
