@@ -257,7 +257,7 @@ def _stages(data_dir: Path, n: int = 20_000) -> dict[str, float]:
         "from bench.collector import _bodies\n"
         "from collector.ingest import otlp, beacons\n"
         "from collector.metrics import Metrics\n"
-        "from collector.pairer import Pairer\n"
+        "from collector.pairing.pairer import Pairer\n"
         "from collector.store import schema\n"
         "from collector.store.client import Store\n"
         "import gc\n"

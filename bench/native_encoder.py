@@ -31,8 +31,8 @@ from clickhouse_connect.driver.insert import InsertContext
 from clickhouse_connect.driver.transform import NativeTransform
 
 from bench.collector import _bodies
-from collector import pairer
 from collector.ingest import beacons, otlp
+from collector.pairing import rules
 from collector.store import native, schema
 from collector.store.client import Store
 
@@ -49,7 +49,7 @@ def _rows(n: int) -> dict[str, list[tuple[Any, ...]]]:
     spans = [r for b in spans_b for r in otlp.parse(b, False, now, 0, now).rows]
     entries = [r for b in beacons_b for r in beacons.parse(beacons.load(b), now, 0, now).rows]
     by_trace = {e[5]: e for e in entries}
-    pairs, _ = pairer.pairs_for_rows([([s], [by_trace[s[3]]]) for s in spans], now)
+    pairs, _ = rules.pairs_for_rows([([s], [by_trace[s[3]]]) for s in spans], now)
     return {schema.SPANS: spans, schema.ENTRIES: entries, schema.PAIRS: pairs}
 
 

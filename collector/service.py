@@ -26,7 +26,7 @@ from collector.api.query import build_query_app
 from collector.config import Settings, split_hostport
 from collector.ingest import otlp
 from collector.metrics import Metrics
-from collector.pairer import Pairer
+from collector.pairing.pairer import Pairer
 from collector.pipeline import ENTRIES, SPANS, Pipeline, SpoolLockedError
 from collector.plugins import Context, Plugin
 from collector.plugins import load as load_plugins

@@ -3,9 +3,11 @@
 - ``trace_context``: W3C ``traceparent`` parse/format/generate.
 - ``routes``: path → low-cardinality route template.
 - ``span_attributes``: the OTLP span attributes the agent emits and the collector reads.
-- ``beacon``: the browser beacon JSON Schema (v1) and its validator.
+- ``beacon``: the browser beacon (v1): the Structs that define it and decode it, and the
+  JSON Schema generated from them.
 
-The language-neutral files (test vectors, the beacon schema) live in ``docs/contracts/``.
+The language-neutral files (test vectors, the generated beacon schema) live in
+``docs/contracts/``.
 """
 
 import os

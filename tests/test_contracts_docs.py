@@ -70,3 +70,13 @@ def test_beacon_schema_is_valid_json_schema() -> None:
     from jsonschema import Draft202012Validator
 
     Draft202012Validator.check_schema(json.loads(beacon.SCHEMA_FILE.read_text()))
+
+
+def test_beacon_schema_file_is_generated_from_the_structs() -> None:
+    """docs/contracts/beacon.v1.schema.json (what the probe's tests read) is exactly what
+    the Structs generate; the command that rewrites it says so too."""
+    assert beacon.SCHEMA_FILE.read_text() == beacon.schema_text(), (
+        "docs/contracts/beacon.v1.schema.json is stale: regenerate it with "
+        "python -m parallax_contracts.beacon"
+    )
+    assert beacon.main(["--check"]) == 0

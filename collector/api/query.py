@@ -17,8 +17,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from collector.pairer import read_traces
-from collector.pairing import arrange, candidates, derive
+from collector.pairing.lookups import read_traces
+from collector.pairing.rules import arrange, candidates, derive
 from collector.plugins import Context, Plugin
 from parallax_contracts.trace_context import is_valid_trace_id
 

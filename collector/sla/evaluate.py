@@ -13,7 +13,8 @@ from typing import Any
 
 from collector.sla import explain, quantize, stats
 from collector.sla.config import SlaConfig
-from collector.sla.source import METRIC_ORDER, SeriesStats, SlaSource, Window
+from collector.sla.source import METRIC_ORDER, SlaSource
+from collector.sla.stats import SeriesStats, Window
 
 _RANK = {v: i for i, v in enumerate(stats.VERDICTS)}
 

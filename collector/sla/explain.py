@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.sla.source import HOP_PREFIX, SeriesStats
+from collector.sla.source import HOP_PREFIX
+from collector.sla.stats import SeriesStats
 
 PART_LABELS = {
     "render": "render delay",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -118,43 +117,6 @@ def _sec(t: datetime) -> str:
 
 def _minute(t: datetime) -> datetime:
     return t.astimezone(UTC).replace(second=0, microsecond=0)
-
-
-_LEVEL_INDEX: dict[tuple[float, ...], dict[float, int]] = {}
-
-
-def _level_index(levels: tuple[float, ...]) -> dict[float, int]:
-    idx = _LEVEL_INDEX.get(levels)
-    if idx is None:
-        idx = _LEVEL_INDEX[levels] = {q: i for i, q in enumerate(levels)}
-    return idx
-
-
-@dataclass(slots=True)
-class SeriesStats:
-    """One series over the window: n, how many values are not 0 (for shares), and the grid
-    cell at rank ceil(n·q) for each level q asked (decoded to ms on demand)."""
-
-    n: int
-    nonzero: int
-    levels: tuple[float, ...]
-    codes: Sequence[int]
-    grid: quantize.Grid = quantize.FINE
-
-    def at(self, q: float) -> float | None:
-        i = _level_index(self.levels).get(q)
-        if i is None or not self.n:
-            return None
-        return quantize.decode(int(self.codes[i]), self.grid)
-
-
-@dataclass(slots=True)
-class Window:
-    start: datetime
-    end: datetime
-    series: dict[tuple[str, str], dict[str, SeriesStats]] = field(default_factory=dict)
-    far_off_sessions: dict[tuple[str, str], int] = field(default_factory=dict)
-    sessions: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class SlaSource:
@@ -476,9 +438,9 @@ GROUP BY service, route, series"""  # noqa: S608
         now − window to the current minute (the window covers window…window + 1 min)."""
         return _minute(now - window), _minute(now)
 
-    def read_window(self, now: datetime, window: timedelta) -> Window:
+    def read_window(self, now: datetime, window: timedelta) -> stats.Window:
         start, last = self.window_minutes(now, window)
-        w = Window(start=start, end=now)
+        w = stats.Window(start=start, end=now)
         db = self.db
         metric_series = ", ".join(f"'{m}:{side}'" for m in METRICS for side in ("user", "server"))
         rows_sql = self._window_rows_sql(start, last)
@@ -509,7 +471,7 @@ GROUP BY service, route, series"""  # noqa: S608
         ]
         for lv, sql in queries:
             for service, route, series, n, nz, qs in self.rows(sql):
-                w.series.setdefault((service, route), {})[series] = SeriesStats(
+                w.series.setdefault((service, route), {})[series] = stats.SeriesStats(
                     int(n), int(nz), lv, qs, grid_of(series)
                 )
         for service, route, total, far in self.rows(

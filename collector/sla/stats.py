@@ -10,14 +10,22 @@ slow request is slow on both sides). A bootstrap over pairs would use that pairi
 narrower interval, but it needs every raw pair of the window (cost grows with the window's
 rows, B resamples each) and is only asymptotically right in the tail at small n; these
 bounds need only a few order statistics, which the per-minute histograms give exactly.
+
+The order statistics of a window's series, as the store's summaries give them (read by
+collector.sla.source), are held here too: ``SeriesStats`` per series, ``Window`` per
+evaluation.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from functools import lru_cache
+
+from collector.sla import quantize
 
 P = 0.95
 ALPHA = 0.05
@@ -121,3 +129,41 @@ def verdict(n: int, ci: Interval, band_ms: float, min_samples: int) -> str:
     if ci.low is not None and ci.high is not None and ci.low >= -band_ms and ci.high <= band_ms:
         return OK
     return UNCERTAIN
+
+
+# --- A window's series, as the store summarized them (collector.sla.source) -----------
+_LEVEL_INDEX: dict[tuple[float, ...], dict[float, int]] = {}
+
+
+def _level_index(levels: tuple[float, ...]) -> dict[float, int]:
+    idx = _LEVEL_INDEX.get(levels)
+    if idx is None:
+        idx = _LEVEL_INDEX[levels] = {q: i for i, q in enumerate(levels)}
+    return idx
+
+
+@dataclass(slots=True)
+class SeriesStats:
+    """One series over the window: n, how many values are not 0 (for shares), and the grid
+    cell at rank ceil(n·q) for each level q asked (decoded to ms on demand)."""
+
+    n: int
+    nonzero: int
+    levels: tuple[float, ...]
+    codes: Sequence[int]
+    grid: quantize.Grid = quantize.FINE
+
+    def at(self, q: float) -> float | None:
+        i = _level_index(self.levels).get(q)
+        if i is None or not self.n:
+            return None
+        return quantize.decode(int(self.codes[i]), self.grid)
+
+
+@dataclass(slots=True)
+class Window:
+    start: datetime
+    end: datetime
+    series: dict[tuple[str, str], dict[str, SeriesStats]] = field(default_factory=dict)
+    far_off_sessions: dict[tuple[str, str], int] = field(default_factory=dict)
+    sessions: dict[tuple[str, str], int] = field(default_factory=dict)

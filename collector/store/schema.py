@@ -151,7 +151,7 @@ ENTRY_COLUMNS: tuple[Column, ...] = (
     _c("hidden", "Bool"),
     _c("transfer_size", "Nullable(UInt64)"),
     _c("protocol", "LowCardinality(String)"),
-    _c("server_timing", "String"),  # JSON array as sent ('' when absent)
+    _c("server_timing", "String"),  # JSON array of the entry's ServerTimings ('' when absent)
     _c("error", "LowCardinality(String)"),
     _c("clock_drift_ms", "Nullable(Float64)"),
     _c("sdk", "LowCardinality(String)"),

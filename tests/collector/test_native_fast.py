@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.collector import _bodies
-from collector import pairer
 from collector.ingest import beacons, build_fast, otlp
+from collector.pairing import rules
 from collector.store import native, schema
 from tests.collector.helpers import run_store_script
 
@@ -269,10 +269,10 @@ def real_rows() -> dict[str, list[tuple[Any, ...]]]:
     spans = [r for b in spans_b for r in otlp.parse(b, False, now, 0, now).rows]
     entries = [r for b in beacons_b for r in beacons.parse(beacons.load(b), now, 0, now).rows]
     by_trace = {e[5]: e for e in entries}
-    one_hop, _ = pairer.pairs_for_rows([([s], [by_trace[s[3]]]) for s in spans[:200]], now)
-    edge = [pairer.span_dict(s) for s in spans[200:]]
+    one_hop, _ = rules.pairs_for_rows([([s], [by_trace[s[3]]]) for s in spans[:200]], now)
+    edge = [rules.span_dict(s) for s in spans[200:]]
     origin = [dict(d, span_id=d["span_id"][::-1], time_ns=d["time_ns"] + 1000) for d in edge]
-    multi, _ = pairer.pairs_for(edge + origin, [pairer.entry_dict(e) for e in entries[200:]], now)
+    multi, _ = rules.pairs_for(edge + origin, [rules.entry_dict(e) for e in entries[200:]], now)
     assert len(one_hop) == 200 and len(multi) == 100
     assert any(
         len(r[schema.column_names(schema.PAIR_COLUMNS).index("hop_span_ids")]) == 2 for r in multi

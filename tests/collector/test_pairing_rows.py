@@ -16,8 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collector.ingest import beacons, otlp
-from collector.pairer import entry_dict, pairs_for, pairs_for_rows, span_dict
-from collector.pairing import PAIR_NAMES
+from collector.pairing.rules import PAIR_NAMES, entry_dict, pairs_for, pairs_for_rows, span_dict
 
 TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
 BROWSER_SPAN = "00f067aa0ba902b7"
@@ -180,7 +179,7 @@ def test_due_marks_earlier_wins_and_nothing_is_taken_twice() -> None:
     from typing import cast
 
     from collector.metrics import Metrics
-    from collector.pairer import Pairer
+    from collector.pairing.pairer import Pairer
     from collector.store.client import Store
 
     p = Pairer(cast(Store, None), Metrics(), max_batch=3)  # marks never touch the store
@@ -207,7 +206,7 @@ def test_a_pair_is_written_again_only_when_its_spans_change() -> None:
     from typing import cast
 
     from collector.metrics import Metrics
-    from collector.pairer import Pairer
+    from collector.pairing.pairer import Pairer
     from collector.store.client import Store
 
     def spec(**kw: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from collector.trace_index import TraceIndex
+from collector.pairing.trace_index import TraceIndex
 from tests.collector.helpers import run_store_script
 
 
@@ -80,7 +80,7 @@ import json, os, sys, time
 from bench.collector import _bodies
 from collector.ingest import beacons, otlp
 from collector.metrics import Metrics
-from collector.pairer import Pairer
+from collector.pairing.pairer import Pairer
 from collector.store import schema
 from collector.store.client import Store
 
@@ -149,7 +149,7 @@ def test_an_index_that_failed_to_take_written_rows_stops_answering() -> None:
     import pytest
 
     from collector.metrics import Metrics
-    from collector.pairer import Pairer
+    from collector.pairing.pairer import Pairer
 
     p = Pairer(object(), Metrics(), exclusive=True)  # type: ignore[arg-type]
     p.span_index.loaded([], [], 1e9)

@@ -1,6 +1,7 @@
 """A loopback HTTP server for the probe's browser tests: it serves test pages (with chosen
 response headers), the built probe and OpenTelemetry bundles, and records the beacons the
-probe posts, each validated against the beacon v1 contract (parallax_contracts.beacon)."""
+probe posts, each validated against the beacon v1 contract (parallax_contracts.beacon) —
+decoded whole, as the collector's fast path takes a plain beacon."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from parallax_contracts import beacon
 
@@ -76,7 +79,13 @@ class Sink:
                 if self.path.split("?")[0] == "/v1/beacons":
                     try:
                         doc = json.loads(raw)
-                        errs = beacon.errors(doc)
+                        errs = []
+                        try:
+                            beacon.decode(raw)
+                        except msgspec.DecodeError as e:
+                            # Invalid (the messages say where), or valid only for the
+                            # collector's slower entry-by-entry path.
+                            errs = beacon.errors(doc) or [f"not decoded whole: {e}"]
                     except ValueError as e:
                         doc, errs = {}, [f"not JSON: {e}"]
                     with sink.lock:

@@ -1,12 +1,12 @@
 """Fills the ``pairs`` table as the second side of a pair reaches the store.
 
 Each trace id written by the pipeline is marked; a background round reads both sides of the
-marked traces (bounded look-back, bloom-filter lookups by trace id), pairs them with
-collector.pairing and writes the pairs that are new or changed. A trace with one side only
-is looked at once more ``recheck_s`` later (the other side may be in flight through another
-collector). A late beacon pairs when it is written: its trace id is marked like any other.
-At start, browser entries of the look-back window without a pair are marked again (pairs a
-crash interrupted).
+marked traces (from its memory of recent rows, else from the store within a bounded
+look-back: pairing.lookups), pairs them (pairing.rules) and writes the pairs that are new
+or changed. A trace with one side only is looked at once more ``recheck_s`` later (the
+other side may be in flight through another collector). A late beacon pairs when it is
+written: its trace id is marked like any other. At start, browser entries of the look-back
+window without a pair are marked again (pairs a crash interrupted).
 
 With the embedded store the collector is its only writer, and a TraceIndex per side answers
 "is the other side in the store?" from memory: a trace whose other side is nowhere is not
@@ -19,175 +19,29 @@ from __future__ import annotations
 
 import heapq
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from collector import pairing
 from collector.ingest.common import FUTURE_SLACK_NS
 from collector.metrics import Metrics
-from collector.pairing import pair_row
+from collector.pairing.lookups import present, read_traces
+from collector.pairing.rules import PAIR_NAMES, Rows, entry_dict, pairs_for, pairs_for_rows
+from collector.pairing.trace_index import TraceIndex
 from collector.store import schema
 from collector.store.client import Store
-from collector.trace_index import TraceIndex
 
 log = logging.getLogger("parallax.collector")
 
-SPAN_SELECT = """
-SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) AS end_ns,
-       trace_id, span_id, parent_span_id, span_name, source, service, host, pid, method,
-       route, path, status, server_address, server_port, client_address, client_port,
-       toUnixTimestamp64Nano(arrival) AS arrival_ns, ttfb_us, recv_queue_us,
-       accept_queue_us, ttft_us, duration_us, chunk_offsets_us, chunks, chunk_gap_max_us,
-       bytes_in, bytes_out, srtt_us, retransmits, ws_seq, partial, client_aborted,
-       traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms
-FROM {db}.server_spans
-"""
-ENTRY_SELECT = """
-SELECT toUnixTimestamp64Micro(time) AS time_us, toUnixTimestamp64Milli(received)
-       AS received_unix_ms, site, session, page, trace_id, span_id, kind, seq, method,
-       url, route, status, time_origin_ms, start_ms, request_start_ms, response_start_ms,
-       response_end_ms, dns_ms, connect_ms, tls_ms, first_chunk_ms, chunk_ms, chunks,
-       rendered_ms, coarse, chunks_coarse, hidden, transfer_size, protocol, error,
-       clock_drift_ms, sdk
-FROM {db}.browser_entries
-"""
 COVERAGE_WINDOW_S = 300
 COVERAGE_LAG_S = 30
 COVERAGE_SAMPLE = 200_000
-LOOKUP_CHUNK = 256  # ids per store lookup: a bloom filter answers well for few ids only
-PRESENT_CHUNK = 5000  # ids per existence lookup (33 bytes each: well under max_query_size)
-_HEX32 = re.compile(r"[0-9a-f]{32}")
-_PAIR_NAMES = pairing.PAIR_NAMES
 _P_TRACE, _P_SPAN, _P_SEQ, _P_HOPS, _P_LINKED, _P_RECONNECTS = (
-    _PAIR_NAMES.index(n)
+    PAIR_NAMES.index(n)
     for n in ("trace_id", "span_id", "seq", "hop_span_ids", "linked_span_ids", "reconnects")
 )
-
-
-def read_traces(
-    store: Store,
-    trace_ids: list[str],
-    lookback_s: int | None,
-    want: tuple[bool, bool] = (True, True),
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(spans, entries) of these traces; ``lookback_s`` None = any age; ``want`` = which of
-    (spans, entries) to read."""
-    if len(trace_ids) > LOOKUP_CHUNK:
-        out_s: list[dict[str, Any]] = []
-        out_e: list[dict[str, Any]] = []
-        for i in range(0, len(trace_ids), LOOKUP_CHUNK):
-            s, e = read_traces(store, trace_ids[i : i + LOOKUP_CHUNK], lookback_s, want)
-            out_s += s
-            out_e += e
-        return out_s, out_e
-    if not trace_ids:
-        return [], []
-    db = store.database
-    # Trace ids are checked 32-hex at ingest (and here): a literal list is safe, and much
-    # cheaper than the driver's parameter formatting for thousands of ids.
-    ids = ",".join(f"'{t}'" for t in trace_ids if _HEX32.fullmatch(t))
-    where = "WHERE trace_id IN (" + (ids or "''") + ")"
-    params: dict[str, Any] = {}
-    if lookback_s is not None:
-        where += " AND time >= now64() - toIntervalSecond({lb:UInt32})"
-        params["lb"] = lookback_s
-    spans = store.rows(SPAN_SELECT.format(db=db) + where, params) if want[0] else []
-    entries = store.rows(ENTRY_SELECT.format(db=db) + where, params) if want[1] else []
-    # Client retries may have left copies that a merge has not collapsed yet.
-    spans = list({(s["trace_id"], s["span_id"]): s for s in spans}.values())
-    entries = list({(e["trace_id"], e["span_id"], e["seq"]): e for e in entries}.values())
-    return spans, entries
-
-
-def present(store: Store, table: str, trace_ids: list[str], lookback_s: int) -> set[str]:
-    """The trace ids that have a row in ``table`` (span_traces / entry_traces)."""
-    found: set[str] = set()
-    ids = [t for t in trace_ids if _HEX32.fullmatch(t)]
-    for i in range(0, len(ids), PRESENT_CHUNK):
-        # One string literal split in SQL: the store parses it far faster than thousands of
-        # literals (≈ 40 % less CPU per id, measured), and it stays under max_query_size.
-        lit = ",".join(ids[i : i + PRESENT_CHUNK])
-        rows = store.query(
-            f"SELECT DISTINCT trace_id FROM {store.database}.{table} "  # noqa: S608 — hex ids
-            f"WHERE trace_id IN (SELECT arrayJoin(splitByChar(',', '{lit}'))) "
-            "AND time >= now64() - toIntervalSecond({lb:UInt32})",
-            {"lb": lookback_s},
-        ).result_rows
-        found.update(r[0] for r in rows)
-    return found
-
-
-_SPAN_NAMES = schema.column_names(schema.SPAN_COLUMNS)
-_ENTRY_NAMES = schema.column_names(schema.ENTRY_COLUMNS)
-
-
-def span_dict(row: tuple[Any, ...]) -> dict[str, Any]:
-    """A server_spans row tuple (as written) → the dict read_traces returns."""
-    d = dict(zip(_SPAN_NAMES, row, strict=True))
-    d["time_ns"], d["end_ns"], d["arrival_ns"] = d["time"], d["end_time"], d["arrival"]
-    return d
-
-
-def entry_dict(row: tuple[Any, ...]) -> dict[str, Any]:
-    d = dict(zip(_ENTRY_NAMES, row, strict=True))
-    d["time_us"] = d["time"]
-    return d
-
-
-def pairs_for(
-    spans: list[dict[str, Any]], entries: list[dict[str, Any]], version: int | None = None
-) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """(pair rows as PAIR_COLUMNS tuples, trace ids with one side missing)."""
-    by_trace: dict[str, list[dict[str, Any]]] = {}
-    for s in spans:
-        by_trace.setdefault(s["trace_id"], []).append(s)
-    one_sided = set(by_trace)
-    out = []
-    version = version or time.time_ns()
-    for e in entries:
-        row = pair_row(e, by_trace.get(e["trace_id"], []), version)
-        if row is None:
-            one_sided.add(e["trace_id"])
-        else:
-            one_sided.discard(e["trace_id"])
-            out.append(pairing.pair_tuple(row))
-    return out, one_sided
-
-
-Rows = list[tuple[Any, ...]]
-
-
-def pairs_for_rows(
-    traces: list[tuple[Rows, Rows]], version: int
-) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """pairs_for() over the row tuples of traces that have both sides in memory (each item:
-    (spans, entries) of one trace). An entry with exactly one candidate span — the common
-    case — is paired straight from the tuples; anything else goes through pair_row."""
-    out: list[tuple[Any, ...]] = []
-    one_sided: set[str] = set()
-    one_hop = pairing.pair_tuple_one_hop
-    cand = pairing.candidate_rows
-    for spans, entries in traces:
-        paired = True
-        for e in entries:
-            c = cand(e, spans)
-            if len(c) == 1:
-                out.append(one_hop(e, c[0], version))
-                paired = True
-            elif not c:
-                paired = False
-            else:
-                row = pair_row(entry_dict(e), [span_dict(s) for s in spans], version)
-                assert row is not None  # several candidates make at least one hop
-                out.append(pairing.pair_tuple(row))
-                paired = True
-        if not paired:  # as in pairs_for: the trace's last entry decides
-            one_sided.add(entries[-1][pairing.E_TRACE])
-    return out, one_sided
 
 
 # What the pairer holds of one trace and side: its row, or its rows once there are several.
@@ -442,7 +296,7 @@ class Pairer:
             fresh, memo = self._changed(rows)
             n_fresh = len(fresh)
             if fresh:
-                self.store.insert_rows(schema.PAIRS, fresh, _PAIR_NAMES)
+                self.store.insert_rows(schema.PAIRS, fresh, PAIR_NAMES)
                 self._remember(memo)
                 self.metrics.pairs_written.inc(len(fresh))
         except Exception:

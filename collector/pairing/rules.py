@@ -10,7 +10,9 @@ Rules (docs/collector.md):
 - the remaining spans, ordered by arrival, are the hops: edge first, origin last.
 
 Spans and entries are dicts as the store returns them, with instants as integers:
-``time_ns``/``end_ns``/``arrival_ns`` for spans, ``time_origin_ms`` + relative ms for entries.
+``time_ns``/``end_ns``/``arrival_ns`` for spans, ``time_origin_ms`` + relative ms for entries;
+the one-hop fast path (``pair_tuple_one_hop``) reads the row tuples as written instead.
+``pairs_for`` and ``pairs_for_rows`` apply the rules to the traces of one pairing round.
 """
 
 from __future__ import annotations
@@ -319,3 +321,73 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
 def pair_tuple(d: dict[str, Any]) -> tuple[Any, ...]:
     """A pair_row dict as a tuple in PAIR_COLUMNS order."""
     return tuple(d[n] for n in PAIR_NAMES)
+
+
+# --- The rules over many traces at once (the pairer's rounds) ----------------------------
+_SPAN_NAMES = schema.column_names(schema.SPAN_COLUMNS)
+_ENTRY_NAMES = schema.column_names(schema.ENTRY_COLUMNS)
+
+
+def span_dict(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A server_spans row tuple (as written) → the dict read_traces returns."""
+    d = dict(zip(_SPAN_NAMES, row, strict=True))
+    d["time_ns"], d["end_ns"], d["arrival_ns"] = d["time"], d["end_time"], d["arrival"]
+    return d
+
+
+def entry_dict(row: tuple[Any, ...]) -> dict[str, Any]:
+    d = dict(zip(_ENTRY_NAMES, row, strict=True))
+    d["time_us"] = d["time"]
+    return d
+
+
+def pairs_for(
+    spans: list[dict[str, Any]], entries: list[dict[str, Any]], version: int | None = None
+) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """(pair rows as PAIR_COLUMNS tuples, trace ids with one side missing)."""
+    by_trace: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_trace.setdefault(s["trace_id"], []).append(s)
+    one_sided = set(by_trace)
+    out = []
+    version = version or time.time_ns()
+    for e in entries:
+        row = pair_row(e, by_trace.get(e["trace_id"], []), version)
+        if row is None:
+            one_sided.add(e["trace_id"])
+        else:
+            one_sided.discard(e["trace_id"])
+            out.append(pair_tuple(row))
+    return out, one_sided
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def pairs_for_rows(
+    traces: list[tuple[Rows, Rows]], version: int
+) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """pairs_for() over the row tuples of traces that have both sides in memory (each item:
+    (spans, entries) of one trace). An entry with exactly one candidate span — the common
+    case — is paired straight from the tuples; anything else goes through pair_row."""
+    out: list[tuple[Any, ...]] = []
+    one_sided: set[str] = set()
+    one_hop = pair_tuple_one_hop
+    cand = candidate_rows
+    for spans, entries in traces:
+        paired = True
+        for e in entries:
+            c = cand(e, spans)
+            if len(c) == 1:
+                out.append(one_hop(e, c[0], version))
+                paired = True
+            elif not c:
+                paired = False
+            else:
+                row = pair_row(entry_dict(e), [span_dict(s) for s in spans], version)
+                assert row is not None  # several candidates make at least one hop
+                out.append(pair_tuple(row))
+                paired = True
+        if not paired:  # as in pairs_for: the trace's last entry decides
+            one_sided.add(entries[-1][E_TRACE])
+    return out, one_sided
