@@ -179,13 +179,15 @@ def _overlapping(
 
 
 def _add_sorted(lst: list[Any], new: list[Any]) -> None:
-    """Append time-ordered ``new`` to time-ordered ``lst`` (devices interleave by up to a
-    period, so a batch may start before the list's end)."""
-    if not lst or not new or new[0].t_us >= lst[-1].t_us:
-        lst.extend(new)
+    """Add time-ordered ``new`` to time-ordered ``lst``. Devices interleave by up to a
+    period, so a batch may start before the list's end: only that tail is re-sorted."""
+    if not new:
         return
-    for s in new:
-        bisect.insort_right(lst, s, key=lambda x: x.t_us)
+    i = bisect.bisect_right(lst, new[0].t_us, key=lambda s: s.t_us)
+    if i == len(lst):
+        lst.extend(new)
+    else:
+        lst[i:] = sorted(lst[i:] + new, key=lambda s: s.t_us)
 
 
 def _trim(lst: list[Any], cutoff_us: int, cap: int) -> None:

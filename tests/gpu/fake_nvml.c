@@ -89,6 +89,11 @@ static struct {
 } S;
 static struct nvmlDevice_st handles[MAXDEV];
 static int initialized;
+static unsigned long long returned[2]; /* samples written: [0] device, [1] process */
+
+/* A test hook, not NVML: the samples written so far, so a test can tell that the poller
+ * passes its last-seen timestamp (each sample then leaves the library once). */
+unsigned long long fake_nvml_returned(int process) { return returned[process ? 1 : 0]; }
 
 static void defaults(void) {
     memset(&S, 0, sizeof S);
@@ -330,6 +335,7 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, unsigned int type, unsign
         samples[k].timeStamp = (unsigned long long)t;
         samples[k].sampleValue.uiVal = share(d, -1, t, type == 2);
     }
+    returned[0] += (unsigned long long)n;
     *count = (unsigned int)n;
     return OK;
 }
@@ -440,6 +446,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     }
     /* Samples that arrived between the two calls wait for the next call (lastSeen). */
     *count = n < cap ? n : cap;
+    returned[1] += *count;
     return OK;
 }
 #endif

@@ -11,12 +11,14 @@ clock.
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import itertools
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,18 +75,31 @@ def _frozen(devices: int = 1, buffer: int = 20) -> tuple[NvmlScript, int]:
     return s, a
 
 
-def _poller(s: NvmlScript, **kw: float) -> NvmlPoller:
+def _poller(
+    s: NvmlScript, poll_s: float = 0.5, history_s: float = 60.0, max_samples: int = 100_000
+) -> NvmlPoller:
+    """A poller on the script's frozen clock."""
+
     def wall() -> int:
         assert s.clock_us is not None
         return s.clock_us
 
-    return NvmlPoller(kw.pop("poll_s", 0.5), wall_us=wall, **kw)  # type: ignore[arg-type]
+    return NvmlPoller(poll_s, history_s, wall, max_samples)
 
 
 def _advance(s: NvmlScript, us: int) -> None:
     assert s.clock_us is not None
     s.clock_us += us
     s.write()
+
+
+def _returned(process: bool) -> int:
+    """Samples the fake library has handed out (its test hook), through pynvml's handle."""
+    import pynvml
+
+    fn = pynvml.nvmlLib.fake_nvml_returned
+    fn.restype = ctypes.c_ulonglong
+    return int(fn(int(process)))
 
 
 def _times(p: NvmlPoller, uuid: str = UUID0) -> list[tuple[int, float]]:
@@ -153,6 +168,7 @@ def scenario_samples_arrive_once() -> None:
     p.poll()
     tail = [(a + k * P, 40.0 if k <= 10 else 80.0) for k in range(6, 13)]
     assert _times(p)[-7:] == tail and len(_times(p)) == 32
+    assert _returned(process=False) == 32  # each sample left the driver once: last-seen works
     # a window meets the samples whose span (t-P, t] overlaps it
     assert [u.t_us for u in p.util_samples(UUID0, a - 2 * P, a - P)] == [a - P]
     assert [u.t_us for u in p.util_samples(UUID0, a - 2 * P, a - P + 1)] == [a - P, a]
@@ -168,11 +184,12 @@ def scenario_no_new_samples() -> None:
     p = _poller(s)
     p.start()
     utils, procs = _times(p), p.process_samples([77], 0, 2**62)
-    assert len(procs) == 5
+    assert len(procs) == 5 and _returned(process=True) == 5
     for _ in range(3):
         _advance(s, P // 8)  # still before tick a + P
         p.poll()
     assert _times(p) == utils and p.process_samples([77], 0, 2**62) == procs
+    assert _returned(process=True) == 5 and _returned(process=False) == len(utils)
     assert p.errors == 0 and p.disabled == {} and logs.lines == []
     assert p.devices()[0].t_us == s.clock_us and p.covered_us == a
     assert p.delay_s() == 0.5
@@ -201,6 +218,24 @@ def scenario_pid_without_samples() -> None:
     assert mean_sm_pct(p.process_samples([300], a - 5 * P, a), a - 5 * P, a) == 0.0
     assert mean_sm_pct(p.process_samples([200], a - 5 * P, a), a - 5 * P, a) == 0.0
     assert mean_sm_pct(p.process_samples([400], a - 3 * P, a - 2 * P), a - 3 * P, a - 2 * P) == 75
+
+
+def scenario_two_gpus_in_time_order() -> None:
+    """A pid on two GPUs; one GPU's samples arrive a round late: the history stays in
+    time order (the exporter bisects it)."""
+    s, a = _frozen(devices=2)
+    s.proc(0, 100, a - 20 * P, a + 20 * P, sm_pct=50).proc(1, 100, a - 20 * P, a + 20 * P, 20)
+    s.fail("nvmlDeviceGetProcessUtilization", TIMEOUT, dev=1, from_us=a + P, to_us=a + 3 * P)
+    s.write()
+    p = _poller(s)
+    p.start()
+    for _ in range(3):
+        _advance(s, P)
+        p.poll()
+    got = [(x.t_us, x.uuid, x.sm_pct) for x in p.process_samples([100], a - 2 * P, a + 3 * P)]
+    want = [(a + k * P, u, pct) for k in range(-1, 4) for u, pct in ((UUID0, 50), (UUID1, 20))]
+    assert sorted(got) == want and [t for t, _, _ in got] == [t for t, _, _ in want]
+    assert p.errors == 2 and p.covered_us == a + 3 * P
 
 
 def scenario_driver_lacks() -> None:
@@ -440,8 +475,8 @@ def fake() -> Path:
         pytest.skip(str(e))
 
 
-def _run(target: object, lib: Path, tmp_path: Path, **env: str) -> None:
-    run_in_child(target, {**fake_env(lib, tmp_path / "nvml.script"), **env})  # type: ignore[arg-type]
+def _run(target: Callable[[], None], lib: Path, tmp_path: Path, **env: str) -> None:
+    run_in_child(target, {**fake_env(lib, tmp_path / "nvml.script"), **env})
 
 
 @pytest.mark.parametrize(
@@ -451,6 +486,7 @@ def _run(target: object, lib: Path, tmp_path: Path, **env: str) -> None:
         scenario_samples_arrive_once,
         scenario_no_new_samples,
         scenario_pid_without_samples,
+        scenario_two_gpus_in_time_order,
         scenario_not_supported_on_one_device,
         scenario_errors_counted,
         scenario_backoff,
@@ -462,7 +498,7 @@ def _run(target: object, lib: Path, tmp_path: Path, **env: str) -> None:
     ],
     ids=lambda f: f.__name__.removeprefix("scenario_"),
 )
-def test_poller(scenario: object, fake: Path, tmp_path: Path) -> None:
+def test_poller(scenario: Callable[[], None], fake: Path, tmp_path: Path) -> None:
     _run(scenario, fake, tmp_path)
 
 
