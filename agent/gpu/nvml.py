@@ -205,6 +205,8 @@ class NvmlPoller:
         wall_us: Callable[[], int] = _wall_us,
         max_samples: int = MAX_SAMPLES,
     ) -> None:
+        if poll_s <= 0:
+            raise ValueError(f"poll period {poll_s} s: must be positive")
         self.poll_s = poll_s
         self.history_s = history_s
         self.max_samples = max_samples
@@ -488,13 +490,15 @@ class NvmlPoller:
         return None
 
     def _turn_off(self, reading: str, dev: _Device | None, why: str) -> None:
+        said = why
         if dev is None:
             self._missing.add(reading)
-            self.disabled[reading] = why
         else:
             on = self._off_on.setdefault(reading, [])
             on.append(dev.index)
-            self.disabled[reading] = f"{why} (GPU {', '.join(map(str, sorted(on)))})"
+            said = f"{why} (GPU {', '.join(map(str, sorted(on)))})"
+        # a new dict, not an update: another thread may be iterating the old one
+        self.disabled = {**self.disabled, reading: said}
         self._log_once(
             ("off", reading, None if dev is None else dev.index),
             "GPU%s: no %s: %s",

@@ -234,8 +234,11 @@ static i64 ticks(i64 last, i64 *first) {
     return newest >= oldest ? (newest - oldest) / S.period + 1 : 0;
 }
 
-static void copy_str(char *dst, unsigned int len, const char *src) {
+/* A string into the caller's buffer, as NVML answers a buffer too small. */
+static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
+    if (strlen(src) + 1 > len) return INSUFFICIENT_SIZE;
     snprintf(dst, len, "%s", src);
+    return OK;
 }
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
@@ -269,9 +272,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     CHECK(-1);
-    if (strlen(S.driver) + 1 > length) return INSUFFICIENT_SIZE;
-    copy_str(version, length, S.driver);
-    return OK;
+    return copy_str(version, length, S.driver);
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
@@ -291,17 +292,13 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     int d = dev_of(device);
     CHECK(d);
-    if (strlen(S.dev[d].uuid) + 1 > length) return INSUFFICIENT_SIZE;
-    copy_str(uuid, length, S.dev[d].uuid);
-    return OK;
+    return copy_str(uuid, length, S.dev[d].uuid);
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     int d = dev_of(device);
     CHECK(d);
-    if (strlen(S.dev[d].name) + 1 > length) return INSUFFICIENT_SIZE;
-    copy_str(name, length, S.dev[d].name);
-    return OK;
+    return copy_str(name, length, S.dev[d].name);
 }
 
 #ifndef OMIT_nvmlDeviceGetUtilizationRates
@@ -352,52 +349,45 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m) {
 }
 #endif
 
+/* The one-number readings: a field of the device (CHECK names the function by __func__). */
+#define GETTER(fn, type, field)                       \
+    nvmlReturn_t fn(nvmlDevice_t device, type *out) { \
+        int d = dev_of(device);                       \
+        CHECK(d);                                     \
+        *out = (type)S.dev[d].field;                  \
+        return OK;                                    \
+    }
+
+static nvmlReturn_t sm_clock(const char *fn, nvmlDevice_t device, unsigned int type,
+                             unsigned int *mhz, int max) {
+    int d = dev_of(device);
+    nvmlReturn_t r = check(fn, d);
+    if (r != OK) return r;
+    if (type != 1) return NOT_SUPPORTED; /* NVML_CLOCK_SM only */
+    *mhz = (unsigned int)(max ? S.dev[d].sm_max : S.dev[d].sm);
+    return OK;
+}
+
 #ifndef OMIT_nvmlDeviceGetClockInfo
 nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *mhz) {
-    int d = dev_of(device);
-    CHECK(d);
-    if (type != 1) return NOT_SUPPORTED; /* NVML_CLOCK_SM only */
-    *mhz = (unsigned int)S.dev[d].sm;
-    return OK;
+    return sm_clock(__func__, device, type, mhz, 0);
 }
 #endif
 
 #ifndef OMIT_nvmlDeviceGetMaxClockInfo
 nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, unsigned int type, unsigned int *mhz) {
-    int d = dev_of(device);
-    CHECK(d);
-    if (type != 1) return NOT_SUPPORTED;
-    *mhz = (unsigned int)S.dev[d].sm_max;
-    return OK;
+    return sm_clock(__func__, device, type, mhz, 1);
 }
 #endif
 
 #ifndef OMIT_nvmlDeviceGetPowerUsage
-nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *mw) {
-    int d = dev_of(device);
-    CHECK(d);
-    *mw = (unsigned int)S.dev[d].power;
-    return OK;
-}
+GETTER(nvmlDeviceGetPowerUsage, unsigned int, power)
 #endif
-
 #ifndef OMIT_nvmlDeviceGetEnforcedPowerLimit
-nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *mw) {
-    int d = dev_of(device);
-    CHECK(d);
-    *mw = (unsigned int)S.dev[d].limit;
-    return OK;
-}
+GETTER(nvmlDeviceGetEnforcedPowerLimit, unsigned int, limit)
 #endif
-
 #ifndef OMIT_nvmlDeviceGetCurrentClocksEventReasons
-nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
-                                                    unsigned long long *reasons) {
-    int d = dev_of(device);
-    CHECK(d);
-    *reasons = (unsigned long long)S.dev[d].reasons;
-    return OK;
-}
+GETTER(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long, reasons)
 #endif
 
 #ifndef OMIT_nvmlDeviceGetProcessUtilization

@@ -278,19 +278,29 @@ def scenario_driver_lacks() -> None:
 
 
 def scenario_not_supported_on_one_device() -> None:
-    """NOT_SUPPORTED on one GPU turns that reading off there only."""
+    """NOT_SUPPORTED on one GPU turns that reading off there only; on both, on both."""
     logs = _Logs()
     s, a = _frozen(devices=2)
-    s.fail("nvmlDeviceGetPowerUsage", NOT_SUPPORTED, dev=1).write()
+    s.fail("nvmlDeviceGetPowerUsage", NOT_SUPPORTED, dev=1)
+    s.fail("nvmlDeviceGetEnforcedPowerLimit", NOT_SUPPORTED).write()
     p = _poller(s)
-    assert p.start().endswith("; not available: power")
+    assert p.start().endswith("; not available: power, power_limit")
     for _ in range(3):
         _advance(s, P)
         p.poll()
     r0, r1 = p.devices()
-    assert (r0.power_mw, r1.power_mw, r1.power_limit_mw) == (250_000, None, 700_000)
-    assert p.disabled == {"power": "nvmlDeviceGetPowerUsage: Not Supported (GPU 1)"}
-    assert logs.lines == ["GPU 1: no power: nvmlDeviceGetPowerUsage: Not Supported"]
+    assert (r0.power_mw, r1.power_mw, r0.power_limit_mw, r1.power_limit_mw) == (
+        250_000, None, None, None
+    )  # fmt: skip
+    assert p.disabled == {
+        "power": "nvmlDeviceGetPowerUsage: Not Supported (GPU 1)",
+        "power_limit": "nvmlDeviceGetEnforcedPowerLimit: Not Supported (GPU 0, 1)",
+    }
+    assert sorted(logs.lines) == [
+        "GPU 0: no power_limit: nvmlDeviceGetEnforcedPowerLimit: Not Supported",
+        "GPU 1: no power: nvmlDeviceGetPowerUsage: Not Supported",
+        "GPU 1: no power_limit: nvmlDeviceGetEnforcedPowerLimit: Not Supported",
+    ]
     assert p.errors == 0 and p.covered_us == a + 3 * P
 
 
@@ -535,3 +545,8 @@ def test_mean_sm_pct() -> None:
     assert mean_sm_pct(s, 0, 400) == 37.5  # (200, 400] has no sample: idle
     assert mean_sm_pct(s[:1], 150, 250) == 0.0
     assert mean_sm_pct(s, 10, 10) is None
+
+
+def test_poll_period_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        NvmlPoller(0)
