@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from pathlib import Path
@@ -32,6 +33,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 ROOT = Path(__file__).resolve().parents[2]
 LIB = "libnvidia-ml.so.1"
+MAX_DEVICES, MAX_ROWS = 16, 512  # fake_nvml.c's MAXDEV, MAXROWS ("util" and "proc" share)
 
 # NVML return codes a script injects (nvml.h)
 NOT_SUPPORTED = 3
@@ -67,13 +69,16 @@ def _build(omit: frozenset[str]) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{LIB}.{os.getpid()}"
-    subprocess.run(
-        [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-         f"-Wl,-soname,{LIB}", *flags, "-o", str(tmp), str(SOURCE)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
+    try:
+        subprocess.run(
+            [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+             f"-Wl,-soname,{LIB}", *flags, "-o", str(tmp), str(SOURCE)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"building {SOURCE.name} failed:\n{e.stderr}") from e
     tmp.replace(lib)  # atomic: a concurrent build of the same key just wins or loses
     return out
 
@@ -160,6 +165,9 @@ class NvmlScript:
         return self
 
     def text(self) -> str:
+        kinds = Counter(k if (k := row.split()[0]) != "proc" else "util" for row in self.rows)
+        if self.devices[MAX_DEVICES:] or max(kinds.values(), default=0) > MAX_ROWS:
+            raise ValueError(f"the fake keeps {MAX_DEVICES} devices, {MAX_ROWS} rows of a kind")
         head = [f"period {self.period_us}", f"buffer {self.buffer}", f"driver {self.driver}"]
         if self.clock_us is not None:
             head.append(f"clock {self.clock_us}")
