@@ -441,7 +441,7 @@ def scenario_run_thread() -> None:
     assert len(us) >= n0 + 20 and len({x for x, _ in us}) == len(us)
     assert all(b - a == 20_000 for (a, _), (b, _) in itertools.pairwise(us))
     assert len(seen) <= len(us) and p.sample_period_us(UUID0) == 20_000
-    assert time.time_ns() // 1000 - 200_000 < p.covered_us
+    assert time.time_ns() // 1000 - 500_000 < p.covered_us  # the last rounds covered
     p.close()
 
 
