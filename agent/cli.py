@@ -181,6 +181,36 @@ def _parser() -> argparse.ArgumentParser:
         " and the requests it skips are counted (parallax_agent_shed_requests_total);"
         " 0 = no budget",
     )
+    r.add_argument(
+        "--gpu",
+        choices=("auto", "off"),
+        default="auto",
+        help="GPU time beside each request (default %(default)s: on where NVML finds a GPU;"
+        " without one the attach line says why and the agent runs without GPU parts)",
+    )
+    r.add_argument(
+        "--gpu-poll-ms",
+        type=_float_in(50, 10_000),
+        default=500.0,
+        metavar="MS",
+        help="NVML poll period (default %(default)g ms; the driver's samples are read"
+        " whole at each poll, so a longer period only delays records of GPU services)",
+    )
+    r.add_argument(
+        "--gpu-uprobes",
+        choices=("auto", "off"),
+        default="auto",
+        help="uprobes on the CUDA driver of the traced services' GPU processes: kernel"
+        " launches and host waits per request (a few µs per CUDA call; off: NVML only)",
+    )
+    r.add_argument(
+        "--gpu-pid",
+        action="append",
+        default=[],
+        metavar="SERVER_PID=GPU_PID",
+        help="the process doing SERVER_PID's GPU work, where the two do not share a cgroup"
+        " (repeatable; default: the server's cgroup's processes that use a GPU)",
+    )
     # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
     r.add_argument("--drain-ms", type=_float_in(1, 1000), default=50.0, help=argparse.SUPPRESS)
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
@@ -219,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         try:
             from agent import budget, run  # noqa: PLC0415
+            from agent.gpu.side import GpuConfig  # noqa: PLC0415
         except KeyboardInterrupt:  # Ctrl-C while starting: nothing attached yet
             return 0
 
@@ -236,6 +267,20 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
+        gpu_pids: dict[int, set[int]] = {}
+        for item in args.gpu_pid:
+            server, sep, worker = item.partition("=")
+            try:
+                ids = (_int_in(1, PID_MAX_LIMIT)(server), _int_in(1, PID_MAX_LIMIT)(worker))
+            except argparse.ArgumentTypeError:
+                sep = ""
+            if not sep:
+                print(
+                    f"parallax-agent: --gpu-pid wants SERVER_PID=GPU_PID, got {item[:80]!r}",
+                    file=sys.stderr,
+                )
+                return 2
+            gpu_pids.setdefault(ids[0], set()).add(ids[1])
         if args.cpu_budget is None:
             args.cpu_budget = budget.default_cores()
         if not (args.cpu_budget == 0 or args.cpu_budget >= budget.MIN_CORES):  # NaN too
@@ -265,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 io_hooks=args.io_hooks,
                 cpu_budget=args.cpu_budget,
                 ringbuf_pages=args.ringbuf_pages,
+                gpu=GpuConfig(args.gpu, args.gpu_poll_ms, args.gpu_uprobes, gpu_pids),
             )
         )
     return 2

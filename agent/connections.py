@@ -214,6 +214,19 @@ class Connections:
         for st in self.conns.values():
             st.cut.on_loss()
 
+    def open_requests(self, service: str) -> list[int]:
+        """The t1 (monotonic ns) of the service's requests read and not yet finished. Called
+        from the exporter thread: list() copies the table in one step under the GIL."""
+        out = []
+        for st in list(self.conns.values()):
+            a = st.cut.active
+            if a is None or not a.t1:
+                continue
+            svc = st.info.service if st.info is not None else self._identity(st.pid, st.lport)[1]
+            if svc == service:
+                out.append(a.t1)
+        return out
+
     # -- records --------------------------------------------------------------------
     def _info(self, st: ConnState) -> ConnInfo:
         comm, service = self._identity(st.pid, st.lport)

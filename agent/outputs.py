@@ -34,6 +34,21 @@ class Exporter(Protocol):
         """Records accepted but not delivered (a sender that gave up after its retries)."""
 
 
+class Processor(Protocol):
+    """A stage between the queue and the exporters (the GPU attribution): it may hold
+    records back and release them at a later call."""
+
+    @property
+    def pending(self) -> bool:
+        """Records are held: call again soon even if nothing new arrives."""
+
+    def process(self, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Take records; return those ready for the exporters."""
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Stopping: every record still held."""
+
+
 class RecordQueue:
     """Records waiting for the exporter thread. Bounded: under overload records are shed
     and counted, never grown. A deque (append is atomic: no lock or condition per record)
@@ -60,9 +75,15 @@ class RecordQueue:
 class ExportThread:
     """The thread that moves queued records to the exporters, in batches."""
 
-    def __init__(self, queue: RecordQueue, exporters: list[Exporter]) -> None:
+    def __init__(
+        self,
+        queue: RecordQueue,
+        exporters: list[Exporter],
+        processors: list[Processor] | None = None,
+    ) -> None:
         self.queue = queue
         self.exporters = exporters
+        self.processors = processors or []
         self._have_records = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="export", daemon=True)
@@ -84,20 +105,39 @@ class ExportThread:
         # (batches): an idle agent does not poll.
         q = self.queue.q
         while True:
-            self._have_records.wait(1.0)
+            held = any(p.pending for p in self.processors)
+            self._have_records.wait(PERIOD_S if held else 1.0)
             self._have_records.clear()
             stopping = self._stopping.is_set()
-            while q:
+            while True:
                 batch = [q.popleft() for _ in range(min(len(q), BATCH))]
-                for e in self.exporters:
-                    try:
-                        e.export_batch(batch)
-                    except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
-                        # the type and place, not the message: it may quote a record
-                        log.warning("export failed: %s at %s", type(exc).__name__, where(exc))
+                last = stopping and not q  # stopping: the stages give up what they hold
+                for p in self.processors:
+                    batch = self._through(p, batch, last)
+                if batch:
+                    self._export(batch)
+                if not q:
+                    break
             if stopping:
                 return
             time.sleep(PERIOD_S)
+
+    @staticmethod
+    def _through(p: Processor, batch: list[dict[str, Any]], flush: bool) -> list[dict[str, Any]]:
+        try:
+            out = p.process(batch)
+            return out + p.flush() if flush else out
+        except Exception as exc:  # noqa: BLE001  (a failing stage must not lose records)
+            log.warning("export stage failed: %s at %s", type(exc).__name__, where(exc))
+            return batch
+
+    def _export(self, batch: list[dict[str, Any]]) -> None:
+        for e in self.exporters:
+            try:
+                e.export_batch(batch)
+            except Exception as exc:  # noqa: BLE001  (one bad export must not stop us)
+                # the type and place, not the message: it may quote a record
+                log.warning("export failed: %s at %s", type(exc).__name__, where(exc))
 
     def finish(self, timeout: float = 10.0) -> None:
         """Everything is queued (the agent has flushed): export it, then close each

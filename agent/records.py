@@ -135,6 +135,7 @@ _ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
     ("retransmits", sa.RETRANSMITS),
     ("ws_seq", sa.WS_SEQ),
     ("source", sa.SOURCE),
+    *((sa.record_field(a), a) for a in sa.GPU),
 )
 _BOOL_ATTRS = (
     ("partial", sa.PARTIAL),

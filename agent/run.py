@@ -27,7 +27,9 @@ from agent.budget import default_cores
 from agent.clock import MonoClock
 from agent.connections import Connections
 from agent.diagnostics import where
-from agent.outputs import Exporter, ExportThread, RecordQueue
+from agent.gpu.side import GpuConfig, GpuSide
+from agent.gpu.stage import GpuStage
+from agent.outputs import Exporter, ExportThread, Processor, RecordQueue
 from agent.processes import Processes
 from agent.shedding import Shedding
 
@@ -52,6 +54,7 @@ class RunConfig:
     io_hooks: str = "auto"  # loader.Options.io_hooks
     cpu_budget: float = field(default_factory=default_cores)  # cores; 0 = none
     ringbuf_pages: int = 0  # 0: the loader's default (tests shrink it)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
 
 
 class Agent:
@@ -73,6 +76,8 @@ class Agent:
             on_traceparent_missed=self.m.traceparent_missed.inc,
         )
         self.exporters: list[Exporter] = []
+        self.gpu = GpuSide(cfg.gpu)
+        self.gpu_stage: GpuStage | None = None
         self.export: ExportThread | None = None
         self.shedding: Shedding | None = None
         self.stop = threading.Event()
@@ -150,16 +155,26 @@ class Agent:
             except OSError as e:
                 log.warning("cannot set nice %d: %s", cfg.nice, e)
         self.procs.attach(self.bpf, socket_hooks=loaded.hooks == "socket")
+        gpu_line = self.gpu.start()  # (before the CPU budget starts counting: a compile)
         self.shedding = Shedding(self.bpf, cfg.cpu_budget, self.m, self.conns.resync_all)
-        self.export = ExportThread(self.records, self.exporters)
+        if cfg.otlp:  # after the GPU side: its series are registered with the meter
+            from agent.export_metrics import OtlpMetricsExporter  # noqa: PLC0415
+
+            self.exporters.append(OtlpMetricsExporter(cfg.otlp, self.gpu))
+        stages: list[Processor] = []
+        if self.gpu.on:
+            self.gpu_stage = GpuStage(self.gpu, self.clock, self.conns.open_requests)
+            stages.append(self.gpu_stage)
+        self.export = ExportThread(self.records, self.exporters, stages)
         self.export.start()
+        self.gpu.run(self.stop, lambda: set(self.procs.pids))
         # Everything loaded so far (bcc, the OpenTelemetry SDK, compiled tables) lives for
         # the whole run: out of the collector's generations, full collections stay cheap.
         gc.freeze()
         self._live = True
         self.m.before_scrape = self._scrape
         self.m.ready = True
-        self._attach_line(loaded)
+        self._attach_line(loaded, gpu_line)
         error: str | None = None
         stop_error: str | None = None
         try:
@@ -181,7 +196,7 @@ class Agent:
             return 1
         return 0
 
-    def _attach_line(self, loaded: loader.Loaded) -> None:
+    def _attach_line(self, loaded: loader.Loaded, gpu: str) -> None:
         cfg = self.cfg
         what = (f"ports {','.join(map(str, cfg.ports))}" if cfg.ports else "all ports") + (
             f", pids {','.join(map(str, cfg.pids))}" if cfg.pids else ""
@@ -190,7 +205,8 @@ class Agent:
         print(
             f"parallax-agent: attached {len(loaded.attached)} tracepoints, {loaded.hooks} hooks"
             f" (degraded: {deg}), tracing {what}, CPU budget "
-            + (f"{cfg.cpu_budget:g} cores" if cfg.cpu_budget else "none"),
+            + (f"{cfg.cpu_budget:g} cores" if cfg.cpu_budget else "none")
+            + f"; {gpu}",
             file=sys.stderr,
             flush=True,
         )
@@ -276,6 +292,7 @@ class Agent:
             m.listen_drops.labels(label).set(n)
         m.connections.set(len(conns))
         push("head_too_large", m.head_too_large, conns.stats.head_too_large)
+        self.gpu.refresh_metrics(m, push, self.gpu_stage)
 
     # -- stopping -----------------------------------------------------------------------
     def _stop_run(self, srv: Any) -> str | None:
@@ -288,6 +305,8 @@ class Agent:
             self.shutdown()
         except Exception as e:  # noqa: BLE001  (the exporters must still be flushed)
             error = f"{type(e).__name__} at {where(e)}, while stopping"
+        # the GPU data up to the end (the stage then releases what it holds with it)
+        self.gpu.close(set(self.procs.pids))
         if self.export is not None:
             self.export.finish()
         srv.shutdown()

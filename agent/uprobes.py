@@ -45,36 +45,156 @@ def uretprobe_hazard(release: str | None = None) -> bool:
     return kernel_at_least(6, 11, release) and not kernel_at_least(6, 14, release)
 
 
-def libc_path(pid: int) -> str | None:
-    """The libc process ``pid`` maps, as a path the agent can open (its root's view)."""
+def mapped_path(pid: int, pattern: re.Pattern[str]) -> str | None:
+    """The first file process ``pid`` maps whose path matches ``pattern``, as a path the
+    agent can open (its root's view)."""
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
             for line in f:
                 path = line.rstrip("\n").partition("/")[2]
-                if path and _LIBC.search("/" + path):
+                if path and pattern.search("/" + path):
                     return f"/proc/{pid}/root/{path}"
     except OSError:  # gone, or not ours to read
         return None
     return None
 
 
+def libc_path(pid: int) -> str | None:
+    """The libc process ``pid`` maps (glibc or musl)."""
+    return mapped_path(pid, _LIBC)
+
+
+@dataclass(frozen=True)
+class Probe:
+    sym: str
+    fn_name: str  # the BPF function
+    ret: bool = False  # a uretprobe
+    optional: bool = False  # a library version may lack the symbol: skipped quietly
+
+
 @dataclass
-class _Probe:
+class _Attached:
     fd: int  # kept open while attached: the probe's path names it
     path: str  # where it was found (for log lines)
+    probes: list[Probe]  # those that attached
     pids: set[int] = field(default_factory=set)  # live processes mapping it
 
 
-class AcceptProbes:
-    """One probe pair per libc *file*, shared by the processes that map it and detached
-    when the last of them has exited (pods come and go; probes, fds and the overlay
-    superblocks they pin must not pile up). A file is known by inode, size and mtime: an
-    overlay mount gives each container its own st_dev for the same underlying file."""
+class LibraryProbes:
+    """Uprobes on one shared library, attached per *file*: shared by the processes that map
+    it and detached when the last of them has exited (pods come and go; probes, fds and the
+    overlay superblocks they pin must not pile up). A file is known by inode, size and
+    mtime: an overlay mount gives each container its own st_dev for the same file.
+
+    ``recheck``: a process that does not map the library yet is looked at again at the
+    next ``add`` (a library loaded later, as CUDA's driver is, with dlopen)."""
+
+    def __init__(
+        self,
+        bpf: Any,
+        library: re.Pattern[str],
+        probes: list[Probe],
+        what: str,
+        recheck: bool = False,
+    ) -> None:
+        self._b = bpf
+        self._library = library
+        self._probe_list = probes
+        self._what = what
+        self._recheck = recheck
+        self._files: dict[tuple[int, int, int], _Attached] = {}
+        self._pid_key: dict[int, tuple[tuple[int, int, int] | None, int | None]] = {}
+        self.enabled = True
+
+    @property
+    def attached(self) -> int:
+        return len(self._files)
+
+    def probed_pids(self) -> set[int]:
+        """Processes whose mapping of the library carries the probes."""
+        return {pid for pid, (key, _) in self._pid_key.items() if key is not None}
+
+    def add(self, pids: Iterable[int]) -> None:
+        if not self.enabled:
+            return
+        for pid in pids:
+            known = self._pid_key.get(pid)
+            if known is not None and (known[0] is not None or not self._recheck):
+                continue
+            self._pid_key[pid] = (self._probe_for(pid), procinfo.start_time(pid))
+
+    def _probe_for(self, pid: int) -> tuple[int, int, int] | None:
+        path = mapped_path(pid, self._library)
+        if path is None:
+            return None  # does not map it (a static binary, not yet, or gone)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            log.warning("no %s for pid %d: cannot open %s (%s)", self._what, pid, path, e)
+            return None
+        st = os.fstat(fd)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        known = self._files.get(key)
+        if known is not None:
+            os.close(fd)
+            known.pids.add(pid)
+            return key
+        ok: list[Probe] = []
+        for p in self._probe_list:
+            attach = self._b.attach_uretprobe if p.ret else self._b.attach_uprobe
+            try:
+                attach(name=f"/proc/self/fd/{fd}", sym=p.sym, fn_name=p.fn_name)
+                ok.append(p)
+            except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+                if not p.optional:
+                    log.warning("no %s for users of %s (%s: %s)", self._what, path, p.sym, e)
+        if not ok:
+            os.close(fd)
+            return None
+        self._files[key] = _Attached(fd, path, ok, {pid})
+        return key
+
+    def sweep(self) -> list[int]:
+        """Forget exited processes (or reused pids); detach a file's probes with its last.
+        Returns the pids forgotten."""
+        gone: list[int] = []
+        for pid, (key, start) in list(self._pid_key.items()):
+            if procinfo.start_time(pid) == start and start is not None:
+                continue
+            del self._pid_key[pid]
+            gone.append(pid)
+            f = self._files.get(key) if key is not None else None
+            if key is None or f is None:
+                continue
+            f.pids.discard(pid)
+            if not f.pids:
+                del self._files[key]
+                self._detach(f)
+        return gone
+
+    def _detach(self, f: _Attached) -> None:
+        for p in f.probes:
+            detach = self._b.detach_uretprobe if p.ret else self._b.detach_uprobe
+            try:
+                detach(name=f"/proc/self/fd/{f.fd}", sym=p.sym)
+            except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+                log.debug("detach %s %s: %s", f.path, p.sym, e)
+        os.close(f.fd)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            self._detach(f)
+        self._files.clear()
+        self._pid_key.clear()
+
+
+class AcceptProbes(LibraryProbes):
+    """The accept() and accept4() uretprobes on the libc files the traced servers map."""
 
     def __init__(self, bpf: Any) -> None:
-        self._b = bpf
-        self._probes: dict[tuple[int, int, int], _Probe] = {}
-        self._pid_key: dict[int, tuple[tuple[int, int, int] | None, int | None]] = {}
+        super().__init__(
+            bpf, _LIBC, [Probe(sym, PROGRAM, ret=True) for sym in SYMBOLS], "accept times"
+        )
         self.enabled = not uretprobe_hazard()
         if not self.enabled:
             log.warning(
@@ -82,63 +202,3 @@ class AcceptProbes:
                 " kills the process its return syscall runs in) → accept_queue_us null",
                 platform.release(),
             )
-
-    @property
-    def attached(self) -> int:
-        return len(self._probes)
-
-    def add(self, pids: Iterable[int]) -> None:
-        if not self.enabled:
-            return
-        for pid in pids:
-            if pid in self._pid_key:
-                continue
-            self._pid_key[pid] = (self._probe_for(pid), procinfo.start_time(pid))
-
-    def _probe_for(self, pid: int) -> tuple[int, int, int] | None:
-        path = libc_path(pid)
-        if path is None:
-            return None  # a static binary, or gone: followed, accept times unknown
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            log.warning("no accept times for pid %d: cannot open its libc (%s)", pid, e)
-            return None
-        st = os.fstat(fd)
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        probe = self._probes.get(key)
-        if probe is not None:
-            os.close(fd)
-            probe.pids.add(pid)
-            return key
-        ok = 0
-        for sym in SYMBOLS:
-            try:
-                self._b.attach_uretprobe(name=f"/proc/self/fd/{fd}", sym=sym, fn_name=PROGRAM)
-                ok += 1
-            except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-                log.warning("no accept times for users of %s (%s: %s)", path, sym, e)
-        if not ok:
-            os.close(fd)
-            return None
-        self._probes[key] = _Probe(fd, path, {pid})
-        return key
-
-    def sweep(self) -> None:
-        """Forget exited processes (or reused pids); detach a file's probes with its last."""
-        for pid, (key, start) in list(self._pid_key.items()):
-            if procinfo.start_time(pid) == start and start is not None:
-                continue
-            del self._pid_key[pid]
-            probe = self._probes.get(key) if key is not None else None
-            if key is None or probe is None:
-                continue
-            probe.pids.discard(pid)
-            if not probe.pids:
-                del self._probes[key]
-                for sym in SYMBOLS:
-                    try:
-                        self._b.detach_uretprobe(name=f"/proc/self/fd/{probe.fd}", sym=sym)
-                    except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-                        log.debug("detach %s %s: %s", probe.path, sym, e)
-                os.close(probe.fd)

@@ -4,9 +4,9 @@ agent's Prometheus ``/metrics`` shows the same series under Prometheus names.
 
 Device series carry ``hw.id`` (the GPU's NVML UUID) and ``hw.name``; OpenTelemetry's
 hardware names where they exist (``hw.gpu.*``), ``parallax.gpu.*`` for the rest. The GenAI
-histograms (seconds, OpenTelemetry's GenAI semantic conventions) carry ``http.route`` and
-``server.port``, and the resource's ``service.name``, so they sit beside an inference
-server's own.
+histograms (seconds, OpenTelemetry's GenAI semantic conventions) carry ``http.route``,
+``server.port`` and ``service.name`` (on the data point: one agent serves every service of
+its node), so they sit beside an inference server's own.
 
 ``python -m parallax_contracts.gpu_metrics`` prints the Markdown table kept in
 docs/contracts/gpu-metrics.md (a test checks the two agree).

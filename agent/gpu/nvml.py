@@ -231,6 +231,7 @@ class NvmlPoller:
         self._util: dict[str, list[UtilSample]] = {}
         self._procs: list[ProcessSample] = []
         self._max_period_us = DEFAULT_PERIOD_US
+        self._first_round_us = 0  # the first round's time: samples are known from then
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -328,6 +329,8 @@ class NvmlPoller:
 
     def _round(self) -> None:
         t = self._wall_us()
+        if not self._first_round_us:
+            self._first_round_us = t
         self._round_ok = self._round_failed = 0
         readings: dict[int, DeviceReading] = {}
         utils: dict[str, list[UtilSample]] = {}
@@ -566,6 +569,22 @@ class NvmlPoller:
                 for pid, used in d.pids.items():
                     out[pid] = out.get(pid, 0) + used
             return out
+
+    def uuids_of(self, pids: Iterable[int]) -> set[str]:
+        """The GPUs on which any of ``pids`` is a compute process (latest poll)."""
+        want = set(pids)
+        with self._lock:
+            return {d.uuid for d in self._devs if want & d.pids.keys()}
+
+    def known_from_us(self, uuid: str) -> int:
+        """Samples of GPU ``uuid`` are complete from here (to covered_us): the start of its
+        oldest utilisation sample kept — the driver hands its whole buffer, seconds of
+        history, at the first read — else the first poll round."""
+        with self._lock:
+            lst = self._util.get(uuid)
+            if lst:
+                return lst[0].t_us - (lst[0].period_us or DEFAULT_PERIOD_US)
+            return self._first_round_us
 
     def sample_period_us(self, uuid: str) -> int | None:
         """The driver's sample period on GPU ``uuid`` as measured (DEFAULT_PERIOD_US until

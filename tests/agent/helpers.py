@@ -112,7 +112,9 @@ class Agent:
     def records(self) -> list[dict[str, Any]]:
         if not self.jsonl.exists():
             return []
-        return [json.loads(x) for x in self.jsonl.read_text().splitlines() if x.strip()]
+        # a batch is one write, but a read may meet it half-written: whole lines only
+        lines = self.jsonl.read_text().split("\n")[:-1]
+        return [json.loads(x) for x in lines if x.strip()]
 
     def wait_for(
         self, pred: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 10.0

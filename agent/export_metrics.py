@@ -1,0 +1,158 @@
+"""OTLP metrics beside the spans (``--otlp``): the GenAI server latency histograms per route,
+fed from the records, and the GPU series (parallax_contracts.gpu_metrics), read from the GPU
+side when the SDK collects. One MeterProvider, exported every EXPORT_S to ``/v1/metrics``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import span_attributes as sa
+from parallax_contracts.routes import route_template
+
+if TYPE_CHECKING:
+    from agent.gpu.side import GpuSide
+
+EXPORT_S = 10.0
+# services whose per-process GPU series are labelled (beyond: their pid only)
+MAX_PROCESS_SERIES = 256
+
+
+def tpot_s(rec: dict[str, Any]) -> float | None:
+    """Time per output token (s): the decode window over the writes after the first, one
+    token per write; None for a response with fewer than two body writes."""
+    ttft, chunks = rec.get("ttft_us"), rec.get("chunks") or 0
+    if ttft is None or chunks < 2:
+        return None
+    decode_us: int = rec["duration_us"] - ttft
+    return max(0, decode_us) / (chunks - 1) / 1e6
+
+
+class OtlpMetricsExporter:
+    """An Exporter (agent.outputs) of records into histograms, and the GPU series'
+    callbacks. ``failed`` counts nothing: the SDK's exporter retries and logs."""
+
+    def __init__(
+        self, base_url: str, gpu: GpuSide | None = None, export_s: float = EXPORT_S
+    ) -> None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter,
+        )
+        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # noqa: PLC0415
+        from opentelemetry.sdk.metrics.view import (  # noqa: PLC0415
+            ExplicitBucketHistogramAggregation,
+            View,
+        )
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+
+        endpoint = base_url.rstrip("/") + "/v1/metrics"
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=endpoint, timeout=5),
+            export_interval_millis=export_s * 1000,
+        )
+        views = [
+            View(
+                instrument_name=gm.GEN_AI_TTFT.name,
+                aggregation=ExplicitBucketHistogramAggregation(gm.GEN_AI_TTFT_BUCKETS),
+            ),
+            View(
+                instrument_name=gm.GEN_AI_TPOT.name,
+                aggregation=ExplicitBucketHistogramAggregation(gm.GEN_AI_TPOT_BUCKETS),
+            ),
+        ]
+        resource = Resource.create({sa.RESOURCE_HOST_NAME: socket.gethostname()})
+        self._provider = MeterProvider(resource=resource, metric_readers=[reader], views=views)
+        meter = self._provider.get_meter("parallax.agent")
+        self._ttft = meter.create_histogram(
+            gm.GEN_AI_TTFT.name, unit=gm.GEN_AI_TTFT.unit, description=gm.GEN_AI_TTFT.doc
+        )
+        self._tpot = meter.create_histogram(
+            gm.GEN_AI_TPOT.name, unit=gm.GEN_AI_TPOT.unit, description=gm.GEN_AI_TPOT.doc
+        )
+        self._gpu = gpu
+        if gpu is not None and gpu.on:
+            self._gpu_instruments(meter)
+
+    @property
+    def failed(self) -> int:
+        return 0
+
+    def export_batch(self, recs: list[dict[str, Any]]) -> None:
+        for rec in recs:
+            ttft = rec.get("ttft_us")
+            if ttft is None or (rec.get("chunks") or 0) < 2:
+                continue  # the GenAI series are about streamed answers
+            attrs = {
+                sa.HTTP_ROUTE.name: route_template(rec["path"]),
+                sa.SERVER_PORT.name: rec["local_port"],
+                gm.SERVICE_NAME: rec["service"],
+            }
+            self._ttft.record(ttft / 1e6, attrs)
+            tpot = tpot_s(rec)
+            if tpot is not None:
+                self._tpot.record(tpot, attrs)
+
+    def _gpu_instruments(self, meter: Any) -> None:
+        from opentelemetry.metrics import Observation  # noqa: PLC0415
+
+        gpu = self._gpu
+        assert gpu is not None
+
+        def device(field: str, scale: float = 1.0) -> Any:
+            def observe(_options: Any) -> Iterable[Observation]:
+                nvml = gpu.nvml
+                for d in nvml.devices() if nvml is not None else ():
+                    v = getattr(d, field)
+                    if v is not None:
+                        attrs = {gm.HW_ID: d.uuid, gm.HW_NAME: d.name, gm.HW_VENDOR: "NVIDIA"}
+                        yield Observation(v * scale, attrs)
+
+            return observe
+
+        gauges = (
+            (gm.HW_GPU_UTILIZATION, "util_gpu_pct", 0.01),
+            (gm.GPU_SM_CLOCK, "sm_clock_mhz", 1.0),
+            (gm.GPU_SM_CLOCK_MAX, "sm_clock_max_mhz", 1.0),
+            (gm.GPU_POWER, "power_mw", 0.001),
+            (gm.GPU_POWER_LIMIT, "power_limit_mw", 0.001),
+            (gm.GPU_CLOCK_EVENT_REASONS, "clock_event_reasons", 1.0),
+        )
+        for m, field, scale in gauges:
+            meter.create_observable_gauge(
+                m.name, [device(field, scale)], unit=m.unit, description=m.doc
+            )
+        for m, field in (
+            (gm.HW_GPU_MEMORY_USAGE, "mem_used_bytes"),
+            (gm.HW_GPU_MEMORY_LIMIT, "mem_total_bytes"),
+        ):
+            meter.create_observable_up_down_counter(
+                m.name, [device(field)], unit=m.unit, description=m.doc
+            )
+
+        def process(totals: str, scale: float = 1.0) -> Any:
+            def observe(_options: Any) -> Iterable[Observation]:
+                cuda = gpu.cuda
+                if cuda is None:
+                    return
+                per_pid: dict[int, int] = getattr(cuda, totals)
+                for pid, n in list(per_pid.items())[:MAX_PROCESS_SERIES]:
+                    yield Observation(n * scale, {gm.PROCESS_PID: pid})
+
+            return observe
+
+        for m, totals, scale in (
+            (gm.GPU_LAUNCHES, "launches_total", 1.0),
+            (gm.GPU_GRAPH_LAUNCHES, "graphs_total", 1.0),
+            (gm.GPU_HOST_WAIT, "wait_ns_total", 1e-9),
+        ):
+            meter.create_observable_counter(
+                m.name, [process(totals, scale)], unit=m.unit, description=m.doc
+            )
+
+    def close(self) -> None:
+        self._provider.force_flush(5000)
+        self._provider.shutdown()
