@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy clean lock
+.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy
+bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu
 
 bench-agent: setup
 	$(PY) -m bench.agent
@@ -38,6 +38,11 @@ bench-collector: setup
 
 bench-sla: setup
 	$(PY) -m bench.sla
+
+# The GPU side on the C-ABI doubles (~2 min): CUDA uprobe cost per call, NVML poller CPU,
+# the export delay of a GPU service's records.
+bench-gpu: setup
+	$(PY) -m bench.gpu
 
 # Accuracy against injected ground truth (~4 min). The demo plot (docs/img/demo-p95.png) is
 # drawn from the store a `DEMO_EXIT=1 make demo` run leaves: `$(PY) -m bench.demo_plot`.

@@ -133,22 +133,25 @@ class OtlpMetricsExporter:
                 m.name, [device(field)], unit=m.unit, description=m.doc
             )
 
-        def process(totals: str, scale: float = 1.0) -> Any:
+        def process(totals: str, scale: float | None = None) -> Any:
+            """Per-process totals: counts as integers, host wait in seconds."""
+
             def observe(_options: Any) -> Iterable[Observation]:
                 cuda = gpu.cuda
                 if cuda is None:
                     return
                 per_pid: dict[int, int] = getattr(cuda, totals)
                 for pid, n in list(per_pid.items())[:MAX_PROCESS_SERIES]:
-                    yield Observation(n * scale, {gm.PROCESS_PID: pid})
+                    yield Observation(n if scale is None else n * scale, {gm.PROCESS_PID: pid})
 
             return observe
 
-        for m, totals, scale in (
-            (gm.GPU_LAUNCHES, "launches_total", 1.0),
-            (gm.GPU_GRAPH_LAUNCHES, "graphs_total", 1.0),
+        per_process: tuple[tuple[gm.Metric, str, float | None], ...] = (
+            (gm.GPU_LAUNCHES, "launches_total", None),
+            (gm.GPU_GRAPH_LAUNCHES, "graphs_total", None),
             (gm.GPU_HOST_WAIT, "wait_ns_total", 1e-9),
-        ):
+        )
+        for m, totals, scale in per_process:
             meter.create_observable_counter(
                 m.name, [process(totals, scale)], unit=m.unit, description=m.doc
             )

@@ -17,10 +17,12 @@ def build(out_dir: Path | None = None) -> Path:
     """Compile fake_cuda.c into ``out_dir``/libcuda.so.1 (a fresh temporary directory by
     default) and return that directory. Rebuilt only when the source is newer."""
     d = out_dir or Path(tempfile.mkdtemp(prefix="px-fake-cuda-"))
+    d.mkdir(parents=True, exist_ok=True)
     lib = d / SONAME
     src = HERE / "fake_cuda.c"
     if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
-        cmd = ["gcc", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{SONAME}", "-o", str(lib), str(src)]
+        cmd = ["gcc", "-O2", "-fno-omit-frame-pointer", "-shared", "-fPIC"]
+        cmd += [f"-Wl,-soname,{SONAME}", "-o", str(lib), str(src)]
         subprocess.run(cmd, check=True, capture_output=True)
     return d
 

@@ -1,5 +1,5 @@
 """The NVML poller's CPU cost per second of wall time, at several poll periods, against the
-fake library (docs/gpu-nvml.md has the figures):
+fake library (docs/gpu.md has the figures):
 
     python -m tests.gpu.measure_cpu [--seconds 20] [--devices 1 8] [--pids 4]
 

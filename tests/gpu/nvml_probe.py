@@ -1,5 +1,5 @@
 """On a machine with a GPU, what the real driver's sample buffers look like — the facts the
-poller assumes and the fake cannot prove (docs/gpu-nvml.md, "Checked on the fake only"):
+poller assumes and the fake cannot prove (docs/gpu.md, "Checked on the fake only"):
 
     python -m tests.gpu.nvml_probe [--seconds 10] [--poll-ms 500]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent.helpers import PY, Agent, Proc, timing_log
+from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, timing_log
 from tests.gpu import fake_cuda, infer_server
 from tests.gpu.fakes import NvmlScript, build_fake_nvml
 
@@ -207,3 +207,68 @@ def test_no_nvml_no_gpu_parts(tmp_path: Path, libs: tuple[Path, Path]) -> None:
                     agent.jsonl.unlink()
         finally:
             s.stop()
+
+
+def test_otlp_spans_and_metrics(tmp_path: Path, libs: tuple[Path, Path]) -> None:
+    """--otlp: the GPU attributes on the SERVER span under their contract names; on
+    /v1/metrics the device series (hw.id = the GPU's UUID), the GPU process's launch
+    counter and the GenAI TTFT / time-per-output-token histograms of the route."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from parallax_contracts import gpu_metrics as gm
+    from parallax_contracts import span_attributes as sa
+
+    cuda_dir, nvml_dir = libs
+    rx = OtlpReceiver()
+    with cgroup() as cg:
+        s = server(cg, tmp_path / "waits.jsonl", "--cuda-lib-dir", str(cuda_dir))
+        try:
+            port = s.port()
+            env = nvml_env(tmp_path, nvml_dir, [s.p.pid])
+            agent = Agent(tmp_path, [port], ["--otlp", rx.url], wrapper=env)
+            try:
+                probed(agent)
+                generate(port, tokens=4)
+                agent.wait_for(lambda r: "gpu_uuid" in r, 1, timeout=15)
+            finally:
+                assert agent.stop() == 0  # flushes spans and metrics
+        finally:
+            s.stop()
+            rx.close()
+    spans = [
+        sp
+        for body in (b for p, b in rx.posts if p == "/v1/traces")
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+        for ss in rs.scope_spans
+        for sp in ss.spans
+    ]
+    [span] = spans
+    attrs = {a.key: a.value for a in span.attributes}
+    assert attrs[sa.GPU_PREFILL_LAUNCHES.name].int_value == infer_server.PREFILL_LAUNCHES
+    assert attrs[sa.GPU_DECODE_LAUNCHES.name].int_value == 3 * infer_server.DECODE_LAUNCHES
+    assert attrs[sa.GPU_UUID.name].string_value == GPU_UUID
+    assert abs(attrs[sa.GPU_DECODE_SM_UTIL_PCT.name].double_value - SM_PCT) < 1
+    metrics: dict[str, list[Any]] = {}
+    for body in (b for p, b in rx.posts if p == "/v1/metrics"):
+        for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    metrics.setdefault(m.name, []).append(m)
+    util = metrics[gm.HW_GPU_UTILIZATION.name][-1].gauge.data_points[-1]
+    assert {a.key: a.value.string_value for a in util.attributes}[gm.HW_ID] == GPU_UUID
+    assert util.as_double == pytest.approx(SM_PCT / 100)
+    launches = metrics[gm.GPU_LAUNCHES.name][-1].sum
+    assert launches.is_monotonic
+    assert max(p.as_int for p in launches.data_points) >= 40 + 3 * 5
+    ttft = metrics[gm.GEN_AI_TTFT.name][-1].histogram.data_points[-1]
+    assert ttft.count == 1 and ttft.sum >= infer_server.PREFILL_WAIT_US / 1e6
+    route = {a.key: a.value.string_value for a in ttft.attributes}[sa.HTTP_ROUTE.name]
+    assert route == "/generate"
+    tpot = metrics[gm.GEN_AI_TPOT.name][-1].histogram.data_points[-1]
+    assert tpot.count == 1
+    assert tpot.sum == pytest.approx(infer_server.DECODE_WAIT_US / 1e6, rel=0.3)
