@@ -151,9 +151,9 @@ class OtlpMetricsExporter:
             (gm.GPU_GRAPH_LAUNCHES, "graphs_total", None),
             (gm.GPU_HOST_WAIT, "wait_ns_total", 1e-9),
         )
-        for m, totals, scale in per_process:
+        for m, totals, unit_scale in per_process:
             meter.create_observable_counter(
-                m.name, [process(totals, scale)], unit=m.unit, description=m.doc
+                m.name, [process(totals, unit_scale)], unit=m.unit, description=m.doc
             )
 
     def close(self) -> None:
