@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy clean lock
+.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-faults clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy
+bench: bench-agent bench-collector bench-sla bench-accuracy bench-faults
 
 bench-agent: setup
 	$(PY) -m bench.agent
@@ -38,6 +38,11 @@ bench-collector: setup
 
 bench-sla: setup
 	$(PY) -m bench.sla
+
+# Faults and hostile clients, the long variants of tests/collector/test_faults.py (~5 min;
+# root, for the tmpfs): disk full, kill -9 under load, 64 MB heads, 1000 slowloris clients.
+bench-faults: setup
+	$(PY) -m bench.faults
 
 # Accuracy against injected ground truth (~4 min). The demo plot (docs/img/demo-p95.png) is
 # drawn from the store a `DEMO_EXIT=1 make demo` run leaves: `$(PY) -m bench.demo_plot`.

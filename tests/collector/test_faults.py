@@ -57,9 +57,11 @@ def _check_ledger(ledger: Ledger, stored: list[str]) -> None:
 
 
 def _drain(c: Running) -> None:
-    c.wait_ready()
-    assert wait_spool_empty(c.data_dir / "spool"), c.tail()
-    assert c.stop() == 0, c.tail()
+    try:
+        c.wait_ready()
+        assert wait_spool_empty(c.data_dir / "spool"), c.tail()
+    finally:
+        assert c.stop() == 0, c.tail()
 
 
 def test_disk_full_is_a_state_and_loses_nothing_acknowledged(small_disk: Path) -> None:
@@ -112,11 +114,13 @@ def test_replay_skips_a_damaged_record_and_keeps_the_rest(tmp_path: Path) -> Non
     and says what it skipped."""
     data = tmp_path / "data"
     c = start_collector(data, "--flush-interval", "60", "--batch-rows", "1000000", "--rate", "0")
-    c.wait_ready()
     ledger = Ledger()
-    post_spans(c.ingest, ledger, requests=10, spans=10, threads=1)
-    assert ledger.codes == Counter({200: 10})
-    c.stop(signal.SIGKILL)
+    try:
+        c.wait_ready()
+        post_spans(c.ingest, ledger, requests=10, spans=10, threads=1)
+        assert ledger.codes == Counter({200: 10})
+    finally:
+        c.stop(signal.SIGKILL)
     (seg,) = sorted((data / "spool").glob("*.seg"))
     raw = seg.read_bytes()
     records, damage = spool.parse_segment(raw)
@@ -129,11 +133,13 @@ def test_replay_skips_a_damaged_record_and_keeps_the_rest(tmp_path: Path) -> Non
     torn = raw[offsets[5] : offsets[5] + spool.HEADER_SIZE + 20]  # a header, part of a body
     seg.write_bytes(bytes(damaged[: offsets[7]]) + torn + bytes(damaged[offsets[7] :]))
     c2 = start_collector(data)
-    c2.wait_ready()
-    assert wait_spool_empty(data / "spool")
-    m = httpx.get(f"{c2.query}/metrics", timeout=5).text
-    assert metric(m, "parallax_collector_spool_skipped_bytes_total") > 0
-    assert c2.stop() == 0
+    try:
+        c2.wait_ready()
+        assert wait_spool_empty(data / "spool")
+        m = httpx.get(f"{c2.query}/metrics", timeout=5).text
+        assert metric(m, "parallax_collector_spool_skipped_bytes_total") > 0
+    finally:
+        assert c2.stop() == 0
     assert c2.log.read_text().count(f"spool: {seg.name}: skipped") == 2
     stored = stored_trace_ids(data / "chdb")
     lost = set(_trace_ids_of(records[3][2]))
@@ -156,18 +162,21 @@ def test_kill_9_under_load_loses_and_doubles_nothing(tmp_path: Path) -> None:
     span is stored once after the restart; unanswered ones may or may not be."""
     data = tmp_path / "data"
     c = start_collector(data, "--rate", "0", "--no-plugins")
-    c.wait_ready()
     ledger = Ledger()
     stop = threading.Event()
     t = threading.Thread(
         target=post_spans, args=(c.ingest, ledger, 10_000, 20), kwargs={"until": stop}
     )
-    t.start()
-    wait_for(lambda: ledger.codes[200] >= 60, timeout_s=30, every_s=0.01)
-    c.stop(signal.SIGKILL)
-    time.sleep(0.3)
-    stop.set()
-    t.join(30)
+    try:
+        c.wait_ready()
+        t.start()
+        wait_for(lambda: ledger.codes[200] >= 60, timeout_s=30, every_s=0.01)
+    finally:
+        c.stop(signal.SIGKILL)
+        time.sleep(0.3)
+        stop.set()
+        if t.is_alive():
+            t.join(30)
     assert c.proc.returncode == -signal.SIGKILL
     assert set(ledger.codes) == {200}, ledger.codes
     _drain(start_collector(data, "--no-plugins"))
