@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu clean lock
+.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu
+bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults
 
 bench-agent: setup
 	$(PY) -m bench.agent
@@ -43,6 +43,11 @@ bench-sla: setup
 # the export delay of a GPU service's records.
 bench-gpu: setup
 	$(PY) -m bench.gpu
+
+# Faults and hostile clients, the long variants of tests/collector/test_faults.py (~5 min;
+# root, for the tmpfs): disk full, kill -9 under load, 64 MB heads, 1000 slowloris clients.
+bench-faults: setup
+	$(PY) -m bench.faults
 
 # Accuracy against injected ground truth (~4 min). The demo plot (docs/img/demo-p95.png) is
 # drawn from the store a `DEMO_EXIT=1 make demo` run leaves: `$(PY) -m bench.demo_plot`.

@@ -7,15 +7,23 @@ the last response write, with the attributes of parallax_contracts.span_attribut
 
 from __future__ import annotations
 
+import logging
+import random
 import socket
 import sys
+import threading
+import time
+from collections import deque
 from typing import Any, BinaryIO
 
 import orjson
+import requests
 
 from agent import records
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
+
+log = logging.getLogger("parallax.agent")
 
 
 class JsonlExporter:
@@ -43,47 +51,91 @@ class JsonlExporter:
             self._f.close()
 
 
-class _Counted:
-    """The OTLP exporter, counting the spans of the batches it failed to deliver (after its
-    own retries): the batch processor only logs them."""
+# OTLP/HTTP's "try again later" (the SDK retries these too, within one export's timeout).
+RETRYABLE = frozenset({429, 502, 503, 504})
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.failed = 0  # written by the batch processor's one worker thread only
 
-    def export(self, spans: Any) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: PLC0415
+class _LastAnswer(requests.Session):
+    """The exporter's HTTP session, remembering its last answer (status, Retry-After) or
+    error: the SDK reports only success or failure, and what to do next depends on why."""
 
-        result = self._inner.export(spans)
-        if result != SpanExportResult.SUCCESS:
-            self.failed += len(spans)
-        return result
+    def __init__(self) -> None:
+        super().__init__()
+        self.status: int | None = None
+        self.retry_after: float | None = None
+        self.error: str | None = None
 
-    def shutdown(self) -> None:
-        self._inner.shutdown()
+    def forget(self) -> None:
+        self.status = self.retry_after = self.error = None
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return bool(self._inner.force_flush(timeout_millis))
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        try:
+            r = super().request(*args, **kwargs)
+        except requests.RequestException as e:
+            self.status, self.retry_after, self.error = None, None, type(e).__name__
+            raise
+        self.status, self.error = r.status_code, None
+        try:
+            self.retry_after = float(r.headers.get("retry-after", ""))
+        except ValueError:
+            self.retry_after = None
+        return r
 
 
 class OtlpExporter:
-    """One BatchSpanProcessor in front of the OTLP/HTTP exporter; resources per process."""
+    """Spans in a bounded queue, sent in batches by one thread with the OTLP/HTTP exporter
+    of the OpenTelemetry SDK.
 
-    def __init__(self, base_url: str, max_queue: int = 8192) -> None:
+    A batch the collector cannot take for now — 429, 502, 503, 504, unreachable, timed out —
+    is kept and sent again after a backoff (its Retry-After when it gave one, else 1 s
+    doubling to ``max_backoff_s``, ±20 %), so a collector restart or a short outage loses
+    nothing. Meanwhile spans queue up to ``max_queue``; beyond it the oldest are dropped
+    (the newest matter most once the collector is back), counted, and said once per outage.
+    A batch refused for good (another 4xx or 5xx) is dropped and counted. The SDK's own
+    BatchSpanProcessor does neither: it drops a batch whose export failed after the
+    exporter's own retries (5 s here; with the collector's Retry-After of 5 s, no retry at
+    all), and drops queued spans with a log line each (docs/collector.md, "The agent during
+    a collector outage")."""
+
+    def __init__(
+        self,
+        base_url: str,
+        max_queue: int = 8192,
+        batch: int = 512,
+        period_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        timeout_s: float = 5.0,
+    ) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
             OTLPSpanExporter,
         )
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
 
+        # Its per-attempt lines would repeat every backoff; this class says it once.
+        logging.getLogger(OTLPSpanExporter.__module__).setLevel(logging.CRITICAL)
+        self._answer = _LastAnswer()
         endpoint = base_url.rstrip("/") + "/v1/traces"
-        self._exporter = _Counted(OTLPSpanExporter(endpoint=endpoint, timeout=5))
-        self._proc = BatchSpanProcessor(
-            self._exporter,  # type: ignore[arg-type]
-            max_queue_size=max_queue,  # bounded: the SDK drops (and logs) beyond it
-            schedule_delay_millis=500,
-        )
+        self._sdk = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._answer)
+        self.max_queue, self.batch, self.period_s = max_queue, batch, period_s
+        self.max_backoff_s = max_backoff_s
+        self._queue: deque[Any] = deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self.delivered = 0  # spans the collector took
+        self.dropped = 0  # oldest spans dropped at the full queue
+        self.refused = 0  # spans in batches refused for good
+        self.abandoned = 0  # spans still undelivered when close() gave up
+        self._outage: tuple[float, int] | None = None  # (since, dropped then)
+        self._drops_said = False
         self._resources: dict[tuple[int, str], Any] = {}
         self._host = socket.gethostname()
+        self._thread = threading.Thread(target=self._send_loop, name="otlp-send", daemon=True)
+        self._thread.start()
+
+    @property
+    def failed(self) -> int:
+        """Spans accepted but not delivered: dropped at the full queue, refused by the
+        collector, or left when the agent stopped during an outage."""
+        return self.dropped + self.refused + self.abandoned
 
     def _resource(self, pid: int, service: str, comm: str) -> Any:
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
@@ -133,17 +185,107 @@ class OtlpExporter:
             status=Status(StatusCode.ERROR) if status >= 500 else Status(StatusCode.UNSET),
             instrumentation_scope=InstrumentationScope("parallax.agent"),
         )
-        self._proc.on_end(span)
+        with self._cv:
+            if self._closing:
+                self.abandoned += 1
+                return
+            if len(self._queue) >= self.max_queue:
+                self._queue.popleft()
+                self.dropped += 1
+                if not self._drops_said:  # once until spans are delivered again
+                    self._drops_said = True
+                    log.warning(
+                        "otlp: queue full (%d spans): dropping the oldest, counted in "
+                        "parallax_agent_otlp_failed_spans_total",
+                        self.max_queue,
+                    )
+            self._queue.append(span)
+            if len(self._queue) >= self.batch:
+                self._cv.notify()
 
     def export_batch(self, recs: list[dict[str, Any]]) -> None:
         for rec in recs:
             self.export(rec)
 
-    @property
-    def failed(self) -> int:
-        """Spans in batches the collector did not take (after the exporter's retries)."""
-        return self._exporter.failed
+    # -- the sender thread ----------------------------------------------------------------
+    def _next_batch(self) -> list[Any]:
+        with self._cv:
+            if len(self._queue) < self.batch and not self._closing:
+                self._cv.wait(self.period_s)  # a full batch, or what came in a period
+            n = min(self.batch, len(self._queue))
+            return [self._queue.popleft() for _ in range(n)]
+
+    def _send_loop(self) -> None:
+        pending: list[Any] = []
+        failures = 0
+        while True:
+            if not pending:
+                pending = self._next_batch()
+                if not pending:
+                    if self._closing:
+                        return
+                    continue
+            retry_in = self._send(pending, failures)
+            if retry_in is None:
+                pending, failures = [], 0
+                continue
+            failures += 1
+            with self._cv:
+                if not self._closing:
+                    self._cv.wait(retry_in)  # close() cuts the wait short
+                if self._closing:
+                    # Stopping during an outage: what is left cannot be delivered.
+                    self.abandoned += len(pending) + len(self._queue)
+                    self._queue.clear()
+                    log.warning(
+                        "otlp: stopping while the collector is unavailable: %d spans undelivered",
+                        self.abandoned,
+                    )
+                    return
+
+    def _send(self, spans: list[Any], failures: int) -> float | None:
+        """Deliver ``spans``: None when done with them (taken, or refused for good and
+        counted), else the seconds to wait before trying them again."""
+        from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: PLC0415
+
+        self._answer.forget()
+        if self._sdk.export(spans) == SpanExportResult.SUCCESS:
+            self.delivered += len(spans)
+            self._drops_said = False
+            if self._outage is not None:
+                since, dropped = self._outage
+                log.warning(
+                    "otlp: the collector takes spans again after %.0f s; %d dropped meanwhile",
+                    time.monotonic() - since,
+                    self.dropped - dropped,
+                )
+                self._outage = None
+            return None
+        status = self._answer.status
+        never_sent = status is None and self._answer.error is None  # the SDK could not encode
+        if never_sent or (status is not None and status not in RETRYABLE):
+            self.refused += len(spans)
+            log.warning(
+                "otlp: the collector refused %d spans for good (HTTP %s)", len(spans), status
+            )
+            return None
+        if self._outage is None:
+            self._outage = (time.monotonic(), self.dropped)
+            why = f"HTTP {status}" if status is not None else self._answer.error
+            log.warning(
+                "otlp: the collector is unavailable (%s): holding spans (at most %d), retrying",
+                why,
+                self.max_queue,
+            )
+        if self._answer.retry_after is not None:
+            return min(self._answer.retry_after, self.max_backoff_s)
+        return min(self.max_backoff_s, 2.0**failures) * random.uniform(0.8, 1.2)  # noqa: S311
 
     def close(self) -> None:
-        self._proc.force_flush(5000)
-        self._proc.shutdown()  # type: ignore[no-untyped-call]
+        """Deliver what is queued (bounded: one export timeout past the current wait), then
+        release the exporter."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+        self._sdk.shutdown()  # type: ignore[no-untyped-call]

@@ -114,8 +114,8 @@ class Metrics:
         )
         self.otlp_failed = Counter(
             "parallax_agent_otlp_failed_spans",
-            "Spans in OTLP batches the collector did not take after the exporter's retries"
-            " (--otlp; spans dropped at the SDK's full queue are only logged)",
+            "Spans not delivered over OTLP (--otlp): dropped at the export queue's bound"
+            " during a collector outage, refused by the collector, or left at exit",
             registry=r,
         )
         self.connections = Gauge(

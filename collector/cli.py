@@ -71,6 +71,31 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--max-otlp-bytes", type=int, default=d.max_otlp_bytes)
     p.add_argument("--max-beacon-bytes", type=int, default=d.max_beacon_bytes)
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=d.max_header_bytes,
+        help="ingest: request line + headers, beyond it 431 (at least 8192) [%(default)s]",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout_s,
+        help="ingest: seconds to send the headers, and to keep an idle connection [%(default)s]",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout_s,
+        help="ingest: seconds to send the body, beyond it 408 [%(default)s]",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="ingest: connections served at once (at most half the fd limit); more wait "
+        "in the listen backlog [%(default)s]",
+    )
     p.add_argument("--rate", type=float, default=d.rate_per_s, help="requests/s per client IP")
     p.add_argument("--burst", type=int, default=d.rate_burst)
     p.add_argument("--batch-rows", type=int, default=d.batch_rows)
@@ -115,6 +140,10 @@ def _serve(args: argparse.Namespace) -> int:
         sites=dict(args.site),
         max_otlp_bytes=args.max_otlp_bytes,
         max_beacon_bytes=args.max_beacon_bytes,
+        max_header_bytes=args.max_header_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
         rate_per_s=args.rate,
         rate_burst=args.burst,
         batch_rows=args.batch_rows,

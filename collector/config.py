@@ -31,6 +31,13 @@ class Settings:
     sites: dict[str, list[str]] = field(default_factory=dict)
     max_otlp_bytes: int = 1 << 20
     max_beacon_bytes: int = 64 << 10
+    # The edge (docs/collector.md, "Limits at the edge"): request line + headers, the time
+    # to send them (also how long an idle keep-alive connection is kept), the time to send
+    # the body, and connections served at once (kept below the fd limit).
+    max_header_bytes: int = 32 << 10
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 4096
     rate_per_s: float = 50.0
     rate_burst: int = 100
     batch_rows: int = 20_000

@@ -56,6 +56,35 @@ class Metrics(Hooks):
             _P + "queue_segments", "Spool segments not yet written", registry=r
         )
         self.spool_bytes = Gauge(_P + "spool_bytes", "Bytes in the on-disk spool", registry=r)
+        self.spool_disk_full = Gauge(
+            _P + "spool_disk_full",
+            "1 while the spool's filesystem is full (ingest answers 503 + Retry-After)",
+            registry=r,
+        )
+        self.spool_write_errors = Counter(
+            _P + "spool_write_errors",
+            "Spool writes that failed or were short, undone and answered 503, by errno",
+            ["reason"],
+            registry=r,
+        )
+        self.spool_skipped_bytes = Counter(
+            _P + "spool_skipped_bytes",
+            "Bytes of torn or damaged records skipped when a segment was replayed",
+            registry=r,
+        )
+        self.ingest_connections = Gauge(
+            _P + "ingest_connections",
+            "Connections on the ingest port: open (accepted by the server) and waiting "
+            "(completed handshakes queued while the server is at its connection limit)",
+            ["state"],
+            registry=r,
+        )
+        self.ingest_connection_limit = Gauge(
+            _P + "ingest_connection_limit",
+            "Connections the ingest server accepts at once (--max-connections, kept below "
+            "the file-descriptor limit)",
+            registry=r,
+        )
         self.pairs_written = Counter(
             _P + "pairs_written", "Pair rows written (new or updated)", registry=r
         )
@@ -81,3 +110,9 @@ class Metrics(Hooks):
 
     def quarantined(self, source: str, rows: int) -> None:
         self.quarantined_rows.labels(source).inc(rows)
+
+    def spool_write_failed(self, reason: str) -> None:
+        self.spool_write_errors.labels(reason).inc()
+
+    def spool_skipped(self, nbytes: int) -> None:
+        self.spool_skipped_bytes.inc(nbytes)

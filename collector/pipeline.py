@@ -18,13 +18,17 @@ rows and moving the rejected ones to ``<data-dir>/quarantine/<segment>.<table>.j
 (fsync'ed before the segment is deleted), with a metric and one log line. Transient failures
 (connection refused, timeouts, a restarting store) are retried as before.
 
-A ``write()`` that has returned survives a SIGKILL of the collector (the kernel holds the
-page); ``fsync=True`` also survives a power loss, at the cost of one fsync per request.
+A record is acknowledged only once it is wholly in the segment file (collector/spool.py:
+a failed or short write is undone, the request answered 503 + Retry-After, and a full disk
+is a state that ends by itself when space returns). A ``write()`` that has returned
+survives a SIGKILL of the collector (the kernel holds the page); ``fsync=True`` also
+survives a power loss, at the cost of one fsync per request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -33,7 +37,6 @@ import re
 import struct
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from typing import Any
 
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError
 
+from collector import spool
 from collector.ingest.common import Parsed
 from collector.store import schema
 
@@ -50,8 +54,6 @@ log = logging.getLogger("parallax.collector")
 # the writer — which says it once per segment (bisection would repeat it a dozen times).
 logging.getLogger("clickhouse_connect.driver.transform").setLevel(logging.CRITICAL)
 
-# One spool record: kind, received (Unix ns), body length, crc32 of the body; then the body.
-_HEADER = struct.Struct("<BQII")
 KIND_OTLP_PROTO, KIND_OTLP_JSON, KIND_BEACON = 1, 2, 3
 SPANS, ENTRIES = "spans", "entries"
 _KIND_SOURCE = {KIND_OTLP_PROTO: SPANS, KIND_OTLP_JSON: SPANS, KIND_BEACON: ENTRIES}
@@ -109,7 +111,9 @@ class SpoolLockedError(Exception):
 
 
 class SpoolFullError(Exception):
-    """The spool holds spool_max_bytes: refuse (503) rather than accept and lose."""
+    """The spool cannot keep this request now — it holds spool_max_bytes, its disk is full,
+    or the write failed: refuse (503 + Retry-After) rather than accept and lose. The message
+    is the one-line reason."""
 
 
 def _empty_rows() -> dict[str, list[tuple[Any, ...]]]:
@@ -139,6 +143,12 @@ class Hooks:
 
     def quarantined(self, source: str, rows: int) -> None:
         """Rows the store rejected for good, moved to the quarantine directory."""
+
+    def spool_write_failed(self, reason: str) -> None:
+        """A spool write failed (undone; the request was refused with 503)."""
+
+    def spool_skipped(self, nbytes: int) -> None:
+        """Replay skipped a torn or damaged stretch of a segment."""
 
 
 class Pipeline:
@@ -172,7 +182,9 @@ class Pipeline:
         self._cv = threading.Condition(self._lock)
         self._pending: deque[Segment] = deque()
         self._open: Segment | None = None
-        self._file: Any = None
+        self._file: spool.SegmentFile | None = None
+        self.disk = spool.DiskState(spool_dir)
+        self._logged_error: tuple[int | None, float] = (None, 0.0)
         self._last_id = 0
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -227,22 +239,26 @@ class Pipeline:
 
     # --- ingest side -------------------------------------------------------------
     def accept(self, kind: int, body: bytes, received_ns: int, parsed: Parsed) -> None:
-        """Spool ``body`` and queue its rows; when this returns, the data is safe."""
+        """Spool ``body`` and queue its rows; when this returns, the data is safe. Raises
+        SpoolFullError (nothing kept, nothing half-written) when it cannot be."""
         source = _KIND_SOURCE[kind]
-        header = _HEADER.pack(kind, received_ns, len(body), zlib.crc32(body))
+        rec = spool.frame(kind, received_ns, body)
         with self._cv:
-            if self.spool_bytes + len(body) > self.spool_max_bytes:
-                raise SpoolFullError
-            seg = self._open
-            if seg is None:
-                seg = self._new_segment_locked()
-            self._file.write(header + body)
-            self._file.flush()
-            if self.fsync:
-                os.fsync(self._file.fileno())
-            n = len(header) + len(body)
-            seg.nbytes += n
-            self.spool_bytes += n
+            if self.spool_bytes + len(rec) > self.spool_max_bytes:
+                raise SpoolFullError("spool full: the store is unreachable")
+            if not self.disk.may_write(len(rec)):
+                raise SpoolFullError("spool disk full")
+            try:
+                seg = self._open
+                if seg is None:
+                    seg = self._new_segment_locked()
+                assert self._file is not None
+                self._file.append(rec)
+            except OSError as e:
+                raise SpoolFullError(self._write_failed_locked(e)) from None
+            self.disk.wrote()
+            seg.nbytes += len(rec)
+            self.spool_bytes += len(rec)
             if parsed.rows:
                 assert seg.rows is not None
                 seg.rows[source].extend(parsed.rows)
@@ -252,11 +268,32 @@ class Pipeline:
             if seg.nrows >= self.batch_rows:
                 self._rotate_locked()
 
+    def _write_failed_locked(self, e: OSError) -> str:
+        """The write was undone (SegmentFile.append): say why once, count it, and leave the
+        segment when its file can no longer be trusted. Returns the 503's reason."""
+        name = errno.errorcode.get(e.errno or 0, "EIO")
+        self.hooks.spool_write_failed(name)
+        if e.errno in spool.NO_SPACE:
+            self.disk.failed(e)
+            reason = "spool disk full"
+        else:
+            # EIO, a failed fsync, …: logged once per errno a minute, not per request.
+            last, at = self._logged_error
+            if e.errno != last or time.monotonic() - at > 60:
+                self._logged_error = (e.errno, time.monotonic())
+                log.error("spool: write failed (%s), answering 503: %s", name, e)
+            reason = f"spool write failed: {name}"
+        # After anything but a clean undo on a full disk, the next record starts a new
+        # segment file (pages a failed fsync dropped, or a tail the undo could not cut).
+        if e.errno not in spool.NO_SPACE or (self._file is not None and self._file.broken):
+            self._rotate_locked()
+        return reason
+
     def _new_segment_locked(self) -> Segment:
         seg_id = max(time.time_ns(), self._last_id + 1)
         self._last_id = seg_id
         path = self.dir / f"{seg_id:020d}.seg"
-        self._file = path.open("ab", buffering=0)
+        self._file = spool.SegmentFile(path, self.fsync)
         seg = Segment(seg_id, path, time.monotonic())
         self._open = seg
         return seg
@@ -265,7 +302,8 @@ class Pipeline:
         seg = self._open
         if seg is None:
             return
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         self._file = None
         self._open = None
         if seg.nbytes == 0:
@@ -339,7 +377,10 @@ class Pipeline:
             return seg.rows, seg.trace_ids
         rows: dict[str, list[tuple[Any, ...]]] = {SPANS: [], ENTRIES: []}
         trace_ids: list[str] = []
-        for kind, received_ns, body in read_segment(seg.path):
+        records, damage = spool.read_segment(seg.path)
+        if damage.bytes:
+            self.hooks.spool_skipped(damage.bytes)
+        for kind, received_ns, body in records:
             try:
                 parsed = self.reparse(kind, body, received_ns)
             except Exception as e:  # noqa: BLE001 — it was accepted once; skip, say so
@@ -458,20 +499,3 @@ class Pipeline:
     def queue_segments(self) -> int:
         with self._lock:
             return len(self._pending) + (1 if self._open is not None else 0)
-
-
-def read_segment(path: Path) -> list[tuple[int, int, bytes]]:
-    """The records of a segment; a torn or corrupt tail (a crash mid-write, never answered
-    2xx) ends the segment."""
-    data = path.read_bytes()
-    out = []
-    pos = 0
-    while pos + _HEADER.size <= len(data):
-        kind, received_ns, n, crc = _HEADER.unpack_from(data, pos)
-        body = data[pos + _HEADER.size : pos + _HEADER.size + n]
-        if kind not in _KIND_SOURCE or len(body) != n or zlib.crc32(body) != crc:
-            log.warning("spool: %s ends in a torn record at byte %d (ignored)", path.name, pos)
-            break
-        out.append((kind, received_ns, body))
-        pos += _HEADER.size + n
-    return out

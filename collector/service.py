@@ -11,15 +11,21 @@ import asyncio
 import contextlib
 import gc
 import logging
+import resource
 import signal
 import sys
 import threading
 import time
 from collections.abc import Generator, Sequence
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from granian.server.embed import Server as EdgeServer
 
 from collector.api.ingest import Ingest, IngestApp, build_ingest_app
 from collector.api.query import build_query_app
@@ -42,6 +48,11 @@ GC_EVERY_S = 30.0  # the cyclic GC runs on a timer, not by allocation counts: se
 # 60,000 rows/s offered, alternating: 34,300 / 36,800 rows/s delivered at 5 ms,
 # 41,400 / 50,600 at 0.5 ms.
 GIL_SWITCH_INTERVAL_S = 0.0005
+# hyper refuses a smaller read buffer (and the header limit is that buffer).
+MIN_HEADER_BYTES = 8192
+# Completed handshakes the kernel queues while the ingest server is at its connection limit
+# (beyond it new connections are refused by the kernel; clients retry).
+LISTEN_BACKLOG = 1024
 
 
 class StartupError(Exception):
@@ -86,6 +97,7 @@ class Collector:
             coverage_interval_s=settings.coverage_interval_s,
         )
         self.metrics.pairer = self.pairer
+        self.max_connections = connection_limit(settings.max_connections)
         self.migrate_error = "store not migrated yet"
         self._stop = threading.Event()
         self.ctx = Context(settings, self.store, self.metrics.registry)
@@ -108,6 +120,12 @@ class Collector:
         m.queue_rows.set(self.pipeline.pending_rows)
         m.queue_segments.set(self.pipeline.queue_segments())
         m.spool_bytes.set(self.pipeline.spool_bytes)
+        m.spool_disk_full.set(1 if self.pipeline.disk.full else 0)
+        m.ingest_connection_limit.set(self.max_connections)
+        port = split_hostport(self.settings.listen, "0.0.0.0")[1]  # noqa: S104
+        in_use, waiting = ingest_connections(port)
+        m.ingest_connections.labels("open").set(max(0, in_use - waiting))
+        m.ingest_connections.labels("waiting").set(waiting)
 
     # --- life cycle --------------------------------------------------------------
     def start(self) -> None:
@@ -186,6 +204,46 @@ class Collector:
         gc.enable()  # an embedded collector (tests) leaves its host process as it found it
 
 
+def connection_limit(wanted: int) -> int:
+    """The ingest connection limit: ``wanted``, at most half the file-descriptor limit (the
+    rest for the store's files, the spool, the query port). The soft fd limit is first
+    raised to the hard one, as nginx and Go programs do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cap = wanted if soft == resource.RLIM_INFINITY else min(wanted, soft // 2)
+    if cap < wanted:
+        log.warning("ingest: at most %d connections, half the fd limit (%d)", cap, soft)
+    return max(1, cap)
+
+
+_TCP_ESTABLISHED, _TCP_CLOSE_WAIT, _TCP_LISTEN = "01", "08", "0A"
+
+
+def ingest_connections(port: int) -> tuple[int, int]:
+    """(TCP connections to ``port`` holding a socket: established or closing; those of them
+    still in the listener's accept queue), read from this network namespace's socket tables.
+    The server's own count is not reachable from Python: its accept loop is in Rust."""
+    in_use = waiting = 0
+    local = f":{port:04X}"
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/self/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split(None, 5)
+            if len(f) < 5 or not f[1].endswith(local):
+                continue
+            if f[3] == _TCP_LISTEN:
+                waiting += int(f[4].rsplit(":", 1)[1], 16)  # rx_queue: the accept queue
+            elif f[3] in (_TCP_ESTABLISHED, _TCP_CLOSE_WAIT):
+                in_use += 1
+    return in_use, waiting
+
+
 class _Server(uvicorn.Server):
     """Two servers share one loop; the collector handles the signals itself."""
 
@@ -194,51 +252,117 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _edge_server(collector: Collector) -> EdgeServer:
+    """The public ingest port: granian (hyper, in Rust) bounds what a client may hold — the
+    head's size (431 beyond it), the time to send it (the same timer closes an idle
+    keep-alive connection), the connections served at once (more wait in the kernel's
+    listen backlog, using no descriptor of ours). uvicorn has none of these but the idle
+    timeout (docs/collector.md, "Limits at the edge")."""
+    s = collector.settings
+    host, port = split_hostport(s.listen, "0.0.0.0")  # noqa: S104 — public by design
+    srv = EdgeServer(
+        collector.ingest_app,
+        address=host,
+        port=port,
+        interface=Interfaces.ASGINL,  # IngestApp has no start-up work
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=LISTEN_BACKLOG,
+        backpressure=collector.max_connections,
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, round(s.header_timeout_s * 1000)),
+            keep_alive=True,
+            max_buffer_size=s.max_header_bytes,
+        ),
+        # Its own lines go through the collector's handlers; its start-up banner (and the
+        # "embedded server is experimental" notice) stay out of the log.
+        log_level=LogLevels.error,
+        log_dictconfig={
+            "loggers": {
+                "_granian": {"propagate": True},
+                "granian.access": {"propagate": False, "level": "CRITICAL"},
+            }
+        },
+    )
+    srv.workers_kill_timeout = 5  # graceful stop: in-flight requests get 5 s
+    return srv
+
+
 async def _serve(collector: Collector) -> None:
     s = collector.settings
-    servers = []
-    for app, listen, default_host in (
-        (collector.ingest_app, s.listen, "0.0.0.0"),  # noqa: S104 — public by design
-        (collector.query_app, s.admin_listen, "127.0.0.1"),
-    ):
-        host, port = split_hostport(listen, default_host)
-        cfg = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level="warning",
-            access_log=False,
-            http="httptools",
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-        )
-        servers.append(_Server(cfg))
+    host, port = split_hostport(s.admin_listen, "127.0.0.1")
+    cfg = uvicorn.Config(
+        collector.query_app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        http="httptools",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    query = _Server(cfg)
+    edge = _edge_server(collector)
     loop = asyncio.get_running_loop()
 
     def _exit() -> None:
-        for x in servers:
-            x.should_exit = True
+        query.should_exit = True
+        edge.stop()  # type: ignore[no-untyped-call]
 
     if threading.current_thread() is threading.main_thread():  # embedded runs have none
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _exit)
-    tasks = [asyncio.create_task(x.serve()) for x in servers]
-    while not all(x.started for x in servers):
+    tasks = [asyncio.create_task(query.serve()), asyncio.create_task(edge.serve())]
+
+    def started() -> bool:
+        return query.started and bool(edge.wrks)
+
+    while not started():
         if any(t.done() for t in tasks):
             break
         await asyncio.sleep(0.02)
-    if all(x.started for x in servers):
-        log.info("listening: ingest %s, query %s", s.listen, s.admin_listen)
+    up = started()
+    if up:
+        log.info(
+            "listening: ingest %s (at most %d connections, head %d bytes in %.0f s, body in "
+            "%.0f s), query %s",
+            s.listen,
+            collector.max_connections,
+            s.max_header_bytes,
+            s.header_timeout_s,
+            s.body_timeout_s,
+            s.admin_listen,
+        )
         print(f"parallax-collector ready: ingest {s.listen} query {s.admin_listen}", flush=True)
+    else:
+        _exit()
+    # Either server ending ends both (a failed one must not leave the other serving).
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    _exit()
     await asyncio.gather(*tasks, return_exceptions=True)
-    for x in servers:
-        x.should_exit = True
-    failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
-    if failed or not all(x.started for x in servers):
+    if not up:
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception():
+                log.error("%s", t.exception())
         raise SystemExit(1)
 
 
+def edge_settings_error(s: Settings) -> str | None:
+    """Why the ingest limits cannot be served as given, or None."""
+    if s.max_header_bytes < MIN_HEADER_BYTES:
+        return f"--max-header-bytes must be at least {MIN_HEADER_BYTES}"
+    if s.header_timeout_s <= 0 or s.body_timeout_s <= 0:
+        return "--header-timeout and --body-timeout must be positive"
+    if s.max_connections < 1:
+        return "--max-connections must be at least 1"
+    return None
+
+
 def run(settings: Settings, plugins: Sequence[Plugin] | None = None) -> int:
+    bad = edge_settings_error(settings)
+    if bad:
+        log.error("%s", bad)
+        return 2
     collector = Collector(settings, plugins)
     for p in collector.plugins:
         if p.check is not None:

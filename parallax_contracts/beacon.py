@@ -32,6 +32,7 @@ VERSION = 1
 U32_MAX = 4294967295
 SAFE_INT = 9007199254740991  # Number.MAX_SAFE_INTEGER: the largest integer JS sends exactly
 MS_MAX = 10000000000.0
+UNIX_MS_MAX = 8.64e15  # the latest instant a JavaScript Date holds (year 275760)
 
 # An absent optional field reads None. The annotations say the value's type, not `| None`:
 # an explicit null is not in the contract, so msgspec must refuse it (and the schema say so).
@@ -52,7 +53,7 @@ class ServerTiming(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omi
     """One Server-Timing metric of the response, as the browser reports it."""
 
     name: Annotated[str, Meta(max_length=64)]
-    dur_ms: Annotated[float, Meta(ge=0)] = _N
+    dur_ms: Annotated[float, Meta(ge=0, le=MS_MAX)] = _N
     desc: Annotated[str, Meta(max_length=256)] = _N
 
 
@@ -197,18 +198,21 @@ class Beacon(msgspec.Struct, Generic[E], kw_only=True, forbid_unknown_fields=Tru
         float,
         Meta(
             ge=0,
+            le=UNIX_MS_MAX,
             description="performance.timeOrigin: Unix epoch milliseconds of the page's time zero.",
         ),
     ]
     clock_drift_ms: Annotated[
         float,
         Meta(
+            ge=-MS_MAX,
+            le=MS_MAX,
             description="Date.now() − (time_origin + performance.now()) when sent: how far the "
-            "monotonic page clock has drifted from the wall clock (sleep/resume)."
+            "monotonic page clock has drifted from the wall clock (sleep/resume).",
         ),
     ] = _N
     sent_ms: Annotated[
-        float, Meta(ge=0, description="performance.now() when the beacon was sent.")
+        float, Meta(ge=0, le=MS_MAX, description="performance.now() when the beacon was sent.")
     ] = _N
     dropped: Annotated[
         _U32,
@@ -229,7 +233,10 @@ _decode = msgspec.json.Decoder(Beacon[Entry]).decode
 def decode(body: bytes) -> Beacon[Entry]:
     """A whole beacon, every entry valid, in one pass. Raises msgspec.DecodeError (its
     subclass ValidationError when the JSON is well-formed) for anything else — including
-    documents ``convert`` accepts (see below): the caller then parses the JSON and converts."""
+    documents ``convert`` accepts (see below): the caller then parses the JSON and converts.
+    A body nested too deep raises RecursionError (msgspec's own)."""
+    if _NUL_ESCAPE in body:  # the string rule below: convert() says which value
+        raise msgspec.DecodeError("a string holds NUL (\\u0000)")
     return _decode(body)
 
 
@@ -240,6 +247,9 @@ def convert(doc: Any) -> tuple[Beacon[Any], list[Entry | str]]:
     under ``$.entries[i]``). Judges every document as ``decode`` would, with the differences
     below closed."""
     env = msgspec.convert(_as_json_schema_reads(doc, _ENVELOPE_INTS), Beacon[Any])
+    fault = _string_fault({k: v for k, v in doc.items() if k != "entries"}, "$")
+    if fault:
+        raise msgspec.ValidationError(fault)
     checked = [check_entry(raw, i) for i, raw in enumerate(env.entries)]
     return env, checked
 
@@ -248,9 +258,10 @@ def check_entry(raw: Any, index: int = 0) -> Entry | str:
     """One parsed entry as an Entry, or msgspec's message why it is not one (its path
     under ``$.entries[index]``)."""
     try:
-        return msgspec.convert(_as_json_schema_reads(raw, _ENTRY_INTS), Entry)
+        entry = msgspec.convert(_as_json_schema_reads(raw, _ENTRY_INTS), Entry)
     except msgspec.ValidationError as e:
         return _under(f"$.entries[{index}]", str(e))
+    return _string_fault(raw, f"$.entries[{index}]") or entry
 
 
 def errors(doc: Any) -> list[str]:
@@ -308,6 +319,44 @@ def _as_json_schema_reads(obj: Any, int_fields: frozenset[str]) -> Any:
     return obj if out is None else out
 
 
+# Strings: no NUL and no lone surrogate, in any field. A NUL is in no URL, name or failure
+# class a browser reports, and tools that read C strings cut the value at it; a lone
+# surrogate cannot be encoded as UTF-8, so the store would refuse the row (and, before this
+# rule, the insert of every row batched with it). msgspec's decoder refuses lone surrogates
+# itself, and decode() sends a body with a NUL escape to convert(), which checks every
+# string of the parsed document (json's fallback reads both). The schema says "no NUL" as a
+# pattern on each string without one (json_schema()); JSON text cannot carry a lone
+# surrogate that ECMA-262 or Rust validators would read as one.
+_NUL_ESCAPE = b"\\u0000"  # a NUL can only be written so in JSON (raw control characters
+# are invalid); an escaped backslash before "u0000" also matches: convert() then decides.
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _string_fault(value: Any, path: str) -> str | None:
+    """msgspec-style message for the first string under ``value`` that holds a NUL or a
+    lone surrogate, else None."""
+    if type(value) is str:
+        if "\x00" in value:
+            return f"String holds a NUL character - at `{path}`"
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"String holds a lone surrogate - at `{path}`"
+        return None
+    if type(value) is dict:
+        for k, v in value.items():
+            fault = _string_fault(v, f"{path}.{k}")
+            if fault:
+                return fault
+    elif type(value) is list:
+        for i, v in enumerate(value):
+            fault = _string_fault(v, f"{path}[{i}]")
+            if fault:
+                return fault
+    return None
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (2020-12) of a v1 beacon, as published in docs/contracts: msgspec's,
     with the root inlined, the anchors written for ECMA-262, descriptions on one line and
@@ -342,6 +391,8 @@ def _published(node: Any) -> Any:
             out[k] = v[:-2] + "$"
         else:
             out[k] = _published(v)
+    if out.get("type") == "string" and "pattern" not in out:
+        out["pattern"] = _NO_NUL  # the string rule (above); patterned fields exclude NUL
     return out
 
 

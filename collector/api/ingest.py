@@ -5,6 +5,7 @@ Nothing else is served on this port (no docs, no OpenAPI, no query API).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -31,10 +32,20 @@ from collector.ratelimit import RateLimiter, retry_after
 
 log = logging.getLogger("parallax.collector")
 _DAY_NS = 86_400 * 10**9
+# While the spool cannot keep a request (store down long, disk full): come back in 5 s.
+RETRY_AFTER_S = "5"
+_SLOW_BODY = "request body not received in time"
+# google.rpc.Code of an OTLP refusal: INVALID_ARGUMENT, DEADLINE_EXCEEDED,
+# RESOURCE_EXHAUSTED, UNAVAILABLE; INTERNAL otherwise.
+_RPC_CODE = {400: 3, 408: 4, 429: 8, 503: 14}
 
 
 class TooLargeError(Exception):
     pass
+
+
+class BodyTimeoutError(Exception):
+    """The body did not arrive within --body-timeout (a slow-body client): 408."""
 
 
 class RecentIds:
@@ -158,37 +169,59 @@ class _Response:
         await send({"type": "http.response.body", "body": self.body})
 
 
-async def _read_body(request: _Request, limit: int) -> bytes:
-    """The (decompressed) body, refusing more than ``limit`` bytes either way."""
+async def _read_body(request: _Request, limit: int, timeout_s: float) -> bytes:
+    """The (decompressed) body, refusing more than ``limit`` bytes either way, and a body
+    that takes longer than ``timeout_s`` to arrive (the server bounds the headers)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise TooLargeError
     chunks = []
     size = 0
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            raise ClientGoneError
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise TooLargeError
-        chunks.append(chunk)
-        if not msg.get("more_body", False):
-            break
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    raise ClientGoneError
+                chunk = msg.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise TooLargeError
+                chunks.append(chunk)
+                if not msg.get("more_body", False):
+                    break
+    except TimeoutError:
+        raise BodyTimeoutError from None
     body = b"".join(chunks)
     enc = request.headers.get("content-encoding", "identity").lower()
     if enc == "gzip":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            body = d.decompress(body, limit + 1)
-        except zlib.error as e:
-            raise BadRequestError(f"malformed gzip body: {e}") from None
-        if len(body) > limit or d.unconsumed_tail:
-            raise TooLargeError
-    elif enc not in ("identity", ""):
+        return _gunzip(body, limit)
+    if enc not in ("identity", ""):
         raise BadRequestError(f"unsupported Content-Encoding {enc!r} (gzip or identity)")
     return body
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Every member of a gzip body (RFC 1952 allows several: ``cat a.gz b.gz``), at most
+    ``limit`` bytes inflated. A truncated member, or bytes after the last one that are not
+    a member, is a 400: never a part of the body taken for the whole."""
+    out = []
+    size = 0
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            part = d.decompress(data, limit + 1 - size)  # ≥ 1 here: 0 would mean "no limit"
+        except zlib.error as e:
+            raise BadRequestError(f"malformed gzip body: {e}") from None
+        size += len(part)
+        if size > limit or d.unconsumed_tail:
+            raise TooLargeError
+        if not d.eof:
+            raise BadRequestError("truncated gzip body")
+        out.append(part)
+        data = d.unused_data
+        if not data:
+            return b"".join(out)
 
 
 Handler = Callable[[_Request], Awaitable[_Response]]
@@ -202,6 +235,7 @@ class IngestApp:
     def __init__(self, routes: dict[tuple[str, str], Handler]):
         self.routes = routes
         self.paths = {path for _, path in routes}
+        self._logged: dict[tuple[str, str], float] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -232,8 +266,14 @@ class IngestApp:
             resp = await handler(_Request(scope, receive))
         except ClientGoneError:
             return
-        except Exception:
-            log.exception("ingest: %s %s failed", method, path)
+        except Exception as e:
+            # A bug, not bad input: one traceback per error type a minute, not one per
+            # request (a flood of them is the next outage).
+            key = (type(e).__name__, path)
+            now = time.monotonic()
+            if now - self._logged.get(key, -60.0) >= 60.0:
+                self._logged[key] = now
+                log.exception("ingest: %s %s failed (said once a minute)", method, path)
             resp = _Response("Internal Server Error", 500, media_type="text/plain")
         await resp.send(send)
 
@@ -254,9 +294,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
     ) -> _Response:
         metrics.requests_refused.labels(endpoint, str(code)).inc()
         if otlp_json is not None:  # OTLP wants a google.rpc.Status body
-            st = status_pb2.Status(
-                code=3 if code == 400 else 8 if code == 429 else 13, message=reason
-            )
+            st = status_pb2.Status(code=_RPC_CODE.get(code, 13), message=reason)
             if otlp_json:
                 body = json.dumps({"code": st.code, "message": reason}).encode()
                 return _Response(body, code, headers, media_type="application/json")
@@ -292,12 +330,14 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             )
         received = time.time_ns()
         try:
-            body = await _read_body(request, settings.max_otlp_bytes)
+            body = await _read_body(request, settings.max_otlp_bytes, settings.body_timeout_s)
             parsed = otlp.parse(body, is_json, received, *ingest._window())
         except TooLargeError:
             return refuse(
                 "traces", 413, f"body over {settings.max_otlp_bytes} bytes", None, is_json
             )
+        except BodyTimeoutError:
+            return refuse("traces", 408, _SLOW_BODY, {"Connection": "close"}, is_json)
         except BadRequestError as e:
             return refuse("traces", 400, str(e), None, is_json)
         n_in = len(parsed.rows) + parsed.rejected_total
@@ -305,10 +345,8 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
         _dedup_spans(parsed, ingest.recent_spans)
         try:
             pipeline.accept(KIND_OTLP_JSON if is_json else KIND_OTLP_PROTO, body, received, parsed)
-        except SpoolFullError:
-            return refuse(
-                "traces", 503, "spool full: the store is unreachable", {"Retry-After": "5"}, is_json
-            )
+        except SpoolFullError as e:
+            return refuse("traces", 503, str(e), {"Retry-After": RETRY_AFTER_S}, is_json)
         for reason, n in parsed.rejected.items():
             metrics.rejected.labels(SPANS, reason).inc(n)
         if parsed.ignored:
@@ -358,7 +396,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             return refuse("beacons", 415, "Content-Type must be text/plain or application/json")
         received = time.time_ns()
         try:
-            body = await _read_body(request, settings.max_beacon_bytes)
+            body = await _read_body(request, settings.max_beacon_bytes, settings.body_timeout_s)
             doc = beacons.read(body)
             site = beacons.site_of(doc)
             if settings.sites and site not in settings.sites:
@@ -370,6 +408,10 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             return refuse(
                 "beacons", 413, f"body over {settings.max_beacon_bytes} bytes", cors_headers(origin)
             )
+        except BodyTimeoutError:
+            return refuse(
+                "beacons", 408, _SLOW_BODY, {"Connection": "close", **cors_headers(origin)}
+            )
         except BadRequestError as e:
             return refuse("beacons", 400, str(e), cors_headers(origin))
         accepted = len(parsed.rows)
@@ -377,12 +419,9 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
         _dedup_entries(parsed, ingest.recent_entries)
         try:
             pipeline.accept(KIND_BEACON, body, received, parsed)
-        except SpoolFullError:
+        except SpoolFullError as e:
             return refuse(
-                "beacons",
-                503,
-                "spool full: the store is unreachable",
-                {"Retry-After": "5", **cors_headers(origin)},
+                "beacons", 503, str(e), {"Retry-After": RETRY_AFTER_S, **cors_headers(origin)}
             )
         for reason, n in parsed.rejected.items():
             metrics.rejected.labels(ENTRIES, reason).inc(n)

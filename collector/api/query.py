@@ -267,14 +267,24 @@ def build_query_app(
             await task
             await stack.aclose()
 
+    # With --api-token every route but /readyz needs it, the OpenAPI document too; the
+    # docs pages are off then (a browser loading them cannot send the token).
     app = FastAPI(
         title="Parallax collector (query)",
         version="1",
         description="Paired server/browser timings. Durations: float ms, fields ending _ms.",
         lifespan=lifespan,
+        openapi_url=None if token else "/openapi.json",
+        docs_url=None if token else "/docs",
+        redoc_url=None if token else "/redoc",
     )
     app.state.parallax = ctx
     protected = [Depends(auth)]
+    if token:
+
+        @app.get("/openapi.json", dependencies=protected, include_in_schema=False)
+        async def openapi() -> dict[str, Any]:
+            return app.openapi()
 
     @app.get("/readyz", responses={503: {"description": "store not ready"}})
     async def readyz() -> Response:

@@ -127,7 +127,11 @@ static int utf8_ok(Rd s) {
     return 0;
 }
 
+/* A string the row stores. One holding a NUL gives up (NULL, no exception): the Python
+ * path rejects the span (invalid_string). */
 static PyObject *str_of(Rd s) {
+    if (memchr(s.p, 0, (size_t)(s.end - s.p)) != NULL)
+        return NULL;
     return PyUnicode_DecodeUTF8((const char *)s.p, s.end - s.p, NULL);
 }
 

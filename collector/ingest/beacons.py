@@ -26,6 +26,7 @@ from parallax_contracts.beacon import Beacon, Entry, ServerTiming
 from parallax_contracts.routes import route_template
 
 _MAX_DURATION_MS = MAX_DURATION_NS / 1e6
+_TOO_DEEP = "malformed JSON: nested too deep"
 
 
 def read(body: bytes) -> Beacon[Entry] | dict[str, Any]:
@@ -36,6 +37,8 @@ def read(body: bytes) -> Beacon[Entry] | dict[str, Any]:
         return beacon.decode(body)
     except msgspec.DecodeError:  # also ValidationError: parse() checks it entry by entry
         return load(body)
+    except RecursionError:  # msgspec's own depth limit: no beacon nests beyond 4 levels
+        raise BadRequestError(_TOO_DEEP) from None
 
 
 def site_of(doc: Beacon[Entry] | dict[str, Any]) -> Any:
@@ -67,6 +70,8 @@ def _load_std(body: bytes) -> Any:
         return json.loads(body, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequestError(f"malformed JSON: {e}") from None
+    except RecursionError:  # json's C scanner stops at the interpreter's recursion limit
+        raise BadRequestError(_TOO_DEEP) from None
 
 
 def parse(

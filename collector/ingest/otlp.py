@@ -288,22 +288,29 @@ def decode(body: bytes, json_body: bool) -> ExportTraceServiceRequest:
     req = ExportTraceServiceRequest()
     if json_body:
         try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequestError(f"malformed JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise BadRequestError("OTLP JSON body must be an object")
-        _hex_ids_to_b64(doc)
-        try:
-            json_format.ParseDict(doc, req, ignore_unknown_fields=True)
-        except (json_format.ParseError, ValueError, TypeError) as e:
-            raise BadRequestError(f"malformed OTLP JSON: {str(e).splitlines()[0][:200]}") from None
+            _decode_json(body, req)
+        except RecursionError:  # json, the id walk or ParseDict: no OTLP message nests so
+            raise BadRequestError("malformed JSON: nested too deep") from None
     else:
         try:
-            req.ParseFromString(body)
+            req.ParseFromString(body)  # upb stops at its own depth limit (a DecodeError)
         except DecodeError as e:
             raise BadRequestError(f"malformed protobuf: {e}") from None
     return req
+
+
+def _decode_json(body: bytes, req: ExportTraceServiceRequest) -> None:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"malformed JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadRequestError("OTLP JSON body must be an object")
+    _hex_ids_to_b64(doc)
+    try:
+        json_format.ParseDict(doc, req, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as e:
+        raise BadRequestError(f"malformed OTLP JSON: {str(e).splitlines()[0][:200]}") from None
 
 
 def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
@@ -457,6 +464,11 @@ def _span_row(
     ):
         out.rejected["out_of_range"] += 1
         return None
+    # A NUL in a string the row stores: the beacon contract's rule (parallax_contracts.beacon).
+    strs = (sp.name, service, host, url_path, http_target, http_route, method_v, http_method)
+    if _has_nul(*strs, source, server_address, client_address, *(extra or {}).items()):
+        out.rejected["invalid_string"] += 1
+        return None
     path = str(url_path or http_target or "")
     route = (
         _route(path, str(http_route) if http_route else None) if (path or http_route) else sp.name
@@ -554,6 +566,10 @@ _fast, DECODER = _load_fast()
 
 def _port(v: Any) -> int:
     return v if type(v) is int and 0 <= v < 65536 else _u16(_int(v))
+
+
+def _has_nul(*values: Any) -> bool:  # a (key, value) pair: either of them
+    return any("\x00" in v if type(v) is str else type(v) is tuple and _has_nul(*v) for v in values)
 
 
 def _str(v: Any) -> str:

@@ -26,6 +26,8 @@ from parallax_contracts import beacon
 from parallax_contracts.beacon import Beacon, Entry
 
 _RS = jsonschema_rs.validator_for(beacon.schema())
+# Any character but NUL (the contract refuses it in every string: beacon.py).
+_NO_NUL = st.characters(codec="utf-8", exclude_characters="\x00")
 
 # Values that sit on, just inside and just beyond the schema's bounds, of every JSON type.
 _EDGE_NUMBERS = [0, -1, -0.5, 0.0, 1, 1.0, 2.5, 999, 1000, 999.0, 4294967295, 4294967296,
@@ -68,7 +70,7 @@ def _valid_entry() -> st.SearchStrategy[dict[str, Any]]:
             "sampled": st.booleans(),
             "seq": st.integers(0, 4294967295),
             "method": st.sampled_from(["GET", "POST", "QUERY"]),
-            "url": st.text(max_size=40),
+            "url": st.text(_NO_NUL, max_size=40),
             "status": st.integers(0, 999),
             "request_start_ms": _ms,
             "response_start_ms": _ms,
@@ -86,8 +88,8 @@ def _valid_entry() -> st.SearchStrategy[dict[str, Any]]:
             "protocol": st.sampled_from(["http/1.1", "h2", "h3"]),
             "server_timing": st.lists(
                 st.fixed_dictionaries(
-                    {"name": st.text(max_size=8)},
-                    optional={"dur_ms": st.floats(0, 1e6), "desc": st.text(max_size=8)},
+                    {"name": st.text(_NO_NUL, max_size=8)},
+                    optional={"dur_ms": st.floats(0, 1e6), "desc": st.text(_NO_NUL, max_size=8)},
                 ),
                 max_size=3,
             ),
@@ -127,7 +129,7 @@ _envelope = st.fixed_dictionaries(
         "entries": _entries,
     },
     optional={
-        "page": st.text(max_size=10),
+        "page": st.text(_NO_NUL, max_size=10),
         "clock_drift_ms": st.floats(-1e6, 1e6),
         "sent_ms": _ms,
         "dropped": st.integers(0, 4294967295),
@@ -383,26 +385,72 @@ def test_every_integer_of_the_schema_is_read_as_json_schema_reads_it() -> None:
     assert all(p.count("/") == 1 for p in in_envelope | in_entry), in_envelope | in_entry
 
 
-def test_the_edges_the_hardening_issue_will_refuse_are_accepted_today() -> None:
-    """Pinned until the collector-hardening rules (in parallax_contracts.beacon) change
-    them: a lone surrogate and a NUL in a string are accepted (json's fallback reads the
-    surrogate that orjson and msgspec refuse)."""
-    e = {**GOOD, "url": "https://x.test/\ud800", "error": "a\u0000b"}
+def test_strings_the_store_cannot_hold_are_refused_on_both_paths() -> None:
+    """A lone surrogate (json's fallback reads the one orjson and msgspec refuse) or a NUL in
+    any string refuses its entry ("schema") or, in the envelope, the beacon (400); the
+    other entries of the beacon are kept. The published schema refuses the NUL too."""
+    bad_entries = [
+        {**GOOD, "url": "https://x.test/\ud800"},
+        {**GOOD, "error": "a\u0000b"},
+        {**GOOD, "server_timing": [{"name": "db", "desc": "x\u0000"}]},
+    ]
     body = json.dumps({"v": 1, "site": "s", "session": "abcdefgh", "time_origin": 1.0,
-                       "entries": [e]}).encode()  # fmt: skip
+                       "entries": [*bad_entries, GOOD]}).encode()  # fmt: skip
     doc = beacons.read(body)
     assert not isinstance(doc, Beacon)
-    (row,) = beacons.parse(doc, _NOW_NS, 0, _NOW_NS).rows
-    assert row[10] == "https://x.test/\ud800" and row[31] == "a\x00b"
+    p = beacons.parse(doc, _NOW_NS, 0, _NOW_NS)
+    assert len(p.rows) == 1 and p.rejected == {"schema": 3}
+    errs = beacon.errors(json.loads(body))
+    assert [e.rsplit("`", 2)[1] for e in errs] == [
+        "$.entries[0].url", "$.entries[1].error", "$.entries[2].server_timing[0].desc",
+    ]  # fmt: skip
+    nul_only = json.loads(body)
+    nul_only["entries"] = nul_only["entries"][1:]  # jsonschema_rs cannot hold a surrogate
+    assert not _RS.is_valid(nul_only)  # the schema's pattern: no NUL
+    nul_only["entries"] = [GOOD]
+    assert _RS.is_valid(nul_only)
+    for env in ({"page": "/\u0000"}, {"sdk": "\ud800"}):
+        body = json.dumps({"v": 1, "site": "s", "session": "abcdefgh", "time_origin": 1.0,
+                           "entries": [GOOD], **env}).encode()  # fmt: skip
+        with pytest.raises(BadRequestError, match=r"NUL|surrogate"):
+            beacons.parse(beacons.read(body), _NOW_NS, 0, _NOW_NS)
 
 
-def test_integers_beyond_a_double_are_refused_though_the_schema_takes_them() -> None:
-    """The one known disagreement: JSON Schema sets no limit on a number, the Structs hold
-    floats in doubles. Such an envelope is a 400 (it was a 500: float() overflowed), such an
-    entry "schema"."""
+def test_numbers_beyond_their_bounds_are_refused_not_stored_as_infinity() -> None:
+    """1e400 reads as inf in json's fallback: every float now has an upper bound, so an
+    infinite duration (once stored as the invalid JSON text Infinity) is refused."""
+    entry = json.dumps(GOOD)
+    head = '{"v": 1, "site": "s", "session": "abcdefgh", '
+    for envelope in ('"time_origin": 1e400', '"time_origin": 1, "clock_drift_ms": -1e400',
+                     '"time_origin": 1, "sent_ms": 1e400'):  # fmt: skip
+        doc = beacons.read(f'{head}{envelope}, "entries": [{entry}]}}'.encode())
+        with pytest.raises(BadRequestError, match=r"<=|>="):
+            beacons.parse(doc, _NOW_NS, 0, _NOW_NS)
+    timed = entry[:-1] + ', "server_timing": [{"name": "db", "dur_ms": 1e400}]}'
+    doc = beacons.read(f'{head}"time_origin": 1, "entries": [{timed}, {entry}]}}'.encode())
+    p = beacons.parse(doc, _NOW_NS, 0, _NOW_NS)
+    assert len(p.rows) == 1 and p.rejected == {"schema": 1}
+
+
+def test_deep_nesting_is_a_400_on_both_paths() -> None:
+    """msgspec (the whole-body path) and json (the fallback) raise RecursionError on deep
+    nesting: a 400, where it was an uncaught error (500)."""
+    for depth in (1000, 100_000):
+        for body in (b"[" * depth + b"]" * depth,
+                     b'{"v": 1, "entries": ' + b"[" * depth + b"]" * depth + b"}"):  # fmt: skip
+            with pytest.raises(BadRequestError):
+                beacons.parse(beacons.read(body), _NOW_NS, 0, _NOW_NS)
+    with pytest.raises(BadRequestError, match="nested too deep"):
+        beacons.read(b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_integers_beyond_a_double_are_refused_by_both() -> None:
+    """Once the one known disagreement (the Structs hold floats in doubles, and JSON Schema
+    set no limit on time_origin): every number has an upper bound now. Such an envelope is
+    a 400 (it was a 500: float() overflowed)."""
     huge = 10**400
     doc = {"v": 1, "site": "s", "session": "abcdefgh", "time_origin": huge, "entries": []}
-    assert _RS.is_valid(json.loads(json.dumps(doc)))
+    assert not _RS.is_valid(json.loads(json.dumps(doc)))
     with pytest.raises(BadRequestError, match="out of range"):
         beacons.parse(beacons.load(json.dumps(doc).encode()), _NOW_NS, 0, _NOW_NS)
 

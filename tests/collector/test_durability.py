@@ -19,13 +19,11 @@ from pathlib import Path
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from demo.stack import free_port
-from parallax_contracts.trace_context import new_span_id, new_trace_id
+from tests.collector.faults import otlp_request
 from tests.collector.helpers import beacon, entry, post_beacon, start_collector
 
 _COUNT = (
@@ -52,23 +50,7 @@ def count_rows(data_dir: Path) -> dict[str, int]:
 
 
 def otlp_body(n_spans: int) -> bytes:
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    kv = rs.resource.attributes.add()
-    kv.key, kv.value.string_value = "service.name", "durability"
-    ss = rs.scope_spans.add()
-    now = time.time_ns()
-    for _ in range(n_spans):
-        sp = ss.spans.add()
-        sp.trace_id = bytes.fromhex(new_trace_id())
-        sp.span_id = bytes.fromhex(new_span_id())
-        sp.parent_span_id = bytes.fromhex(new_span_id())
-        sp.kind = Span.SpanKind.SPAN_KIND_SERVER
-        sp.name = "GET /x"
-        sp.start_time_unix_nano = now - 5_000_000
-        sp.end_time_unix_nano = now
-    body: bytes = req.SerializeToString()
-    return body
+    return otlp_request(n_spans)[0]
 
 
 def post_load(ingest: str, posts: int, spans_per_post: int, entries_per_post: int) -> None:

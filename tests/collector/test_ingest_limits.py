@@ -237,6 +237,23 @@ def test_tokens(strict: Running) -> None:
     assert httpx.get(f"{strict.ingest}/metrics", timeout=5).status_code == 404
 
 
+def test_every_admin_route_needs_the_api_token(strict: Running) -> None:
+    """The OpenAPI document is behind the token; the docs pages (which a browser cannot
+    load with a token) are off. /readyz stays open for probes."""
+    auth = {"authorization": "Bearer api-tok"}
+    assert httpx.get(f"{strict.query}/openapi.json", timeout=5).status_code == 401
+    r = httpx.get(f"{strict.query}/openapi.json", timeout=5, headers=auth)
+    assert r.status_code == 200 and "/v1/requests" in r.json()["paths"]
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert httpx.get(f"{strict.query}{page}", timeout=5, headers=auth).status_code == 404
+    assert httpx.get(f"{strict.query}/readyz", timeout=5).status_code == 200
+
+
+def test_without_a_token_the_docs_are_served(collector: Running) -> None:
+    assert httpx.get(f"{collector.query}/openapi.json", timeout=5).status_code == 200
+    assert httpx.get(f"{collector.query}/docs", timeout=5).status_code == 200
+
+
 def test_rate_limit_429_with_retry_after(tmp_path: Path) -> None:
     # 1 request/s with a burst of 10: 30 requests cannot all pass unless each one took
     # over 0.6 s, so the test does not depend on this machine's speed.
@@ -289,3 +306,80 @@ def _otlp_with_attrs(attrs: dict[str, float]) -> Any:
     ]
     body = json.dumps(otlp_json([span])).encode()
     return otlp.parse(body, True, now, now - 86_400 * 10**9, now)
+
+
+def _otlp_body(service: str = "edge", name: str = "GET /e") -> tuple[bytes, str]:
+    """A one-span OTLP/protobuf request and its trace id."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", service
+    sp = rs.scope_spans.add().spans.add()
+    tid = new_trace_id()
+    sp.trace_id, sp.span_id = bytes.fromhex(tid), bytes.fromhex(new_span_id())
+    sp.kind, sp.name = Span.SpanKind.SPAN_KIND_SERVER, name
+    sp.start_time_unix_nano = time.time_ns() - 10**9
+    sp.end_time_unix_nano = sp.start_time_unix_nano + 10**6
+    return req.SerializeToString(), tid
+
+
+def _stored(c: Running, tid: str) -> bool:
+    r = httpx.get(f"{c.query}/v1/requests/{tid}", timeout=5)
+    return r.status_code == 200 and len(r.json()["unpaired_spans"]) == 1
+
+
+def test_multi_member_gzip_is_read_whole(collector: Running) -> None:
+    """``cat a.gz b.gz`` is one valid gzip body (RFC 1952): both members' spans are stored
+    (it was truncated to the first: acknowledged, never stored). A truncated member, or
+    bytes after the last one, is a 400."""
+    (a, tid_a), (b, tid_b) = _otlp_body(), _otlp_body()
+    headers = {"content-type": "application/x-protobuf", "content-encoding": "gzip"}
+    r = httpx.post(f"{collector.ingest}/v1/traces", content=gzip.compress(a) + gzip.compress(b),
+                   headers=headers, timeout=5)  # fmt: skip
+    assert r.status_code == 200
+    wait_for(lambda: _stored(collector, tid_a) and _stored(collector, tid_b))
+    for body in (gzip.compress(a)[:-5], gzip.compress(a) + b"trailing", b""):
+        r = httpx.post(f"{collector.ingest}/v1/traces", content=body, headers=headers, timeout=5)
+        assert r.status_code == 400, body[-10:]
+    # Members that inflate past the limit together are refused, as one would be.
+    half = gzip.compress(b"\0" * (600 * 1024))
+    r = httpx.post(f"{collector.ingest}/v1/traces", content=half + half, headers=headers,
+                   timeout=5)  # fmt: skip
+    assert r.status_code == 413
+
+
+def test_deep_json_is_a_400_on_both_endpoints(collector: Running) -> None:
+    for depth in (1000, 20_000):
+        nested = b"[" * depth + b"]" * depth
+        r = httpx.post(f"{collector.ingest}/v1/beacons", content=nested, timeout=5,
+                       headers={"content-type": "text/plain"})  # fmt: skip
+        assert r.status_code == 400, r.text
+        body = b'{"resourceSpans": ' + nested + b"}"
+        r = httpx.post(f"{collector.ingest}/v1/traces", content=body, timeout=5,
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400 and r.json()["code"] == 3, r.text
+
+
+def test_strings_and_numbers_the_store_cannot_hold_are_refused(collector: Running) -> None:
+    """A lone surrogate or a NUL in a beacon string, an infinite number: that entry is
+    refused (counted, reason "schema") and the rest of the beacon kept; in the envelope,
+    the beacon is a 400. A span storing a NUL is rejected (invalid_string)."""
+    ok = entry()
+    text = json.dumps(beacon([entry(url="http://x.test/\ud800"), entry(error="a\u0000"), ok]))
+    r = httpx.post(f"{collector.ingest}/v1/beacons", content=text, timeout=5,
+                   headers={"content-type": "text/plain"})  # fmt: skip
+    assert r.status_code == 200 and r.json()["reasons"] == {"schema": 2}, r.text
+    inf = json.dumps(beacon([ok])).replace('"entries"', '"sent_ms": 1e400, "entries"')
+    r = httpx.post(f"{collector.ingest}/v1/beacons", content=inf, timeout=5,
+                   headers={"content-type": "text/plain"})  # fmt: skip
+    assert r.status_code == 400 and "sent_ms" in r.text
+    body, _ = _otlp_body(name="GET /\x00")
+    r = httpx.post(f"{collector.ingest}/v1/traces", content=body, timeout=5,
+                   headers={"content-type": "application/x-protobuf"})  # fmt: skip
+    ps = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and ps.rejected_spans == 1 and "invalid_string" in ps.error_message

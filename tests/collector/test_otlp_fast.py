@@ -109,7 +109,9 @@ def check(fast: Fast, body: bytes) -> bool:
 
 # --- strategies: attribute values ---------------------------------------------------------
 I64 = st.integers(-(2**63), 2**63 - 1)
-TEXT = st.text(max_size=12)
+# Plain strings hold no NUL (a span storing one is rejected: invalid_string); odd values may.
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
+NUL_TEXT = st.text(max_size=4).map(lambda s: s + "\x00")
 
 
 def plain_int(name: str) -> st.SearchStrategy[int]:
@@ -133,6 +135,7 @@ def odd_int(name: str) -> st.SearchStrategy[int]:
 # A value is (kind, payload); fill() writes it into an AnyValue.
 ODD_VALUE = st.one_of(
     st.tuples(st.just("str"), TEXT),
+    st.tuples(st.just("str"), NUL_TEXT),
     st.tuples(st.just("int"), I64),
     st.tuples(st.just("bool"), st.booleans()),
     st.tuples(st.just("double"), st.floats()),
@@ -227,6 +230,8 @@ def span(draw: st.DrawFn, odd: int) -> Span:
         kinds += [Span.SpanKind.SPAN_KIND_CLIENT, Span.SpanKind.SPAN_KIND_UNSPECIFIED]
     sp.kind = draw(st.sampled_from(kinds))
     sp.name = draw(st.one_of(st.sampled_from(["GET /api/chat", "handler", ""]), TEXT))
+    if rare(draw, odd):
+        sp.name = draw(NUL_TEXT)
     start = draw(st.integers(NOW - 10**12, NOW))
     dur = draw(st.integers(0, 10**10))
     if rare(draw, odd):
@@ -361,11 +366,15 @@ def test_rejections_give_up(fast: Fast) -> None:
         assert ref is not None and ref.rejected_total == 1 and len(ref.rows) == 1
         assert fast(body) is None
 
-    def attr(name: str, value: int) -> Callable[[Span], None]:
+    def attr(name: str, value: int | str) -> Callable[[Span], None]:
         def edit(s: Span) -> None:
             s.CopyFrom(sp)
             kv = s.attributes.add()
-            kv.key, kv.value.int_value = name, value
+            kv.key = name
+            if isinstance(value, int):
+                kv.value.int_value = value
+            else:
+                kv.value.string_value = value
 
         return edit
 
@@ -373,6 +382,20 @@ def test_rejections_give_up(fast: Fast) -> None:
     rejected(attr("parallax.ttfb_us", -1))
     rejected(attr("parallax.duration_us", 86_400_000_001))
     rejected(attr("parallax.chunks", 2**32))
+
+    # A NUL in any string the row stores: rejected as invalid_string (the beacon's rule).
+    rejected(lambda s: s.CopyFrom(sp) or setattr(s, "name", "GET /\x00"))  # type: ignore[func-returns-value]
+    rejected(attr("url.path", "/a\x00b"))
+    rejected(attr("http.route", "\x00"))
+    rejected(attr("custom\x00key", "v"))
+    rejected(attr("custom", "v\x00"))
+    nul_service = ExportTraceServiceRequest()
+    nul_service.CopyFrom(good)
+    kv = nul_service.resource_spans[0].resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "app\x00"
+    ref = reference(nul_service.SerializeToString())
+    assert ref is not None and ref.rejected == {"invalid_string": 1} and not ref.rows
+    assert fast(nul_service.SerializeToString()) is None
 
 
 def test_truncated_bodies_give_up_or_equal(fast: Fast) -> None:
