@@ -22,6 +22,8 @@ class Parsed:
     trace_ids: list[str] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: int = 0  # well-formed records we do not store (e.g. non-SERVER spans)
+    # the same, by reason, where there are several (OTLP metric points: docs/collector.md)
+    ignored_reasons: Counter[str] = field(default_factory=Counter)
 
     @property
     def rejected_total(self) -> int:
