@@ -10,6 +10,16 @@ MAX_DURATION_NS = 24 * 3600 * 10**9  # a record longer than a day is a bug upstr
 FUTURE_SLACK_NS = 24 * 3600 * 10**9  # clocks may be off, but not by a day
 
 
+def outside_window(t_ns: int, oldest_ns: int, now_ns: int) -> str | None:
+    """The reject reason of a record dated ``t_ns`` (Unix ns), or None when it may be kept:
+    older than the retention, or more than FUTURE_SLACK_NS ahead of the collector."""
+    if t_ns < oldest_ns:
+        return "older_than_retention"
+    if t_ns > now_ns + FUTURE_SLACK_NS:
+        return "in_future"
+    return None
+
+
 class BadRequestError(Exception):
     """The whole body is unusable: answered 400 with this one-line reason."""
 

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collector.ingest import otlp_common
-from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, Parsed
+from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, Parsed, outside_window
 from collector.ingest.otlp_common import any_value as _value
 from collector.ingest.otlp_common import as_int as _int
 from collector.ingest.otlp_common import as_number
@@ -324,11 +324,9 @@ def _span_row(
     if end - start > MAX_DURATION_NS:
         out.rejected["duration_over_24h"] += 1
         return None
-    if start < oldest_ns:
-        out.rejected["older_than_retention"] += 1
-        return None
-    if start > now_ns + FUTURE_SLACK_NS:
-        out.rejected["in_future"] += 1
+    why = outside_window(start, oldest_ns, now_ns)
+    if why is not None:
+        out.rejected[why] += 1
         return None
     vals, extra = _span_attrs(sp.attributes)
     gpu = vals[_N_SLOTS_V1:]
@@ -551,7 +549,4 @@ def _u32(v: int | None) -> int:
 def response(rejected: int, message: str, json_body: bool) -> tuple[bytes, str]:
     """The OTLP ExportTraceServiceResponse (partial success when something was rejected)."""
     resp = ExportTraceServiceResponse()
-    if rejected:
-        resp.partial_success.rejected_spans = rejected
-        resp.partial_success.error_message = message
-    return otlp_common.answer(resp, json_body)
+    return otlp_common.answer(resp, "rejected_spans", rejected, message, json_body)

@@ -107,8 +107,14 @@ def decode(body: bytes, json_body: bool, msg: M) -> M:
     return msg
 
 
-def answer(resp: Any, json_body: bool) -> tuple[bytes, str]:
-    """An Export*ServiceResponse in the request's encoding: (body, content type)."""
+def answer(
+    resp: Any, rejected_field: str, rejected: int, message: str, json_body: bool
+) -> tuple[bytes, str]:
+    """An Export*ServiceResponse in the request's encoding: (body, content type); partial
+    success (``rejected_field`` = the count, and the message) when something was rejected."""
+    if rejected:
+        setattr(resp.partial_success, rejected_field, rejected)
+        resp.partial_success.error_message = message
     if json_body:
         return json_format.MessageToJson(resp, indent=None).encode(), "application/json"
     return resp.SerializeToString(), "application/x-protobuf"

@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, DataPointFlags
 
 from collector.ingest import otlp_common
-from collector.ingest.common import FUTURE_SLACK_NS, Parsed
+from collector.ingest.common import Parsed, outside_window
 from collector.ingest.otlp_common import any_value, as_int, as_str
 from parallax_contracts import gpu_metrics as gm
 
@@ -139,19 +139,13 @@ def _row(
 
 
 def _in_window(t: int, oldest_ns: int, now_ns: int, out: Parsed) -> bool:
-    if t < oldest_ns:
-        out.rejected["older_than_retention"] += 1
-        return False
-    if t > now_ns + FUTURE_SLACK_NS:
-        out.rejected["in_future"] += 1
-        return False
-    return True
+    why = outside_window(t, oldest_ns, now_ns)
+    if why is not None:
+        out.rejected[why] += 1
+    return why is None
 
 
 def response(rejected: int, message: str, json_body: bool) -> tuple[bytes, str]:
     """The OTLP ExportMetricsServiceResponse (partial success when points were rejected)."""
     resp = ExportMetricsServiceResponse()
-    if rejected:
-        resp.partial_success.rejected_data_points = rejected
-        resp.partial_success.error_message = message
-    return otlp_common.answer(resp, json_body)
+    return otlp_common.answer(resp, "rejected_data_points", rejected, message, json_body)

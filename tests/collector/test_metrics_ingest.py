@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +29,7 @@ from tests.collector.gpu_sdk import (
     sample_state,
     sdk_exporter,
 )
-from tests.collector.helpers import Running, start_collector, wait_for
+from tests.collector.helpers import Running, run_store_script, start_collector, wait_for
 
 _READ = """
 import json, sys, clickhouse_connect
@@ -47,15 +45,7 @@ print(json.dumps(out))
 
 def read_samples(data_dir: Path) -> dict[str, list[list[Any]]]:
     """gpu_samples of a stopped collector's store (chDB: one process per directory)."""
-    p = subprocess.run(
-        [sys.executable, "-c", _READ, str((data_dir / "chdb").resolve())],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    out: dict[str, list[list[Any]]] = json.loads(p.stdout.strip().splitlines()[-1])
-    return out
+    return run_store_script(_READ, (data_dir / "chdb").resolve())
 
 
 def metric_value(text: str, line_start: str) -> float:
