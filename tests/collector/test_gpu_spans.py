@@ -35,7 +35,11 @@ def test_sdk_gpu_span_per_request(collector: Running) -> None:
     tracer = tp.get_tracer("agent-like")
     ids = []
     for attrs in (GPU_ATTRS, {}):
-        base = {"url.path": "/v1/chat", "http.request.method": "POST", "parallax.ttft_us": 840_000}
+        base: dict[str, Any] = {
+            "url.path": "/v1/chat",
+            "http.request.method": "POST",
+            "parallax.ttft_us": 840_000,
+        }
         with tracer.start_as_current_span(
             "POST /v1/chat", kind=SpanKind.SERVER, attributes={**base, **attrs}
         ) as sp:
