@@ -118,3 +118,9 @@ def test_shipped_versions_frozen_and_every_gpu_attribute_has_a_column() -> None:
     v3 = schema.migrations("parallax", 7)[2][2]
     for c in schema.SPAN_GPU_COLUMNS:
         assert f"ADD COLUMN IF NOT EXISTS {c.ddl()}" in "\n".join(v3)
+
+
+def test_docs_show_the_gpu_samples_ddl() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "store.md").read_text()
+    ddl = next(s for s in schema.migrations("parallax", 7)[2][2] if "gpu_samples" in s)
+    assert f"```sql\n{ddl}\n```" in doc
