@@ -148,7 +148,7 @@ class Hooks:
     def store_error(self, error: BaseException) -> None: ...
 
     def rows_written(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
-        """After a segment is in the store: its rows by source (spans, entries)."""
+        """After a segment is in the store: its rows by source (spans, entries, gpu_samples)."""
 
     def quarantined(self, source: str, rows: int) -> None:
         """Rows the store rejected for good, moved to the quarantine directory."""
