@@ -24,6 +24,12 @@ class Metrics(Hooks):
         self.ignored = Counter(
             _P + "spans_ignored", "Well-formed spans not stored (not SpanKind SERVER)", registry=r
         )
+        self.points_ignored = Counter(
+            _P + "metric_points_ignored",
+            "Well-formed OTLP metric points not stored, by reason (docs/collector.md)",
+            ["reason"],
+            registry=r,
+        )
         self.requests_refused = Counter(
             _P + "requests_refused",
             "Whole requests refused, by endpoint and HTTP status",

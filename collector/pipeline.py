@@ -55,8 +55,21 @@ log = logging.getLogger("parallax.collector")
 logging.getLogger("clickhouse_connect.driver.transform").setLevel(logging.CRITICAL)
 
 KIND_OTLP_PROTO, KIND_OTLP_JSON, KIND_BEACON = 1, 2, 3
-SPANS, ENTRIES = "spans", "entries"
-_KIND_SOURCE = {KIND_OTLP_PROTO: SPANS, KIND_OTLP_JSON: SPANS, KIND_BEACON: ENTRIES}
+KIND_METRICS_PROTO, KIND_METRICS_JSON = 4, 5  # OTLP metrics (/v1/metrics)
+SPANS, ENTRIES, GPU_SAMPLES = "spans", "entries", "gpu_samples"
+_KIND_SOURCE = {
+    KIND_OTLP_PROTO: SPANS,
+    KIND_OTLP_JSON: SPANS,
+    KIND_BEACON: ENTRIES,
+    KIND_METRICS_PROTO: GPU_SAMPLES,
+    KIND_METRICS_JSON: GPU_SAMPLES,
+}
+# Each source's table, inserted in this order per segment.
+_TABLES = (
+    (SPANS, schema.SPANS, schema.SPAN_COLUMNS),
+    (ENTRIES, schema.ENTRIES, schema.ENTRY_COLUMNS),
+    (GPU_SAMPLES, schema.GPU_SAMPLES, schema.GPU_SAMPLE_COLUMNS),
+)
 
 Reparse = Callable[[int, bytes, int], Parsed]
 Rows = list[tuple[Any, ...]]
@@ -117,7 +130,7 @@ class SpoolFullError(Exception):
 
 
 def _empty_rows() -> dict[str, list[tuple[Any, ...]]]:
-    return {SPANS: [], ENTRIES: []}
+    return {source: [] for source, _, _ in _TABLES}
 
 
 @dataclass(slots=True)
@@ -139,7 +152,7 @@ class Hooks:
     def store_error(self, error: BaseException) -> None: ...
 
     def rows_written(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
-        """After a segment is in the store: its rows by source (spans, entries)."""
+        """After a segment is in the store: its rows by source (spans, entries, gpu_samples)."""
 
     def quarantined(self, source: str, rows: int) -> None:
         """Rows the store rejected for good, moved to the quarantine directory."""
@@ -375,7 +388,7 @@ class Pipeline:
     def _rows_of(self, seg: Segment) -> tuple[dict[str, list[tuple[Any, ...]]], list[str]]:
         if seg.rows is not None:
             return seg.rows, seg.trace_ids
-        rows: dict[str, list[tuple[Any, ...]]] = {SPANS: [], ENTRIES: []}
+        rows = _empty_rows()
         trace_ids: list[str] = []
         records, damage = spool.read_segment(seg.path)
         if damage.bytes:
@@ -400,11 +413,8 @@ class Pipeline:
         """Insert a segment's rows; returns the rows now in the store, by source. A transient
         failure raises (the segment is retried); rows the store rejects are quarantined."""
         written: dict[str, Rows] = {}
-        for source, table, cols in (
-            (SPANS, schema.SPANS, schema.SPAN_COLUMNS),
-            (ENTRIES, schema.ENTRIES, schema.ENTRY_COLUMNS),
-        ):
-            batch = rows[source]
+        for source, table, cols in _TABLES:
+            batch = rows.get(source, [])
             written[source] = batch
             if not batch:
                 continue

@@ -1,4 +1,5 @@
-"""The public ingest app: ``POST /v1/traces`` (OTLP/HTTP), ``POST /v1/beacons``, ``/healthz``.
+"""The public ingest app: ``POST /v1/traces`` and ``POST /v1/metrics`` (OTLP/HTTP),
+``POST /v1/beacons``, ``/healthz``.
 
 Nothing else is served on this port (no docs, no OpenAPI, no query API).
 """
@@ -11,17 +12,21 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from collector.config import Settings
-from collector.ingest import beacons, otlp
+from collector.ingest import beacons, otlp, otlp_metrics
 from collector.ingest.common import BadRequestError, Parsed
 from collector.metrics import Metrics
 from collector.pipeline import (
     ENTRIES,
+    GPU_SAMPLES,
     KIND_BEACON,
+    KIND_METRICS_JSON,
+    KIND_METRICS_PROTO,
     KIND_OTLP_JSON,
     KIND_OTLP_PROTO,
     SPANS,
@@ -98,6 +103,9 @@ class Ingest:
         if kind == KIND_BEACON:
             p = beacons.parse(beacons.read(body), received_ns, oldest, now)
             return _dedup_entries(p, self.replay_entries)
+        if kind in (KIND_METRICS_PROTO, KIND_METRICS_JSON):
+            # no id to deduplicate by: a retried export collapses in gpu_samples' sort key
+            return otlp_metrics.parse(body, kind == KIND_METRICS_JSON, received_ns, oldest, now)
         p = otlp.parse(body, kind == KIND_OTLP_JSON, received_ns, oldest, now)
         return _dedup_spans(p, self.replay_spans)
 
@@ -227,8 +235,21 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 Handler = Callable[[_Request], Awaitable[_Response]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Signal:
+    """One OTLP signal on the ingest port: what differs between /v1/traces and /v1/metrics."""
+
+    endpoint: str  # the refusal counter's label
+    source: str  # the pipeline source: the received/rejected counters' label
+    kinds: tuple[int, int]  # spool record kinds: (protobuf, JSON)
+    parse: Callable[[bytes, bool, int, int, int], Parsed]
+    response: Callable[[int, str, bool], tuple[bytes, str]]
+    dedup: Callable[[Parsed], object] | None  # drops a client's retry before the spool
+    count_ignored: Callable[[Parsed], None]
+
+
 class IngestApp:
-    """A plain ASGI app: three endpoints need no framework, and a web framework's routing,
+    """A plain ASGI app: a few endpoints need no framework, and a web framework's routing,
     middleware and request objects cost more CPU per request than parsing a beacon of a
     few entries (measured: docs/collector.md, Performance)."""
 
@@ -282,7 +303,6 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
     metrics = ingest.metrics
     limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
     allowed_origins = {o for origins in settings.sites.values() for o in origins}
-    received_spans = metrics.received.labels(SPANS)
     received_entries = metrics.received.labels(ENTRIES)
 
     def refuse(
@@ -306,54 +326,91 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
     async def healthz(request: _Request) -> _Response:
         return _Response("ok\n", media_type="text/plain")
 
-    async def traces(request: _Request) -> _Response:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        is_json = ctype == "application/json"
-        if settings.otlp_token and request.headers.get("authorization") != (
-            f"Bearer {settings.otlp_token}"
-        ):
-            return refuse(
-                "traces",
-                401,
-                "missing or wrong bearer token",
-                {"WWW-Authenticate": "Bearer"},
-                is_json,
-            )
-        wait = limiter.take(request.client_ip)
-        if wait:
-            return refuse(
-                "traces", 429, "rate limit exceeded", {"Retry-After": retry_after(wait)}, is_json
-            )
-        if ctype not in ("application/x-protobuf", "application/json"):
-            return refuse(
-                "traces", 415, "Content-Type must be application/x-protobuf or application/json"
-            )
-        received = time.time_ns()
-        try:
-            body = await _read_body(request, settings.max_otlp_bytes, settings.body_timeout_s)
-            parsed = otlp.parse(body, is_json, received, *ingest._window())
-        except TooLargeError:
-            return refuse(
-                "traces", 413, f"body over {settings.max_otlp_bytes} bytes", None, is_json
-            )
-        except BodyTimeoutError:
-            return refuse("traces", 408, _SLOW_BODY, {"Connection": "close"}, is_json)
-        except BadRequestError as e:
-            return refuse("traces", 400, str(e), None, is_json)
-        n_in = len(parsed.rows) + parsed.rejected_total
-        received_spans.inc(n_in)
-        _dedup_spans(parsed, ingest.recent_spans)
-        try:
-            pipeline.accept(KIND_OTLP_JSON if is_json else KIND_OTLP_PROTO, body, received, parsed)
-        except SpoolFullError as e:
-            return refuse("traces", 503, str(e), {"Retry-After": RETRY_AFTER_S}, is_json)
-        for reason, n in parsed.rejected.items():
-            metrics.rejected.labels(SPANS, reason).inc(n)
+    def otlp_endpoint(sig: _Signal) -> Handler:
+        """POST /v1/traces and /v1/metrics: the same auth, limits, spooling and answers."""
+        received_rows = metrics.received.labels(sig.source)
+        name = sig.endpoint
+
+        async def handle(request: _Request) -> _Response:
+            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            is_json = ctype == "application/json"
+            if settings.otlp_token and request.headers.get("authorization") != (
+                f"Bearer {settings.otlp_token}"
+            ):
+                return refuse(
+                    name,
+                    401,
+                    "missing or wrong bearer token",
+                    {"WWW-Authenticate": "Bearer"},
+                    is_json,
+                )
+            wait = limiter.take(request.client_ip)
+            if wait:
+                return refuse(
+                    name, 429, "rate limit exceeded", {"Retry-After": retry_after(wait)}, is_json
+                )
+            if ctype not in ("application/x-protobuf", "application/json"):
+                return refuse(
+                    name, 415, "Content-Type must be application/x-protobuf or application/json"
+                )
+            received = time.time_ns()
+            try:
+                body = await _read_body(request, settings.max_otlp_bytes, settings.body_timeout_s)
+                parsed = sig.parse(body, is_json, received, *ingest._window())
+            except TooLargeError:
+                return refuse(
+                    name, 413, f"body over {settings.max_otlp_bytes} bytes", None, is_json
+                )
+            except BodyTimeoutError:
+                return refuse(name, 408, _SLOW_BODY, {"Connection": "close"}, is_json)
+            except BadRequestError as e:
+                return refuse(name, 400, str(e), None, is_json)
+            received_rows.inc(len(parsed.rows) + parsed.rejected_total)
+            if sig.dedup is not None:
+                sig.dedup(parsed)
+            try:
+                pipeline.accept(sig.kinds[is_json], body, received, parsed)
+            except SpoolFullError as e:
+                return refuse(name, 503, str(e), {"Retry-After": RETRY_AFTER_S}, is_json)
+            for reason, n in parsed.rejected.items():
+                metrics.rejected.labels(sig.source, reason).inc(n)
+            sig.count_ignored(parsed)
+            msg = ", ".join(f"{n} {r}" for r, n in sorted(parsed.rejected.items()))
+            content, media = sig.response(parsed.rejected_total, msg, is_json)
+            return _Response(content, 200, media_type=media)
+
+        return handle
+
+    def spans_ignored(parsed: Parsed) -> None:
         if parsed.ignored:
             metrics.ignored.inc(parsed.ignored)
-        msg = ", ".join(f"{n} {r}" for r, n in sorted(parsed.rejected.items()))
-        content, media = otlp.response(parsed.rejected_total, msg, is_json)
-        return _Response(content, 200, media_type=media)
+
+    def points_ignored(parsed: Parsed) -> None:
+        for reason, n in parsed.ignored_reasons.items():
+            metrics.points_ignored.labels(reason).inc(n)
+
+    traces = otlp_endpoint(
+        _Signal(
+            "traces",
+            SPANS,
+            (KIND_OTLP_PROTO, KIND_OTLP_JSON),
+            otlp.parse,
+            otlp.response,
+            lambda p: _dedup_spans(p, ingest.recent_spans),
+            spans_ignored,
+        )
+    )
+    metric_points = otlp_endpoint(
+        _Signal(
+            "metrics",
+            GPU_SAMPLES,
+            (KIND_METRICS_PROTO, KIND_METRICS_JSON),
+            otlp_metrics.parse,
+            otlp_metrics.response,
+            None,  # a retried export collapses in gpu_samples' sort key (ReplacingMergeTree)
+            points_ignored,
+        )
+    )
 
     def cors_headers(origin: str | None) -> Headers:
         if not origin:
@@ -436,6 +493,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
         {
             ("GET", "/healthz"): healthz,
             ("POST", "/v1/traces"): traces,
+            ("POST", "/v1/metrics"): metric_points,
             ("OPTIONS", "/v1/beacons"): beacons_preflight,
             ("POST", "/v1/beacons"): beacons_post,
         }

@@ -20,10 +20,25 @@ from pydantic import BaseModel, Field
 from collector.pairing.lookups import read_traces
 from collector.pairing.rules import arrange, candidates, derive
 from collector.plugins import Context, Plugin
+from collector.store import schema
 from parallax_contracts.trace_context import is_valid_trace_id
 
 TRACE_ID = r"^[0-9a-f]{32}$"
 log = logging.getLogger("parallax.collector")
+
+
+class GpuHop(BaseModel):
+    """The agent's parallax.gpu.* attributes of one span (null: not measured)."""
+
+    prefill_launches: int | None
+    decode_launches: int | None
+    prefill_wait_ms: float | None = Field(description="host blocked on the GPU in prefill")
+    decode_wait_ms: float | None
+    prefill_sm_util_pct: float | None
+    decode_sm_util_pct: float | None
+    sample_coverage: float | None = Field(description="share of the windows NVML covers")
+    inflight_mean: float | None
+    uuids: list[str]
 
 
 class Hop(BaseModel):
@@ -49,6 +64,9 @@ class Hop(BaseModel):
     retransmits: int | None
     ws_seq: int
     role: str = Field(description="edge, middle, origin, edge+origin, linked or reconnect")
+    gpu: GpuHop | None = Field(
+        None, description="the service's GPU activity in this request's windows (agent)"
+    )
 
 
 class BrowserEntry(BaseModel):
@@ -173,7 +191,28 @@ def _hop(s: dict[str, Any], role: str) -> Hop:
         retransmits=s["retransmits"],
         ws_seq=s["ws_seq"],
         role=role,
+        gpu=_gpu_hop(s),
     )
+
+
+def _gpu_hop(s: dict[str, Any]) -> GpuHop | None:
+    vals = {k.removeprefix("gpu_"): s.get(k) for k in _GPU_KEYS}
+    if not s.get("gpu_uuid") and all(v is None for v in vals.values()):
+        return None  # no GPU attributes: absent, not zeros
+    return GpuHop(
+        prefill_launches=vals["prefill_launches"],
+        decode_launches=vals["decode_launches"],
+        prefill_wait_ms=_us_ms(vals["prefill_wait_us"]),
+        decode_wait_ms=_us_ms(vals["decode_wait_us"]),
+        prefill_sm_util_pct=vals["prefill_sm_util_pct"],
+        decode_sm_util_pct=vals["decode_sm_util_pct"],
+        sample_coverage=vals["sample_coverage"],
+        inflight_mean=vals["inflight_mean"],
+        uuids=[u for u in str(s.get("gpu_uuid") or "").split(",") if u],
+    )
+
+
+_GPU_KEYS = [c.name for c in schema.SPAN_GPU_COLUMNS if c.name != "gpu_uuid"]
 
 
 def _entry(e: dict[str, Any]) -> BrowserEntry:

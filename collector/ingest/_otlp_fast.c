@@ -234,18 +234,23 @@ enum {
     S_TTFB, S_RECV_Q, S_ACCEPT_Q, S_TTFT, S_GAP_MAX, S_SRTT, S_DUR, /* durations, µs */
     S_CHUNKS, S_BYTES_IN, S_BYTES_OUT, S_RETRANS, S_ARRIVAL,
     S_STATUS, S_HTTP_STATUS, S_SERVER_PORT, S_CLIENT_PORT, S_WS_SEQ,
+    S_GPU_PREFILL_LAUNCHES, S_GPU_DECODE_LAUNCHES, S_GPU_PREFILL_WAIT, S_GPU_DECODE_WAIT,
     N_INT,
     S_URL_PATH = N_INT, S_HTTP_TARGET, S_HTTP_ROUTE, S_METHOD, S_HTTP_METHOD, S_SOURCE,
-    S_SERVER_ADDRESS, S_CLIENT_ADDRESS,
+    S_SERVER_ADDRESS, S_CLIENT_ADDRESS, S_GPU_UUID,
     S_STR_END,
     S_PARTIAL = S_STR_END, S_CLIENT_ABORTED, S_TRACEPARENT_MISSED,
+    /* doubles: the GPU shares and means (parallax.gpu.*) */
+    S_GPU_PREFILL_UTIL, S_GPU_DECODE_UTIL, S_GPU_COVERAGE, S_GPU_INFLIGHT,
     S_OFFSETS,
     N_SLOTS,
     R_SERVICE = N_SLOTS, R_HOST, R_PID, /* resource attributes */
     N_NAMES
 };
 #define N_STR (S_STR_END - N_INT)
-#define N_ROW 37 /* len(schema.SPAN_COLUMNS) */
+#define N_DBL (S_OFFSETS - S_GPU_PREFILL_UTIL)
+#define N_ROW 46 /* len(schema.SPAN_COLUMNS) */
+#define TABLE_SIZE 128 /* a power of two, well above N_SLOTS: short probes */
 
 typedef struct {
     const char *s;
@@ -254,7 +259,7 @@ typedef struct {
 } Name;
 
 static Name names[N_NAMES];
-static int16_t table[64]; /* open addressing over names by FNV-1a; -1 = empty */
+static int16_t table[TABLE_SIZE]; /* open addressing over names by FNV-1a; -1 = empty */
 static PyObject *names_keep, *route_fn, *s_sdk, *s_unknown, *s_empty;
 static int64_t max_duration_ns, future_slack_ns;
 static int configured;
@@ -269,7 +274,7 @@ static uint32_t fnv(const uint8_t *p, Py_ssize_t n) {
 /* The slot of an attribute key (or -1): keys are compared as bytes, no str is built. */
 static int slot_of(Rd k) {
     Py_ssize_t n = k.end - k.p;
-    for (uint32_t h = fnv(k.p, n) & 63;; h = (h + 1) & 63) {
+    for (uint32_t h = fnv(k.p, n) & (TABLE_SIZE - 1);; h = (h + 1) & (TABLE_SIZE - 1)) {
         int i = table[h];
         if (i < 0)
             return -1;
@@ -299,9 +304,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         names[i].slot = i;
         if (i >= N_SLOTS)
             continue; /* resource names are compared directly */
-        uint32_t h = fnv((const uint8_t *)names[i].s, names[i].n) & 63;
+        uint32_t h = fnv((const uint8_t *)names[i].s, names[i].n) & (TABLE_SIZE - 1);
         while (table[h] >= 0)
-            h = (h + 1) & 63;
+            h = (h + 1) & (TABLE_SIZE - 1);
         table[h] = (int16_t)i;
     }
     Py_INCREF(tup);
@@ -445,9 +450,10 @@ static PyObject *rest_str(const Any *a) {
 
 typedef struct {
     int64_t ival[N_INT];
-    uint32_t have;            /* bit per slot: set by an attribute */
+    uint64_t have;            /* bit per slot: set by an attribute */
     PyObject *sval[N_STR];    /* decoded string slots */
     int bval[3];              /* the three flags */
+    double dval[N_DBL];       /* the GPU doubles */
     PyObject *offsets;        /* list or NULL */
     int64_t offsets_min;
     PyObject *rest;           /* dict or NULL */
@@ -475,7 +481,7 @@ static int span_attr(Rd kvr, Attrs *at) {
         if (lst == NULL)
             return GIVE_UP;
         Py_XSETREF(at->offsets, lst);
-        at->have |= 1u << S_OFFSETS;
+        at->have |= (uint64_t)1 << S_OFFSETS;
         return 0;
     }
     if (rd_any(val, &a) < 0)
@@ -491,10 +497,14 @@ static int span_attr(Rd kvr, Attrs *at) {
         if (s == NULL)
             return GIVE_UP;
         Py_XSETREF(at->sval[slot - N_INT], s);
-    } else if (slot >= S_PARTIAL && slot < S_OFFSETS) {
+    } else if (slot >= S_PARTIAL && slot < S_GPU_PREFILL_UTIL) {
         if (a.which != 2)
             return GIVE_UP;
         at->bval[slot - S_PARTIAL] = (int)a.u;
+    } else if (slot >= S_GPU_PREFILL_UTIL && slot < S_OFFSETS) {
+        if (a.which != 4) /* an int_value here: the reference converts it */
+            return GIVE_UP;
+        memcpy(&at->dval[slot - S_GPU_PREFILL_UTIL], &a.u, 8);
     } else {
         PyObject *k = str_of(key), *v;
         if (k == NULL)
@@ -510,7 +520,7 @@ static int span_attr(Rd kvr, Attrs *at) {
         Py_DECREF(v);
         return 0;
     }
-    at->have |= 1u << slot;
+    at->have |= (uint64_t)1 << slot;
     return 0;
 }
 
@@ -522,7 +532,7 @@ typedef struct {
     Py_ssize_t ignored;
 } Ctx;
 
-#define HAVE(s) (at.have & (1u << (s)))
+#define HAVE(s) ((at.have & ((uint64_t)1 << (s))) != 0)
 #define SET(i, o)                                                                           \
     do {                                                                                    \
         PyObject *o_ = (o);                                                                 \
@@ -683,6 +693,20 @@ static int span(Rd r, Ctx *c) {
         (HAVE(S_CHUNKS) && at.ival[S_CHUNKS] >= ((int64_t)1 << 32)) ||
         (HAVE(S_RETRANS) && at.ival[S_RETRANS] >= ((int64_t)1 << 32)))
         goto give_up; /* out_of_range */
+    /* GPU values outside their column's domain are stored as absent by the reference. */
+    for (int i = S_GPU_PREFILL_LAUNCHES; i <= S_GPU_DECODE_LAUNCHES; i++)
+        if (HAVE(i) && (at.ival[i] < 0 || at.ival[i] > (int64_t)UINT32_MAX))
+            goto give_up;
+    for (int i = S_GPU_PREFILL_WAIT; i <= S_GPU_DECODE_WAIT; i++)
+        if (HAVE(i) && at.ival[i] < 0)
+            goto give_up;
+    static const double dmax[N_DBL] = {100.0, 100.0, 1.0, HUGE_VAL};
+    for (int i = 0; i < N_DBL; i++) {
+        double d = at.dval[i];
+        /* NaN fails both comparisons; +inf is out of every range (inflight: not finite) */
+        if (HAVE(S_GPU_PREFILL_UTIL + i) && !(d >= 0.0 && d <= dmax[i] && isfinite(d)))
+            goto give_up;
+    }
 
     PyObject *row = PyTuple_New(N_ROW), *path = NULL, *hroute, *route = NULL;
     if (row == NULL)
@@ -750,6 +774,15 @@ static int span(Rd r, Ctx *c) {
     SET(34, PyBool_FromLong(at.bval[1]));
     SET(35, PyBool_FromLong(at.bval[2]));
     SET(36, at.rest ? new_ref(at.rest) : PyDict_New());
+    /* the GPU columns (schema.SPAN_GPU_COLUMNS) */
+    SET(37, int_or_none(HAVE(S_GPU_PREFILL_LAUNCHES), at.ival[S_GPU_PREFILL_LAUNCHES]));
+    SET(38, int_or_none(HAVE(S_GPU_DECODE_LAUNCHES), at.ival[S_GPU_DECODE_LAUNCHES]));
+    SET(39, int_or_none(HAVE(S_GPU_PREFILL_WAIT), at.ival[S_GPU_PREFILL_WAIT]));
+    SET(40, int_or_none(HAVE(S_GPU_DECODE_WAIT), at.ival[S_GPU_DECODE_WAIT]));
+    for (int i = 0; i < N_DBL; i++)
+        SET(41 + i, HAVE(S_GPU_PREFILL_UTIL + i) ? PyFloat_FromDouble(at.dval[i])
+                                                 : new_ref(Py_None));
+    SET(45, SV(S_GPU_UUID) ? prefix(SV(S_GPU_UUID), 1024) : new_ref(s_empty));
 #undef SV
 #undef TRUTHY
     if (PyList_Append(c->rows, row) < 0 || PyList_Append(c->tids, PyTuple_GET_ITEM(row, 3)) < 0)

@@ -10,6 +10,16 @@ MAX_DURATION_NS = 24 * 3600 * 10**9  # a record longer than a day is a bug upstr
 FUTURE_SLACK_NS = 24 * 3600 * 10**9  # clocks may be off, but not by a day
 
 
+def outside_window(t_ns: int, oldest_ns: int, now_ns: int) -> str | None:
+    """The reject reason of a record dated ``t_ns`` (Unix ns), or None when it may be kept:
+    older than the retention, or more than FUTURE_SLACK_NS ahead of the collector."""
+    if t_ns < oldest_ns:
+        return "older_than_retention"
+    if t_ns > now_ns + FUTURE_SLACK_NS:
+        return "in_future"
+    return None
+
+
 class BadRequestError(Exception):
     """The whole body is unusable: answered 400 with this one-line reason."""
 
@@ -22,6 +32,8 @@ class Parsed:
     trace_ids: list[str] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: int = 0  # well-formed records we do not store (e.g. non-SERVER spans)
+    # the same, by reason, where there are several (OTLP metric points: docs/collector.md)
+    ignored_reasons: Counter[str] = field(default_factory=Counter)
 
     @property
     def rejected_total(self) -> int:

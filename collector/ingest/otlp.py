@@ -7,23 +7,25 @@ columns; the rest are kept as strings in ``attributes``.
 
 from __future__ import annotations
 
-import base64
 import importlib.util
-import json
+import math
 import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format  # type: ignore[import-untyped]
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
+from collector.ingest import otlp_common
+from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, Parsed, outside_window
+from collector.ingest.otlp_common import any_value as _value
+from collector.ingest.otlp_common import as_int as _int
+from collector.ingest.otlp_common import as_number
+from collector.ingest.otlp_common import as_str as _str
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
 
@@ -84,6 +86,17 @@ _WS_SEQ, _PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED = (
     sa.CLIENT_ABORTED.name,
     sa.TRACEPARENT_MISSED.name,
 )
+# The GPU attributes, in schema.SPAN_GPU_COLUMNS order (their columns follow the others).
+_GPU_LAUNCHES = (sa.GPU_PREFILL_LAUNCHES.name, sa.GPU_DECODE_LAUNCHES.name)
+_GPU_WAITS = (sa.GPU_PREFILL_WAIT_US.name, sa.GPU_DECODE_WAIT_US.name)
+_GPU_DOUBLES = (
+    sa.GPU_PREFILL_SM_UTIL_PCT.name,
+    sa.GPU_DECODE_SM_UTIL_PCT.name,
+    sa.GPU_SAMPLE_COVERAGE.name,
+    sa.GPU_INFLIGHT_MEAN.name,
+)
+_GPU_NAMES = (*_GPU_LAUNCHES, *_GPU_WAITS, *_GPU_DOUBLES, sa.GPU_UUID.name)
+assert frozenset(_GPU_NAMES) == {a.name for a in sa.GPU}
 # Column limits (collector/store/schema.py): durations Int64, counts UInt32/UInt64.
 _I64 = 2**63 - 1
 _U32, _U64 = 2**32, 2**64
@@ -110,21 +123,9 @@ _CONSUMED = frozenset(
         sa.CLIENT_ABORTED.name,
         sa.TRACEPARENT_MISSED.name,
         sa.SOURCE.name,
+        *_GPU_NAMES,
     }
 )
-
-
-def _value(v: Any) -> Any:
-    which = v.WhichOneof("value")
-    if which is None:
-        return None
-    if which == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in v.kvlist_value.values}
-    if which == "bytes_value":
-        return v.bytes_value.hex()
-    return getattr(v, which)
 
 
 def _any(v: Any) -> Any:
@@ -179,7 +180,9 @@ _SLOT_NAMES = (
     _PARTIAL,
     _CLIENT_ABORTED,
     _TRACEPARENT_MISSED,
+    *_GPU_NAMES,
 )
+_N_SLOTS_V1 = _SLOT_NAMES.index(_GPU_NAMES[0])  # the slots before the GPU ones
 _SLOT = {name: i for i, name in enumerate(_SLOT_NAMES)}.get
 _INT_SLOT = {
     name: i
@@ -195,6 +198,8 @@ _INT_SLOT = {
         _SERVER_PORT,
         _CLIENT_PORT,
         _WS_SEQ,
+        *_GPU_LAUNCHES,
+        *_GPU_WAITS,
     )
 }.get
 _STR_SLOT = {
@@ -210,6 +215,7 @@ _STR_SLOT = {
         _SOURCE,
         _SERVER_ADDRESS,
         _CLIENT_ADDRESS,
+        sa.GPU_UUID.name,
     )
 }.get
 _NO_VALUES = (None,) * len(_SLOT_NAMES)
@@ -253,64 +259,9 @@ def _route(path: str, http_route: str | None) -> str:
     return route_template(path, http_route)
 
 
-def _int(x: Any) -> int | None:
-    if type(x) is int:
-        return x
-    if isinstance(x, bool) or x is None:
-        return None
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and x.is_integer():
-        return int(x)
-    if isinstance(x, str) and x.lstrip("-").isdigit():
-        return int(x)
-    return None
-
-
-def _hex_ids_to_b64(node: Any) -> None:
-    """OTLP/JSON writes ids as hex; protobuf's JSON mapping wants base64 for bytes."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
-                if isinstance(v, str) and v:
-                    try:
-                        node[k] = base64.b64encode(bytes.fromhex(v)).decode()
-                    except ValueError:
-                        raise BadRequestError(f"{k} is not hex: {v[:40]!r}") from None
-            else:
-                _hex_ids_to_b64(v)
-    elif isinstance(node, list):
-        for x in node:
-            _hex_ids_to_b64(x)
-
-
 def decode(body: bytes, json_body: bool) -> ExportTraceServiceRequest:
-    req = ExportTraceServiceRequest()
-    if json_body:
-        try:
-            _decode_json(body, req)
-        except RecursionError:  # json, the id walk or ParseDict: no OTLP message nests so
-            raise BadRequestError("malformed JSON: nested too deep") from None
-    else:
-        try:
-            req.ParseFromString(body)  # upb stops at its own depth limit (a DecodeError)
-        except DecodeError as e:
-            raise BadRequestError(f"malformed protobuf: {e}") from None
-    return req
+    return otlp_common.decode(body, json_body, ExportTraceServiceRequest())
 
-
-def _decode_json(body: bytes, req: ExportTraceServiceRequest) -> None:
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequestError(f"malformed JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise BadRequestError("OTLP JSON body must be an object")
-    _hex_ids_to_b64(doc)
-    try:
-        json_format.ParseDict(doc, req, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError) as e:
-        raise BadRequestError(f"malformed OTLP JSON: {str(e).splitlines()[0][:200]}") from None
 
 
 def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
@@ -374,13 +325,12 @@ def _span_row(
     if end - start > MAX_DURATION_NS:
         out.rejected["duration_over_24h"] += 1
         return None
-    if start < oldest_ns:
-        out.rejected["older_than_retention"] += 1
-        return None
-    if start > now_ns + FUTURE_SLACK_NS:
-        out.rejected["in_future"] += 1
+    why = outside_window(start, oldest_ns, now_ns)
+    if why is not None:
+        out.rejected[why] += 1
         return None
     vals, extra = _span_attrs(sp.attributes)
+    gpu = vals[_N_SLOTS_V1:]
     (
         ttfb,
         recv_q,
@@ -411,7 +361,7 @@ def _span_row(
         partial,
         client_aborted,
         traceparent_missed,
-    ) = vals
+    ) = vals[:_N_SLOTS_V1]
     # Unrolled on purpose (hot path): an int attribute (or an absent one) is taken as it
     # is, anything else through _int (a float with no fraction, a digit string; else None).
     if ttfb is not None and type(ttfb) is not int:
@@ -520,23 +470,49 @@ def _span_row(
         client_aborted is True,
         traceparent_missed is True,
         rest,
+        *(_NO_GPU if gpu == _NO_GPU_VALUES else _gpu_columns(gpu)),
+    )
+
+
+_NO_GPU_VALUES = [None] * len(_GPU_NAMES)
+_NO_GPU = (None,) * (len(_GPU_NAMES) - 1) + ("",)
+_U32_MAX = 2**32 - 1
+
+
+def _gpu_columns(raw: list[Any]) -> tuple[Any, ...]:
+    """The GPU columns of a span. A value outside its column's domain (a negative count or
+    wait, a share over 100 %, NaN, another type) is stored as absent: the span's own
+    timings stay good, and a made-up GPU figure would be worse than none."""
+    pl, dl, pw, dw, pu, du, cov, inflight, uuid = raw
+    return (
+        *(v if v is not None and 0 <= v <= _U32_MAX else None for v in map(_int, (pl, dl))),
+        *(v if v is not None and 0 <= v <= _I64 else None for v in map(_int, (pw, dw))),
+        as_number(pu, 0.0, 100.0),
+        as_number(du, 0.0, 100.0),
+        as_number(cov, 0.0, 1.0),
+        as_number(inflight, 0.0, math.inf),
+        uuid[:1024] if type(uuid) is str else "",
     )
 
 
 # --- the compiled decoder (collector/ingest/_otlp_fast.c, built by build_fast) ---------
 # Attribute names in the C decoder's slot order: the ints, the strings and the flags (each
-# in _SLOT_NAMES order), the offsets array, then the three resource attributes it reads.
+# in _SLOT_NAMES order), the doubles, the offsets array, then the three resource attributes
+# it reads. The tests draw attributes by these groups.
 _FLAGS = (_PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED)
+_FAST_INTS = tuple(n for n in _SLOT_NAMES if _INT_SLOT(n) is not None)
+_FAST_STRS = tuple(n for n in _SLOT_NAMES if _STR_SLOT(n) is not None)
 _FAST_NAMES = (
-    *(n for n in _SLOT_NAMES if _INT_SLOT(n) is not None),
-    *(n for n in _SLOT_NAMES if _STR_SLOT(n) is not None),
+    *_FAST_INTS,
+    *_FAST_STRS,
     *_FLAGS,
+    *_GPU_DOUBLES,
     _OFFSETS,
     sa.RESOURCE_SERVICE_NAME,
     sa.RESOURCE_HOST_NAME,
     sa.RESOURCE_PROCESS_PID,
 )
-assert len(_FAST_NAMES) == 32 and frozenset(_FAST_NAMES[:29]) == _CONSUMED
+assert len(_FAST_NAMES) == 41 and frozenset(_FAST_NAMES[:38]) == _CONSUMED
 
 
 def _load_fast() -> tuple[Any, str]:
@@ -572,10 +548,6 @@ def _has_nul(*values: Any) -> bool:  # a (key, value) pair: either of them
     return any("\x00" in v if type(v) is str else type(v) is tuple and _has_nul(*v) for v in values)
 
 
-def _str(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
-
-
 def _u16(v: int | None) -> int:
     return v if v is not None and 0 <= v < 65536 else 0
 
@@ -587,12 +559,4 @@ def _u32(v: int | None) -> int:
 def response(rejected: int, message: str, json_body: bool) -> tuple[bytes, str]:
     """The OTLP ExportTraceServiceResponse (partial success when something was rejected)."""
     resp = ExportTraceServiceResponse()
-    if rejected:
-        resp.partial_success.rejected_spans = rejected
-        resp.partial_success.error_message = message
-    if json_body:
-        return (
-            json_format.MessageToJson(resp, indent=None).encode(),
-            "application/json",
-        )
-    return resp.SerializeToString(), "application/x-protobuf"
+    return otlp_common.answer(resp, "rejected_spans", rejected, message, json_body)

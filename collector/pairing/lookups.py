@@ -15,7 +15,10 @@ SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) A
        toUnixTimestamp64Nano(arrival) AS arrival_ns, ttfb_us, recv_queue_us,
        accept_queue_us, ttft_us, duration_us, chunk_offsets_us, chunks, chunk_gap_max_us,
        bytes_in, bytes_out, srtt_us, retransmits, ws_seq, partial, client_aborted,
-       traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms
+       traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms,
+       gpu_prefill_launches, gpu_decode_launches, gpu_prefill_wait_us, gpu_decode_wait_us,
+       gpu_prefill_sm_util_pct, gpu_decode_sm_util_pct, gpu_sample_coverage,
+       gpu_inflight_mean, gpu_uuid
 FROM {db}.server_spans
 """
 ENTRY_SELECT = """

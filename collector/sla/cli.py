@@ -49,6 +49,8 @@ def _text(doc: dict[str, Any]) -> str:
     lines = [f"window {doc['window']['start']} … {doc['window']['end']}"]
     for r in doc["routes"]:
         lines.append(f"{r['route']} ({r['service']}): {r['verdict']}")
+        if r["server"].get("sentence"):  # the server-time split and the GPU findings
+            lines.append(f"  {r['server']['sentence']}")
         for name, m in r["metrics"].items():
             div = "?" if m["divergence_ms"] is None else f"{m['divergence_ms']:+.1f} ms"
             lo = "−∞" if m["ci_low_ms"] is None else f"{m['ci_low_ms']:+.1f}"

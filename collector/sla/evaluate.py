@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from collector.sla import explain, quantize, stats
+from collector.sla import explain, gpu, quantize, stats
 from collector.sla.config import SlaConfig
 from collector.sla.source import METRIC_ORDER, SlaSource
 from collector.sla.stats import SeriesStats, Window
@@ -73,6 +73,7 @@ class RouteResult:
     metrics: dict[str, MetricResult]
     sessions: int = 0
     far_off_sessions: int = 0
+    server: dict[str, Any] = field(default_factory=dict)  # gpu.server_json: split + GPU
 
     @property
     def worst(self) -> str:
@@ -96,6 +97,7 @@ class RouteResult:
             "verdict": self.worst,
             "sessions": self.sessions,
             "far_off_sessions": self.far_off_sessions,
+            "server": self.server,
             "metrics": {k: self.metrics[k].to_json() for k in METRIC_ORDER if k in self.metrics},
         }
 
@@ -174,6 +176,20 @@ def parts_json(series: dict[str, SeriesStats]) -> dict[str, Any]:
     }
 
 
+def split_of(series: dict[str, SeriesStats]) -> gpu.Split:
+    """The route's queue / prefill / decode percentiles from its part histograms."""
+    pre = series.get("prefill")
+    return gpu.Split(
+        n=pre.n if pre is not None else 0,
+        queue_p50=explain.p50(series, "queue"),
+        queue_p95=explain.p95(series, "queue"),
+        prefill_p50=explain.p50(series, "prefill"),
+        prefill_p95=explain.p95(series, "prefill"),
+        decode_p50=explain.p50(series, "decode"),
+        decode_p95=explain.p95(series, "decode"),
+    )
+
+
 def evaluate_window(
     w: Window,
     cfg: SlaConfig,
@@ -187,6 +203,7 @@ def evaluate_window(
         far = w.far_off_sessions.get((service, route), 0)
         parts = parts_json(series)
         rr = RouteResult(service, route, {}, w.sessions.get((service, route), 0), far)
+        rr.server = gpu.server_json(label, split_of(series), w.gpu.get((service, route)))
         for metric in METRIC_ORDER:
             us, ss = series.get(f"{metric}:user"), series.get(f"{metric}:server")
             if us is None and ss is None:

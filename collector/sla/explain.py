@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from collector.sla.source import HOP_PREFIX
 from collector.sla.stats import SeriesStats
+from collector.sla.words import ms, signed
 
 PART_LABELS = {
     "render": "render delay",
@@ -44,19 +45,6 @@ METRIC_LABEL = {
     "itl": "inter-token latency",
     "duration": "duration",
 }
-
-
-def ms(v: float | None) -> str:
-    if v is None:
-        return "?"
-    return f"{v:.0f} ms" if abs(v) >= 10 else f"{v:.1f} ms"
-
-
-def signed(v: float | None) -> str:
-    if v is None:
-        return "?"
-    s = f"{abs(v):.0f}" if abs(v) >= 10 else f"{abs(v):.1f}"
-    return ("+" if v >= 0 else "−") + s
 
 
 @dataclass(frozen=True, slots=True)

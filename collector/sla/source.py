@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from collector.sla import quantize, schema, stats
+from collector.sla import gpu_source, quantize, schema, stats
 from collector.sla.clock import Sample, best_samples, clock_filter
 
 PAIRS = "pairs"
@@ -62,6 +62,10 @@ PARTS: dict[str, str] = {
     f"{_P50_ARR.format(a='edge_itl_ms')}, NULL)",
     "itl:edge": f"if(hops > 1 AND length(edge_itl_ms) > 0, "
     f"{_P95_ARR.format(a='edge_itl_ms')}, NULL)",
+    # the server-time windows (collector/sla/gpu.py): t1 → first body write, then → last
+    "prefill": "server_ttft_ms",
+    "decode": "if(server_duration_ms IS NULL OR server_ttft_ms IS NULL, NULL, "
+    "greatest(server_duration_ms - server_ttft_ms, 0))",
 }
 HOP_PREFIX = "hop:"  # hop:<index>:<service>, for every hop but the origin
 
@@ -481,6 +485,7 @@ WHERE last_seen >= '{_sec(start)}' GROUP BY r.1, r.2"""  # noqa: S608
         ):
             w.sessions[(service, route)] = int(total)
             w.far_off_sessions[(service, route)] = int(far)
+        w.gpu = gpu_source.read(self.rows, db, start, now)
         return w
 
     def history(

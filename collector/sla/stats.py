@@ -26,6 +26,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from collector.sla import quantize
+from collector.sla.gpu import GpuRoute
 
 P = 0.95
 ALPHA = 0.05
@@ -167,3 +168,5 @@ class Window:
     series: dict[tuple[str, str], dict[str, SeriesStats]] = field(default_factory=dict)
     far_off_sessions: dict[tuple[str, str], int] = field(default_factory=dict)
     sessions: dict[tuple[str, str], int] = field(default_factory=dict)
+    # per route, the GPU aggregate of its spans that carry GPU data (collector/sla/gpu.py)
+    gpu: dict[tuple[str, str], GpuRoute] = field(default_factory=dict)

@@ -48,6 +48,7 @@ TABLES: dict[str, tuple[schema.Column, ...]] = {
     schema.SPANS: schema.SPAN_COLUMNS,
     schema.ENTRIES: schema.ENTRY_COLUMNS,
     schema.PAIRS: schema.PAIR_COLUMNS,
+    schema.GPU_SAMPLES: schema.GPU_SAMPLE_COLUMNS,
 }
 
 

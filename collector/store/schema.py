@@ -11,6 +11,9 @@ Tables (database ``parallax`` unless the DSN names one):
                       (``*_ms``), NULL where not measured; arrays empty where not measured.
                       ReplacingMergeTree(version): read it with ``FINAL`` (or the ``pairs_final``
                       view) — a pair is rewritten when a late hop or span changes it.
+- ``gpu_samples``     one row per OTLP metric point of the GPU device and per-process series
+                      (``parallax_contracts.gpu_metrics``): time, host, GPU (``hw_id``), pid,
+                      metric name, value (migration 3).
 - ``schema_migrations`` the applied migration versions.
 
 ``migrate()`` runs at start: it applies the missing versions in order. Every statement is
@@ -42,6 +45,7 @@ MIGRATIONS = "schema_migrations"
 # span / an entry?" is a primary-key lookup, not a scan of bloom-filtered granules.
 SPAN_TRACES = "span_traces"
 ENTRY_TRACES = "entry_traces"
+GPU_SAMPLES = "gpu_samples"
 
 
 class _Result(Protocol):
@@ -80,7 +84,8 @@ _TIME9 = "Delta, ZSTD(1)"
 _INT = "T64, ZSTD(1)"
 _FLOAT = "Gorilla, ZSTD(1)"
 
-SPAN_COLUMNS: tuple[Column, ...] = (
+# server_spans as migration 1 created it: shipped, never edited (later columns are ALTERs).
+_SPAN_COLUMNS_V1: tuple[Column, ...] = (
     _c("time", "DateTime64(9, 'UTC')", _TIME9),  # span start (= t1 for the agent)
     _c("end_time", "DateTime64(9, 'UTC')", _TIME9),
     _c("received", "DateTime64(3, 'UTC')", _TIME9),  # when the collector accepted it
@@ -119,6 +124,22 @@ SPAN_COLUMNS: tuple[Column, ...] = (
     _c("traceparent_missed", "Bool"),
     _c("attributes", "Map(LowCardinality(String), String)"),  # every other attribute
 )
+# GPU time beside the request (parallax_contracts.span_attributes.GPU, migration 3): one
+# column per attribute, named as the agent's JSONL field. Nullable: absent is not zero
+# (no GPU process, no NVML, a window without samples); the UUID list is '' when absent.
+SPAN_GPU_COLUMNS: tuple[Column, ...] = (
+    _c("gpu_prefill_launches", "Nullable(UInt32)"),
+    _c("gpu_decode_launches", "Nullable(UInt32)"),
+    _c("gpu_prefill_wait_us", "Nullable(Int64)"),
+    _c("gpu_decode_wait_us", "Nullable(Int64)"),
+    _c("gpu_prefill_sm_util_pct", "Nullable(Float64)"),  # 0–100
+    _c("gpu_decode_sm_util_pct", "Nullable(Float64)"),
+    _c("gpu_sample_coverage", "Nullable(Float64)"),  # 0–1
+    _c("gpu_inflight_mean", "Nullable(Float64)"),
+    _c("gpu_uuid", "LowCardinality(String)"),  # comma-separated NVML UUIDs
+)
+# The row tuples the parsers build follow this order (the v1 columns, then the GPU ones).
+SPAN_COLUMNS: tuple[Column, ...] = _SPAN_COLUMNS_V1 + SPAN_GPU_COLUMNS
 
 ENTRY_COLUMNS: tuple[Column, ...] = (
     _c("time", "DateTime64(6, 'UTC')", _TIME9),  # time_origin + start_ms
@@ -208,6 +229,23 @@ PAIR_COLUMNS: tuple[Column, ...] = (
 )
 
 
+# One row per metric point of the GPU series (parallax_contracts.gpu_metrics DEVICE and
+# PROCESS), as sent: gauges' readings, sums as sent (cumulative ones with their start).
+GPU_SAMPLE_COLUMNS: tuple[Column, ...] = (
+    _c("time", "DateTime64(9, 'UTC')", _TIME9),  # the point's time_unix_nano
+    _c("start_time", "Nullable(DateTime64(9, 'UTC'))"),  # sums: start of the accumulation
+    _c("host", "LowCardinality(String)"),  # resource host.name
+    _c("service", "LowCardinality(String)"),  # point's service.name, else the resource's
+    _c("hw_id", "LowCardinality(String)"),  # hw.id = GPU UUID; '' for per-process series
+    _c("hw_name", "LowCardinality(String)"),
+    _c("pid", "UInt32", _INT),  # process.pid of per-process series; 0 for device series
+    _c("metric", "LowCardinality(String)"),
+    _c("value", "Float64", _FLOAT),
+    _c("temporality", "LowCardinality(String)"),  # '' gauge, 'cumulative' or 'delta' sum
+    _c("attributes", "Map(LowCardinality(String), String)"),  # the point's other attributes
+)
+
+
 def _table(name: str, cols: tuple[Column, ...], engine: str, tail: str) -> str:
     body = ",\n    ".join(c.ddl() for c in cols)
     return f"CREATE TABLE IF NOT EXISTS {{db}}.{name}\n(\n    {body}{tail}\n) ENGINE = {engine}"
@@ -233,7 +271,7 @@ def migrations(db: str, retention_days: int) -> list[tuple[int, str, list[str]]]
 (
     version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree ORDER BY version""",
-        _table(SPANS, SPAN_COLUMNS, "ReplacingMergeTree", _TRACE_INDEX).format(db=db)
+        _table(SPANS, _SPAN_COLUMNS_V1, "ReplacingMergeTree", _TRACE_INDEX).format(db=db)
         + "\nPARTITION BY toDate(time)"
         + "\nORDER BY (service, route, toDateTime(time), trace_id, span_id)"
         + f"\n{_ttl(r)}\n{_SETTINGS}",
@@ -273,7 +311,21 @@ SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
             f"WHERE time >= now64() - toIntervalDay({r})",
         )
     ]
-    return [(1, "spans, browser entries, pairs", v1), (2, "trace id lookup tables", v2)]
+    v3 = [
+        *(f"ALTER TABLE {db}.{SPANS} ADD COLUMN IF NOT EXISTS {c.ddl()}" for c in SPAN_GPU_COLUMNS),
+        # The clock join (collector/sla/gpu_source.py) reads one GPU's clock series over a
+        # time range: (hw_id, metric) first. The key ends with the point's identity, so an
+        # exporter's retry of the same points collapses (ReplacingMergeTree).
+        _table(GPU_SAMPLES, GPU_SAMPLE_COLUMNS, "ReplacingMergeTree", "").format(db=db)
+        + "\nPARTITION BY toDate(time)"
+        + "\nORDER BY (hw_id, metric, host, pid, time)"
+        + f"\n{_ttl(r)}\n{_SETTINGS}",
+    ]
+    return [
+        (1, "spans, browser entries, pairs", v1),
+        (2, "trace id lookup tables", v2),
+        (3, "GPU span columns, gpu_samples", v3),
+    ]
 
 
 _DB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -347,7 +399,7 @@ def _tune_merges(client: Executor, db: str) -> None:
 def _data_table_ddl(client: Executor, db: str) -> dict[str, str]:
     """The CREATE statement of each data table that exists, as the server shows it now."""
     out: dict[str, str] = {}
-    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES):
+    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES, GPU_SAMPLES):
         rows = _scalar_rows(
             client,
             f"SELECT create_table_query FROM system.tables "  # noqa: S608

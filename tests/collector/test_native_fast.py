@@ -24,11 +24,14 @@ from clickhouse_connect.driver.insert import InsertContext
 from clickhouse_connect.driver.transform import NativeTransform
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.collector import _bodies
-from collector.ingest import beacons, build_fast, otlp
+from collector.ingest import beacons, build_fast, otlp, otlp_metrics
 from collector.pairing import rules
 from collector.store import native, schema
+from tests.collector.gpu_sdk import SdkExporter, sample_state
 from tests.collector.helpers import run_store_script
 
 # Every column type of the three tables, and a few neighbours the encoder must refuse.
@@ -277,7 +280,49 @@ def real_rows() -> dict[str, list[tuple[Any, ...]]]:
     assert any(
         len(r[schema.column_names(schema.PAIR_COLUMNS).index("hop_span_ids")]) == 2 for r in multi
     )
-    return {schema.SPANS: spans, schema.ENTRIES: entries, schema.PAIRS: one_hop + multi}
+    # GPU spans (the agent's parallax.gpu.* attributes) and GPU metric points from the SDK.
+    spans += [r for r in otlp.parse(_gpu_span_body(), False, now, 0, now).rows]
+    e = SdkExporter(None)
+    samples = [
+        r
+        for step in range(3)
+        for r in otlp_metrics.parse(e.body(sample_state(step)), False, now, 0, now).rows
+    ]
+    e.close()
+    assert samples and any(r[1] is not None for r in samples)  # cumulative sums' start
+    return {
+        schema.SPANS: spans,
+        schema.ENTRIES: entries,
+        schema.PAIRS: one_hop + multi,
+        schema.GPU_SAMPLES: samples,
+    }
+
+
+def _gpu_span_body() -> bytes:
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    now = time.time_ns()
+    for i in range(20):
+        sp = ss.spans.add()
+        sp.trace_id, sp.span_id, sp.kind = os.urandom(16), os.urandom(8), Span.SPAN_KIND_SERVER
+        sp.start_time_unix_nano, sp.end_time_unix_nano = now - 10**9, now
+        for k, v in (
+            ("parallax.gpu.prefill_launches", 40 + i),
+            ("parallax.gpu.decode_wait_us", 1000 * i),
+        ):
+            kv = sp.attributes.add()
+            kv.key, kv.value.int_value = k, v
+        for k, d in (
+            ("parallax.gpu.prefill_sm_util_pct", 97.5),
+            ("parallax.gpu.sample_coverage", 0.5),
+        ):
+            if i % 3:  # some absent: NULL
+                kv = sp.attributes.add()
+                kv.key, kv.value.double_value = k, d
+        kv = sp.attributes.add()
+        kv.key, kv.value.string_value = "parallax.gpu.uuid", f"GPU-{i % 2}"
+    out: bytes = req.SerializeToString()
+    return out
 
 
 def test_real_rows_byte_identical(fast: Any) -> None:
@@ -320,12 +365,14 @@ def read(table, key):
     return [norm(r) for r in st.query(sql).result_rows]
 out = {}
 rows = real_rows()
-keys = {schema.SPANS: 'span_id', schema.ENTRIES: 'span_id', schema.PAIRS: 'span_id'}
+keys = {schema.SPANS: ['span_id'], schema.ENTRIES: ['span_id'], schema.PAIRS: ['span_id'],
+        schema.GPU_SAMPLES: ['hw_id', 'metric', 'pid', 'time']}
 for table, rs in rows.items():
     names = schema.column_names(native.TABLES[table])
     st.insert_rows(table, rs, names, token='t-' + table)
-    i = names.index(keys[table])
-    out[table] = read(table, keys[table]) == sorted((norm(r) for r in rs), key=lambda r: r[i])
+    ix = [names.index(k) for k in keys[table]]
+    want = sorted((norm(r) for r in rs), key=lambda r: [r[i] for i in ix])
+    out[table] = read(table, ', '.join(keys[table])) == want
 out['fast_driver_inserts'] = len(driver_inserts)
 # A value the encoder does not model but the driver takes (True in UInt32 `pid`): the driver.
 names = schema.column_names(schema.SPAN_COLUMNS)
@@ -359,7 +406,8 @@ print(json.dumps(out))
 def test_chdb_insert_reads_back_equal_and_falls_back(fast: Any, tmp_path: Path) -> None:
     out = run_store_script(_CHDB_SCRIPT, tmp_path / "chdb")
     assert out[schema.SPANS] and out[schema.ENTRIES] and out[schema.PAIRS], out
-    assert out["fast_driver_inserts"] == 0, out  # all three through the compiled encoder
+    assert out[schema.GPU_SAMPLES], out
+    assert out["fast_driver_inserts"] == 0, out  # all four through the compiled encoder
     assert out["odd_via_driver"], out
     assert out["bad"] in ("DataError", "ValueError", "TypeError"), out
     assert out["bad_nothing_written"], out

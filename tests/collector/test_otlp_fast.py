@@ -35,15 +35,20 @@ from opentelemetry.trace import Link, SpanKind, StatusCode
 from bench.collector import _bodies
 from collector.ingest import build_fast, otlp
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
+from collector.store import schema
 
 NOW = time.time_ns()
 OLDEST = NOW - 86_400 * 10**9  # a one-day retention: older spans are rejected
 DAY = 86_400 * 10**9
-INT_NAMES = otlp._FAST_NAMES[:17]
-STR_NAMES = otlp._FAST_NAMES[17:25]
-BOOL_NAMES = otlp._FAST_NAMES[25:28]
-OFFSETS = otlp._FAST_NAMES[28]
+INT_NAMES = otlp._FAST_INTS
+STR_NAMES = otlp._FAST_STRS
+BOOL_NAMES = otlp._FLAGS
+DOUBLE_NAMES = otlp._GPU_DOUBLES  # the GPU shares and means
+OFFSETS = otlp._OFFSETS
 SDK_NAMES = ("http.scheme", "user_agent.original", "network.peer.port", "net.host.name", "")
+GPU_A = "GPU-8f2c0b1e-5a4d-4c3b-9a2f-0e1d2c3b4a59"
+GPU_B = "GPU-1b2c3d4e-0000-4c3b-9a2f-0e1d2c3b4a5a"
+GPU_COLS = [c.name for c in schema.SPAN_GPU_COLUMNS]
 Fast = Callable[[bytes], tuple[list[tuple[Any, ...]], list[str], int] | None]
 
 
@@ -122,7 +127,22 @@ def plain_int(name: str) -> st.SearchStrategy[int]:
         return st.integers(100, 599)
     if name.endswith(".port"):
         return st.integers(0, 65535)
+    if name.endswith("_launches"):
+        return st.integers(0, 10**6)
     return st.integers(0, 10**8)
+
+
+def plain_double(name: str) -> st.SearchStrategy[float]:
+    """What the agent sends for a GPU double: a share in %, a coverage, a mean in flight."""
+    hi = {"parallax.gpu.sample_coverage": 1.0, "parallax.gpu.inflight_mean": 500.0}
+    return st.floats(0.0, hi.get(name, 100.0))
+
+
+# Doubles the reference stores as absent (or converts): out of range, not finite, ints.
+ODD_DOUBLE = st.one_of(
+    st.floats(),
+    st.sampled_from([-0.0, -1e-9, 100.0000001, 1.5, float("inf"), float("nan")]),
+)
 
 
 def odd_int(name: str) -> st.SearchStrategy[int]:
@@ -178,17 +198,23 @@ def fill(av: AnyValue, value: tuple[str, Any]) -> None:
 @st.composite
 def attribute(draw: st.DrawFn, odd: int) -> tuple[str, tuple[str, Any]]:
     """One span attribute: a slot's name with its type (or, now and then, anything)."""
-    group = draw(st.sampled_from(["int", "int", "str", "bool", "offsets", "other"]))
+    group = draw(st.sampled_from(["int", "int", "str", "bool", "double", "offsets", "other"]))
     if group == "int":
         name = draw(st.sampled_from(INT_NAMES))
         ints = odd_int(name) if rare(draw, odd) else plain_int(name)
         value: tuple[str, Any] = ("int", draw(ints))
     elif group == "str":
         name = draw(st.sampled_from(STR_NAMES))
-        paths = st.sampled_from(["/api/chat", "/v1/users/42?x=1", "", "GET", "post", "ß/x"])
+        paths = st.sampled_from(
+            ["/api/chat", "/v1/users/42?x=1", "", "GET", "post", "ß/x", GPU_A + "," + GPU_B]
+        )
         value = ("str", draw(st.one_of(paths, TEXT)))
     elif group == "bool":
         name, value = draw(st.sampled_from(BOOL_NAMES)), ("bool", draw(st.booleans()))
+    elif group == "double":
+        name = draw(st.sampled_from(DOUBLE_NAMES))
+        doubles = ODD_DOUBLE if rare(draw, odd) else plain_double(name)
+        value = ("double", draw(doubles))
     elif group == "offsets":
         name = OFFSETS
         value = ("array", draw(st.lists(st.integers(0, 10**7), max_size=8)))
@@ -507,3 +533,90 @@ def test_build_without_headers_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert not ok and "Python.h not found" in msg and "\n" not in msg
     after = build_fast.target().stat().st_mtime if build_fast.target().exists() else None
     assert after == before
+
+
+def _gpu_span(attrs: dict[str, tuple[str, Any]]) -> bytes:
+    req = ExportTraceServiceRequest()
+    sp = req.resource_spans.add().scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id, sp.kind = os.urandom(16), os.urandom(8), Span.SPAN_KIND_SERVER
+    sp.start_time_unix_nano, sp.end_time_unix_nano = NOW - 10**9, NOW
+    for name, value in {"parallax.ttft_us": ("int", 840_000), **attrs}.items():
+        kv = sp.attributes.add()
+        kv.key = name
+        fill(kv.value, value)
+    body: bytes = req.SerializeToString()
+    return body
+
+
+def _gpu_of(row: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(GPU_COLS, row[-len(GPU_COLS) :], strict=True))
+
+
+def test_gpu_attributes_fill_their_columns(fast: Fast) -> None:
+    """The agent's parallax.gpu.* attributes land in the GPU columns with their types, on
+    both decoders; absent ones are NULL (and the UUID ''), never 0; none of them is left in
+    the attributes map."""
+    body = _gpu_span(
+        {
+            "parallax.gpu.prefill_launches": ("int", 40),
+            "parallax.gpu.decode_launches": ("int", 0),
+            "parallax.gpu.prefill_wait_us": ("int", 100_000),
+            "parallax.gpu.prefill_sm_util_pct": ("double", 97.25),
+            "parallax.gpu.decode_sm_util_pct": ("double", 0.0),
+            "parallax.gpu.sample_coverage": ("double", 0.875),
+            "parallax.gpu.inflight_mean": ("double", 14.0),
+            "parallax.gpu.uuid": ("str", f"{GPU_A},{GPU_B}"),
+        }
+    )
+    assert check(fast, body), "gave up on an agent's GPU span"
+    ref = reference(body)
+    assert ref is not None
+    row = ref.rows[0]
+    assert len(row) == len(schema.SPAN_COLUMNS)
+    assert _gpu_of(row) == {
+        "gpu_prefill_launches": 40,
+        "gpu_decode_launches": 0,
+        "gpu_prefill_wait_us": 100_000,
+        "gpu_decode_wait_us": None,  # absent: not measured, not zero
+        "gpu_prefill_sm_util_pct": 97.25,
+        "gpu_decode_sm_util_pct": 0.0,
+        "gpu_sample_coverage": 0.875,
+        "gpu_inflight_mean": 14.0,
+        "gpu_uuid": f"{GPU_A},{GPU_B}",
+    }
+    assert row[36] == {}  # the attributes map
+    plain = reference(_gpu_span({}))
+    assert plain is not None
+    assert _gpu_of(plain.rows[0]) == {c: None for c in GPU_COLS[:-1]} | {"gpu_uuid": ""}
+
+
+def test_gpu_values_outside_their_domain_are_absent(fast: Fast) -> None:
+    """A negative count or wait, a share over 100 % or under 0, a coverage over 1, NaN or
+    infinity, another type: that column NULL, the span kept with its timings (the compiled
+    decoder leaves such bodies to the reference). An int where a double is due, and a whole
+    float where an int is due, are converted."""
+    cases: list[tuple[str, tuple[str, Any], Any]] = [
+        ("parallax.gpu.prefill_launches", ("int", -1), None),
+        ("parallax.gpu.prefill_launches", ("int", 2**32), None),
+        ("parallax.gpu.prefill_launches", ("double", 12.0), 12),
+        ("parallax.gpu.decode_wait_us", ("int", -5), None),
+        ("parallax.gpu.decode_wait_us", ("str", "250"), 250),
+        ("parallax.gpu.prefill_sm_util_pct", ("double", 100.5), None),
+        ("parallax.gpu.prefill_sm_util_pct", ("double", -0.5), None),
+        ("parallax.gpu.prefill_sm_util_pct", ("int", 55), 55.0),
+        ("parallax.gpu.decode_sm_util_pct", ("double", float("nan")), None),
+        ("parallax.gpu.sample_coverage", ("double", 1.01), None),
+        ("parallax.gpu.sample_coverage", ("str", "0.5"), None),
+        ("parallax.gpu.inflight_mean", ("double", float("inf")), None),
+        ("parallax.gpu.inflight_mean", ("bool", True), None),
+        ("parallax.gpu.uuid", ("int", 7), ""),
+    ]
+    col = {a: c for a, c in zip(otlp._GPU_NAMES, GPU_COLS, strict=True)}
+    for name, value, want in cases:
+        body = _gpu_span({name: value})
+        ref = reference(body)
+        assert ref is not None and len(ref.rows) == 1 and not ref.rejected_total, name
+        got = _gpu_of(ref.rows[0])[col[name]]
+        assert got == want and type(got) is type(want), (name, value, got)
+        assert ref.rows[0][23] == 840_000  # ttft_us kept
+        check(fast, body)

@@ -11,7 +11,7 @@ import pytest
 
 from collector.sla.source import SlaSource
 from collector.store import schema as store_schema
-from tests.sla import scenario
+from tests.sla import gpu_timeline, scenario
 
 DB = "parallax"
 
@@ -26,6 +26,7 @@ def scenario_store(
     store_schema.migrate(client, DB)
     data = scenario.build()
     scenario.write(client, DB, data)
+    gpu_timeline.write(client, DB, [scenario.gpu_timeline()])
     yield client, d, data
 
 

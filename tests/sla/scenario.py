@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.sla.gpu_timeline import Reading, Req, Timeline
+
 
 def _recent_hour() -> datetime:
     """A whole hour one to three hours ago (never midnight): the scenario's data must be
@@ -227,3 +229,35 @@ def write(client: Any, db: str, data: dict[str, RouteData], paired_at: datetime 
         client.insert(
             f"{db}.pairs", [cols[k] for k in names], column_names=names, column_oriented=True
         )
+
+
+# A route served from a busy, power-capped GPU (server spans with the agent's GPU columns,
+# their pairs and the GPU's clock readings: tests/sla/gpu_timeline.py), beside the others.
+GPU_ROUTE, GPU_ID = "/v1/generate", "GPU-0c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e"
+
+
+def gpu_timeline(now: datetime = NOW) -> Timeline:
+    tl = Timeline(GPU_ROUTE, service=SERVICE)
+    start = now - timedelta(seconds=230)
+    for i in range(120):
+        tl.reqs.append(
+            Req(
+                start + timedelta(seconds=1.9 * i),
+                840.0,
+                2400.0,
+                queue_ms=3.0,
+                gpu={
+                    "gpu_prefill_sm_util_pct": 97.0,
+                    "gpu_decode_sm_util_pct": 95.0,
+                    "gpu_inflight_mean": 14.0,
+                    "gpu_sample_coverage": 0.97,
+                    "gpu_prefill_launches": 40,
+                    "gpu_uuid": GPU_ID,
+                },
+            )
+        )
+    tl.readings = [
+        Reading(start + timedelta(seconds=10 * k - 5), GPU_ID, 1089.0, 1980.0, 0x4)
+        for k in range(25)
+    ]
+    return tl

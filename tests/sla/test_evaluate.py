@@ -40,6 +40,7 @@ EXPECT = {
     "/v1/cached": {"ttfb": "out_of_band"},
     "/v1/rare": {"ttfb": "insufficient_data"},
     "/v1/stream": {"ttfb": "ok", "itl": "out_of_band"},
+    scenario.GPU_ROUTE: {"ttfb": "ok"},  # (its GPU findings: tests/sla/test_gpu.py)
 }
 
 

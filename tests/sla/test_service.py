@@ -157,6 +157,31 @@ def test_ui_in_chromium(server: str, service: SlaService) -> None:
         assert "network δ" in net.locator(".parts").inner_text()
         net.locator("svg.chart polyline").first.wait_for(timeout=10000)
         assert net.locator("svg.chart polyline").count() == 2
+        # no GPU attributes on /v1/net: no GPU words, no badge; no kernel TTFT: no split
+        assert net.locator(".gpu-badge").count() == 0 and "GPU" not in net.inner_text()
+        assert net.locator(".server").count() == 0
+        # the GPU route: its verdict in the summary, the split and the findings one click away
+        gen = page.locator(f"details.route[data-route='{scenario.GPU_ROUTE}']")
+        badges = gen.locator("summary .gpu-badge").all_inner_texts()
+        assert badges == ["GPU-bound", "GPU clock low"]
+        gen.locator("summary").click()
+        srv = next(r for r in m if r.route == scenario.GPU_ROUTE).server
+        for window in ("queue", "prefill", "decode"):
+            row = gen.locator(f".server tr[data-window='{window}']").inner_text()
+            for q in ("p50", "p95"):
+                v = srv[f"{window}_{q}_ms"]
+                assert (f"{v:.0f} ms" if v >= 10 else f"{v:.1f} ms") in row, (window, row)
+        assert gen.locator(".findings li").all_inner_texts() == [
+            f["sentence"] for f in srv["findings"]
+        ]
+        assert (
+            "SM clock 55 % of max (power cap) during decode"
+            in gen.locator(".findings").inner_text()
+        )
+        assert "GPU busy 97 % with 14 requests in flight: GPU-bound" in gen.inner_text()
+        assert "120 requests with GPU figures on 1 GPU · NVML samples cover 97 %" in (
+            gen.locator(".gpu-head").inner_text()
+        )
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "sla-ui.png"), full_page=True)
     assert errors == []

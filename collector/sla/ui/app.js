@@ -51,16 +51,60 @@ function partsText(p) {
   return out.length ? `Parts (P95): ${out.join(", ")}` : "";
 }
 
+// The server's own view of the route: where its time goes (queue, prefill to the first token,
+// decode to the last), P50 and P95 of each window, and what the GPU was doing in them.
+const GPU_WORDS = { gpu_bound: "GPU-bound", before_gpu: "Waits before the GPU", clock_low: "GPU clock low" };
+const WINDOWS = [
+  ["queue", "Queue", "kernel accept + receive queues, before the app reads the request"],
+  ["prefill", "Prefill", "app reads the request → first body write (first token)"],
+  ["decode", "Decode", "first → last body write (the stream)"],
+];
+
+function gpuBadges(s) {
+  const seen = new Set();
+  const out = [];
+  for (const f of (s && s.findings) || []) {
+    if (!GPU_WORDS[f.id] || seen.has(f.id)) continue;
+    seen.add(f.id);
+    out.push(el("span", { class: `gpu-badge g-${f.id}` }, GPU_WORDS[f.id]));
+  }
+  return out;
+}
+
+function serverBlock(s) {
+  // without the agent's kernel timings there is no first-token time to split at
+  if ((s.prefill_p95_ms === null || s.prefill_p95_ms === undefined) && !s.gpu) return null;
+  const rows = WINDOWS.filter(([k]) => s[`${k}_p95_ms`] !== null && s[`${k}_p95_ms`] !== undefined);
+  const box = el("div", { class: "server" }, el("h3", {}, "Server time per request"));
+  const t = el("table", { class: "split" }, el("tr", {}, ...["Window", "P50", "P95"].map((h) => el("th", {}, h))));
+  for (const [k, label, what] of rows) {
+    t.append(el("tr", { "data-window": k, title: what },
+      el("td", {}, label), el("td", {}, fmt(s[`${k}_p50_ms`])), el("td", {}, fmt(s[`${k}_p95_ms`]))));
+  }
+  box.append(t, el("p", { class: "hint" }, `${s.n} paired requests. P50 is the typical request, P95 the tail the SLA judges; percentiles of parts do not add up.`));
+  if (s.gpu) {
+    const cov = s.gpu.sample_coverage === null ? "" : ` · NVML samples cover ${(100 * s.gpu.sample_coverage).toFixed(0)} % of their time`;
+    const n = s.gpu.gpus.length;
+    const on = n ? ` on ${n} GPU${n === 1 ? "" : "s"}` : "";
+    box.append(el("p", { class: "gpu-head" }, `GPU: ${s.gpu.requests} requests with GPU figures${on}${cov}`));
+  }
+  const ul = el("ul", { class: "findings" });
+  for (const f of s.findings) ul.append(el("li", { class: `f-${f.id}`, "data-finding": f.id }, f.sentence));
+  if (s.findings.length) box.append(ul);
+  return box;
+}
+
 function routeBlock(r) {
   const [wname, wm] = worstMetric(r);
   const d = el("details", { class: "route", "data-route": r.route, "data-service": r.service });
   const summary = el("summary", {},
     el("span", { class: "route-name" }, r.route),
     el("span", {}, el("span", { class: `verdict v-${r.verdict}` }, WORDS[r.verdict]), " ",
-      headline(wname, wm)),
+      headline(wname, wm), ...gpuBadges(r.server)),
     el("span", { class: "service" }, r.service));
   d.append(summary);
   const body = el("div", { class: "body" });
+  const user = el("div", { class: "user" }, el("h3", {}, "What users see against what the app reports"));
   const t = el("table", {}, el("tr", {}, ...["Metric", "Verdict", "Divergence", "95% CI", "User P95", "Server P95", "n", "Alert"].map((h) => el("th", {}, h))));
   for (const [name, m] of Object.entries(r.metrics)) {
     t.append(el("tr", { "data-metric": name },
@@ -71,11 +115,16 @@ function routeBlock(r) {
       el("td", {}, fmt(m.user_p95_ms)), el("td", {}, fmt(m.server_p95_ms)),
       el("td", {}, m.n), el("td", {}, m.alert_state)));
   }
-  body.append(t);
+  user.append(t);
   for (const [, m] of Object.entries(r.metrics)) {
-    if (m.verdict === "out_of_band") body.append(el("p", { class: "sentence" }, m.sentence));
+    if (m.verdict === "out_of_band") user.append(el("p", { class: "sentence" }, m.sentence));
   }
-  body.append(el("p", { class: "parts" }, partsText(wm.parts)));
+  user.append(el("p", { class: "parts" }, partsText(wm.parts)));
+  // the browser's view and the server's, side by side
+  const side = el("div", { class: "views" }, user);
+  const server = r.server ? serverBlock(r.server) : null;
+  if (server) side.append(server);
+  body.append(side);
   const chart = el("div", { class: "chart-box" });
   body.append(chart);
   d.append(body);
