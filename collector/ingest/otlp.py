@@ -263,7 +263,6 @@ def decode(body: bytes, json_body: bool) -> ExportTraceServiceRequest:
     return otlp_common.decode(body, json_body, ExportTraceServiceRequest())
 
 
-
 def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
     """Rows for server_spans (column order of schema.SPAN_COLUMNS).
 
