@@ -211,6 +211,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the process doing SERVER_PID's GPU work, where the two do not share a cgroup"
         " (repeatable; default: the server's cgroup's processes that use a GPU)",
     )
+    # tests only: a fixed keep probability (the kernel's per-request sampling) instead of
+    # the one that adapts to the budget; hidden from --help
+    r.add_argument("--sample-fixed", type=_float_in(0.001, 1), default=None, help=argparse.SUPPRESS)
     # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
     r.add_argument("--drain-ms", type=_float_in(1, 1000), default=50.0, help=argparse.SUPPRESS)
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
@@ -311,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_budget=args.cpu_budget,
                 ringbuf_pages=args.ringbuf_pages,
                 gpu=GpuConfig(args.gpu, args.gpu_poll_ms, args.gpu_uprobes, gpu_pids),
+                sample_fixed=args.sample_fixed,
             )
         )
     return 2

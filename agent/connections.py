@@ -103,7 +103,7 @@ class Connections:
             self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
             if len(raw) < _HDR_SIZE:
                 return
-            typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, _ = _HDR(raw)
+            typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, sample_th = _HDR(raw)
             if not _EV_READ <= typ <= _EV_SOCK_CLOSE:
                 return  # a type this agent does not know
             key = (sk, ident)
@@ -134,7 +134,12 @@ class Connections:
                 cut.srtt_us = srtt_us
             cut.retrans = retrans
             if typ == _EV_READ:
-                t_est, t_acc, t_arr, n, caplen, lport, rport, family, _ = _READ(raw, _HDR_SIZE)
+                t_est, t_acc, t_arr, n, caplen, lport, rport, family, skipped = _READ(
+                    raw, _HDR_SIZE
+                )
+                if skipped:  # requests the kernel did not sample: not the first one now
+                    cut.requests += skipped
+                cut.sample_th = sample_th
                 if not st.lport:
                     st.lport, st.rport = lport, rport
                     la, ra = _ADDRS(raw, _ADDRS_AT)

@@ -20,8 +20,10 @@ WAGG_PARTIAL = 2
 WAGG_CLOSE = 4
 
 CHUNKS = 256
-HDR = struct.Struct("<IIIIQQQIIII")  # type tgid pid fd sk ident t srtt_us retrans lost pad
-READ = struct.Struct("<QQQIIHHHH16s16s")  # t_est t_acc t_arr n caplen lport rport family pad
+# type tgid pid fd sk ident t srtt_us retrans lost sample_th
+HDR = struct.Struct("<IIIIQQQIIII")
+# t_est t_acc t_arr n caplen lport rport family skipped laddr raddr
+READ = struct.Struct("<QQQIIHHHH16s16s")
 # the same without the addresses (read once per connection): two bytes objects fewer
 READ_NOADDR = struct.Struct("<QQQIIHHHH")
 READ_ADDRS = struct.Struct("<16s16s")
@@ -56,6 +58,7 @@ class Header:
     srtt_us: int
     retrans: int
     lost: int = 0  # events of this connection were lost before this one (ring full)
+    sample_th: int = 0  # READ: the sampling threshold its request was kept under
 
     @property
     def conn(self) -> tuple[int, int]:
@@ -76,6 +79,7 @@ class ReadEv:
     family: int
     laddr_raw: bytes
     raddr_raw: bytes
+    skipped: int = 0  # requests of the connection not sampled since the last READ
 
     def addrs(self) -> tuple[str, str]:
         """(local, peer) as text; computed once per connection by the caller (slow)."""
@@ -125,12 +129,14 @@ def decode(buf: bytes) -> Event | None:
     """One ring-buffer record → an event (None for an unknown type or a short record)."""
     if len(buf) < HDR.size:
         return None
-    h = Header(*HDR.unpack_from(buf, 0)[:10])
+    h = Header(*HDR.unpack_from(buf, 0))
     off = HDR.size
     if h.type == EV_READ:
-        t_est, t_acc, t_arr, n, caplen, lport, rport, family, _, la, ra = READ.unpack_from(buf, off)
+        t_est, t_acc, t_arr, n, caplen, lport, rport, family, skipped, la, ra = READ.unpack_from(
+            buf, off
+        )
         data = bytes(buf[READ_DATA : READ_DATA + caplen])
-        return ReadEv(h, t_est, t_acc, t_arr, n, data, lport, rport, family, la, ra)
+        return ReadEv(h, t_est, t_acc, t_arr, n, data, lport, rport, family, la, ra, skipped)
     if h.type == EV_RESP:
         n, caplen = RESP.unpack_from(buf, off)
         return RespEv(h, n, bytes(buf[RESP_DATA : RESP_DATA + caplen]))

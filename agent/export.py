@@ -159,11 +159,15 @@ class OtlpExporter:
     def export(self, rec: dict[str, Any]) -> None:
         from opentelemetry.sdk.trace import ReadableSpan  # noqa: PLC0415
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: PLC0415
-        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags  # noqa: PLC0415
+        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState  # noqa: PLC0415
         from opentelemetry.trace.status import Status, StatusCode  # noqa: PLC0415
 
+        # The sampled flag is set: the agent exports only what it kept, so this span was
+        # sampled — by the agent, at the probability its tracestate states (OpenTelemetry's
+        # ot=th:…); whether the browser sampled the trace is the beacon's own field.
         flags = TraceFlags(rec["trace_flags"] | TraceFlags.SAMPLED)
-        ctx = SpanContext(int(rec["trace_id"], 16), int(rec["span_id"], 16), False, flags)
+        state = TraceState([("ot", f"th:{rec['sample_th']}")])
+        ctx = SpanContext(int(rec["trace_id"], 16), int(rec["span_id"], 16), False, flags, state)
         parent = (
             SpanContext(int(rec["trace_id"], 16), int(rec["parent_span_id"], 16), True, flags)
             if rec["parent_span_id"]

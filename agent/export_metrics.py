@@ -1,15 +1,15 @@
 """OTLP metrics beside the spans (``--otlp``): the GenAI server latency histograms per route,
-fed from the records, and the GPU series (parallax_contracts.gpu_metrics), read from the GPU
+fed from the records, and the GPU series (parallax_contracts.agent_metrics), read from the GPU
 side when the SDK collects. One MeterProvider, exported every EXPORT_S to ``/v1/metrics``.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
 
@@ -36,7 +36,12 @@ class OtlpMetricsExporter:
     callbacks. ``failed`` counts nothing: the SDK's exporter retries and logs."""
 
     def __init__(
-        self, base_url: str, gpu: GpuSide | None = None, export_s: float = EXPORT_S
+        self,
+        base_url: str,
+        gpu: GpuSide | None = None,
+        export_s: float = EXPORT_S,
+        requests: Callable[[], dict[int, tuple[int, int]]] | None = None,
+        probability: Callable[[], float] | None = None,
     ) -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
             OTLPMetricExporter,
@@ -76,13 +81,19 @@ class OtlpMetricsExporter:
         self._gpu = gpu
         if gpu is not None and gpu.on:
             self._gpu_instruments(meter)
+        self._port_service: dict[int, str] = {}  # named by the records that pass
+        if requests is not None and probability is not None:
+            self._sampling_instruments(meter, requests, probability)
 
     @property
     def failed(self) -> int:
         return 0
 
     def export_batch(self, recs: list[dict[str, Any]]) -> None:
+        names = self._port_service
         for rec in recs:
+            if rec["local_port"] not in names and len(names) < MAX_PROCESS_SERIES:
+                names[rec["local_port"]] = rec["service"]
             ttft = rec.get("ttft_us")
             if ttft is None or (rec.get("chunks") or 0) < 2:
                 continue  # the GenAI series are about streamed answers
@@ -155,6 +166,33 @@ class OtlpMetricsExporter:
             meter.create_observable_counter(
                 m.name, [process(totals, unit_scale)], unit=m.unit, description=m.doc
             )
+
+    def _sampling_instruments(
+        self,
+        meter: Any,
+        requests: Callable[[], dict[int, tuple[int, int]]],
+        probability: Callable[[], float],
+    ) -> None:
+        from opentelemetry.metrics import Observation  # noqa: PLC0415
+
+        def counts(which: int) -> Any:
+            def observe(_options: Any) -> Iterable[Observation]:
+                for port, pair in sorted(requests().items()):
+                    attrs: dict[str, Any] = {gm.SERVER_PORT: port}
+                    if port in self._port_service:
+                        attrs[gm.SERVICE_NAME] = self._port_service[port]
+                    yield Observation(pair[which], attrs)
+
+            return observe
+
+        for m, which in ((gm.REQUESTS_SEEN, 0), (gm.REQUESTS_TRACED, 1)):
+            meter.create_observable_counter(m.name, [counts(which)], unit=m.unit, description=m.doc)
+        meter.create_observable_gauge(
+            gm.SAMPLING_PROBABILITY.name,
+            [lambda _options: [Observation(probability())]],
+            unit=gm.SAMPLING_PROBABILITY.unit,
+            description=gm.SAMPLING_PROBABILITY.doc,
+        )
 
     def close(self) -> None:
         self._provider.force_flush(5000)

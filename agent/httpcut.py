@@ -58,6 +58,7 @@ class Exchange:
     upgrade: bool = False
     head_request: bool = False
     ended: bool = False  # chunked terminator seen
+    sample_th: int = 0  # the kernel's sampling threshold it was kept under (0: all kept)
 
     def add_body_write(self, t: int) -> None:
         if self.t_tok == 0:
@@ -93,7 +94,8 @@ class Conn:
         self.cur_bytes = 0
         self.pending: deque[Exchange] = deque()
         self.active: Exchange | None = None
-        self.requests = 0
+        self.requests = 0  # seen on this connection, those the kernel did not sample included
+        self.sample_th = 0  # the threshold of the request being read (its READ events say)
         self.t_acc = 0
         self.t_est = 0
         self.peer_fin = False
@@ -255,6 +257,7 @@ class Conn:
             retrans_start=self.retrans,
             upgrade=req.upgrade_websocket,
             head_request=req.method == "HEAD",
+            sample_th=self.sample_th,
         )
         if self.requests == 1:
             ex.t_acc, ex.t_est = self.t_acc, self.t_est
@@ -488,6 +491,7 @@ class Conn:
             srtt_us=self.srtt_us,
             retrans_start=self.retrans,
             ws_seq=self.ws_seq,
+            sample_th=up.sample_th,
         )
         return out
 

@@ -37,6 +37,8 @@ COUNTERS = (
     ("listen_changes", "C_LISTEN_CHG"),
     ("shed_reads", "C_SHED_READS"),
     ("blocking_conns", "C_BLOCKING"),
+    ("requests_seen", "C_REQ_SEEN"),  # every request's first read (bpf/agent/sample.h)
+    ("requests_kept", "C_REQ_KEPT"),  # ... of those, kept by sampling
 )
 COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 # sk->sk_socket->file->f_flags: whether a socket blocks on writes (PX_LAZY_SEND_START)
@@ -374,6 +376,34 @@ def set_paused(b: Any, paused: bool) -> None:
     if not paused:
         v.epoch += 1  # what the programs wrote before the pause is stale from here on
     cfg[ctypes.c_int(0)] = v
+
+
+def set_sample_th(b: Any, th32: int) -> None:
+    """Per-request sampling: requests whose randomness is below this 32-bit threshold are
+    not traced (bpf/agent/sample.h; 0 keeps all). Takes effect at the next request."""
+    cfg = b["px_config"]
+    v = cfg[ctypes.c_int(0)]
+    v.sample_th = th32
+    cfg[ctypes.c_int(0)] = v
+
+
+@dataclass(frozen=True)
+class PortStat:
+    seen: int  # every request on the port, sampled or not
+    kept: int
+    ttfb_us: tuple[int, ...]  # every request's server TTFB: bucket i holds [2^(i-1), 2^i) µs
+    ttfb_sum_us: int
+
+
+def port_stats(b: Any) -> dict[int, PortStat]:
+    """Per local port: the exact request counts and TTFB histogram (one batch read)."""
+    out: dict[int, PortStat] = {}
+    for k, v in b["px_port_stats"].items_lookup_batch():
+        port = int(getattr(k, "value", k))  # (a ctypes integer, or already an int)
+        out[port] = PortStat(
+            int(v.seen), int(v.kept), tuple(int(x) for x in v.ttfb_us), int(v.ttfb_sum_us)
+        )
+    return out
 
 
 # Hooks whose programs return at the pause flag (they record nothing while tracing is

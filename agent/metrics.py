@@ -10,7 +10,49 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+TTFB_BUCKETS = 32  # the kernel's log2 µs buckets (bpf/agent/sample.h PX_TTFB_BUCKETS)
+
+
+class RequestCounts(Collector):
+    """Every request, sampled or not, per port label — the kernel's exact counts and server
+    TTFB histogram (bpf/agent/sample.h), taken at the scrape (``per_label`` is set by the
+    scrape's refresh): (seen, kept, log2 µs buckets, sum µs) per label."""
+
+    def __init__(self) -> None:
+        self.per_label: dict[str, tuple[int, int, list[int], int]] = {}
+
+    def collect(self) -> list[Metric]:
+        seen = CounterMetricFamily(
+            "parallax_agent_requests_seen",
+            "HTTP requests the kernel saw start on a traced port, sampled or not (exact)",
+            labels=["port"],
+        )
+        kept = CounterMetricFamily(
+            "parallax_agent_requests_traced",
+            "Of those, requests sampled (traced); traced / seen is the sampled share",
+            labels=["port"],
+        )
+        ttfb = HistogramMetricFamily(
+            "parallax_agent_request_ttfb_seconds",
+            "Server TTFB (the request's first read to the response head) of every request,"
+            " sampled or not (the kernel's log2 buckets)",
+            labels=["port"],
+        )
+        for label, (n_seen, n_kept, buckets, sum_us) in sorted(self.per_label.items()):
+            seen.add_metric([label], n_seen)
+            kept.add_metric([label], n_kept)
+            cum, out = 0, []
+            for i, n in enumerate(buckets[: TTFB_BUCKETS - 1]):
+                cum += n
+                out.append((f"{(1 << i) / 1e6:g}", cum))  # bucket i: TTFB < 2^i µs
+            out.append(("+Inf", cum + buckets[TTFB_BUCKETS - 1]))
+            ttfb.add_metric([label], out, sum_us / 1e6)
+        return [seen, kept, ttfb]
+
 
 log = logging.getLogger("parallax.agent")
 
@@ -88,21 +130,30 @@ class Metrics:
         )
         self.shed_requests = Counter(
             "parallax_agent_shed_requests",
-            "Requests not traced because the agent was over its CPU budget (--cpu-budget):"
-            " reads with data by traced processes while tracing was paused",
+            "Requests not traced while tracing was paused after a full ring buffer: reads"
+            " with data by traced processes meanwhile (sampling is counted in"
+            " parallax_agent_requests_seen_total)",
             registry=r,
         )
         self.pauses = Counter(
             "parallax_agent_pauses",
-            "Times tracing was paused, by reason: cpu_budget (over --cpu-budget), behind (the"
-            " ring buffer more than half full at a drain) or ring_full (the programs paused"
-            " themselves when the ring had no room)",
+            "Times tracing was paused, by reason: ring_full (the programs paused themselves"
+            " when the ring had no room; load is otherwise met by sampling)",
             ["reason"],
             registry=r,
         )
+        self.sampling_probability = Gauge(
+            "parallax_agent_sampling_probability",
+            "The share of requests traced now: the kernel keeps each request with this"
+            " probability, at random (1: all); it adapts to --cpu-budget and the ring buffer",
+            registry=r,
+        )
+        self.sampling_probability.set(1.0)
+        self.request_counts = RequestCounts()
+        r.register(self.request_counts)
         self.paused = Gauge(
             "parallax_agent_paused",
-            "1 while tracing is paused (over the CPU budget, or behind the ring buffer)",
+            "1 while tracing is paused (the last resort after a full ring buffer)",
             registry=r,
         )
         self.event_errors = Counter(
@@ -121,7 +172,7 @@ class Metrics:
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )
-        # GPU (agent.gpu): the device series of parallax_contracts.gpu_metrics under
+        # GPU (agent.gpu): the device series of parallax_contracts.agent_metrics under
         # Prometheus names, and the GPU stage's own counts
         self.gpu = {
             name: Gauge(f"parallax_agent_gpu_{name}", doc, ["gpu"], registry=r)

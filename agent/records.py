@@ -10,8 +10,8 @@ from typing import Any
 
 from agent.clock import MonoClock
 from agent.httpcut import Exchange
+from parallax_contracts import sampling, trace_context
 from parallax_contracts import span_attributes as sa
-from parallax_contracts import trace_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,15 @@ class _Ids:
 
 
 _ids = _Ids()
+_TH_HEX: dict[int, str] = {0: "0"}  # the few thresholds in use, formatted once
+
+
+def _th_hex(th32: int) -> str:
+    if len(_TH_HEX) > 1024:
+        _TH_HEX.clear()
+        _TH_HEX[0] = "0"
+    h = _TH_HEX[th32] = sampling.th_hex(sampling.th_from_th32(th32))
+    return h
 
 
 def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
@@ -108,6 +117,8 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "client_aborted": ex.client_aborted,
         "traceparent_missed": ex.traceparent_missed,
         "source": sa.SOURCE_EBPF,
+        # the kernel's sampling threshold (OpenTelemetry's th, hex; "0": every request kept)
+        "sample_th": _TH_HEX.get(ex.sample_th) or _th_hex(ex.sample_th),
     }
 
 

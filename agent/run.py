@@ -55,6 +55,7 @@ class RunConfig:
     cpu_budget: float = field(default_factory=default_cores)  # cores; 0 = none
     ringbuf_pages: int = 0  # 0: the loader's default (tests shrink it)
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    sample_fixed: float | None = None  # tests: a keep probability held whatever the load
 
 
 class Agent:
@@ -87,6 +88,7 @@ class Agent:
         self._live = False  # the maps may be read for /metrics (loaded, not detached)
         self._pushed: dict[str, int] = {}  # counter values already given to Prometheus
         self._shed_reads = 0
+        self._counts: dict[int, tuple[int, int]] = {}
         self._max_conns = loader.Options.max_conns  # the kernel's px_conns size
 
     # -- start-up ---------------------------------------------------------------------
@@ -156,11 +158,20 @@ class Agent:
                 log.warning("cannot set nice %d: %s", cfg.nice, e)
         self.procs.attach(self.bpf, socket_hooks=loaded.hooks == "socket")
         gpu_line = self.gpu.start()  # (before the CPU budget starts counting: a compile)
-        self.shedding = Shedding(self.bpf, cfg.cpu_budget, self.m, self.conns.resync_all)
+        self.shedding = Shedding(
+            self.bpf, cfg.cpu_budget, self.m, self.conns.resync_all, cfg.sample_fixed
+        )
         if cfg.otlp:  # after the GPU side: its series are registered with the meter
             from agent.export_metrics import OtlpMetricsExporter  # noqa: PLC0415
 
-            self.exporters.append(OtlpMetricsExporter(cfg.otlp, self.gpu))
+            self.exporters.append(
+                OtlpMetricsExporter(
+                    cfg.otlp,
+                    self.gpu,
+                    requests=self._request_counts,
+                    probability=lambda: self.shedding.p if self.shedding else 1.0,
+                )
+            )
         stages: list[Processor] = []
         if self.gpu.on:
             self.gpu_stage = GpuStage(self.gpu, self.clock, self.conns.open_requests)
@@ -206,6 +217,11 @@ class Agent:
             f"parallax-agent: attached {len(loaded.attached)} tracepoints, {loaded.hooks} hooks"
             f" (degraded: {deg}), tracing {what}, CPU budget "
             + (f"{cfg.cpu_budget:g} cores" if cfg.cpu_budget else "none")
+            + (
+                f", sampling fixed at {100 * cfg.sample_fixed:g} %"
+                if cfg.sample_fixed is not None
+                else ", sampling: every request (the share adapts to the budget)"
+            )
             + f"; {gpu}",
             file=sys.stderr,
             flush=True,
@@ -258,6 +274,13 @@ class Agent:
             loader.attach_send_start(self.bpf)
             log.info("a traced server writes on blocking sockets: timing write starts")
 
+    def _request_counts(self) -> dict[int, tuple[int, int]]:
+        """Per port: every request seen and those traced (the kernel's counts; the last
+        ones read while the programs were loaded)."""
+        if self._live:
+            self._counts = {p: (s.seen, s.kept) for p, s in loader.port_stats(self.bpf).items()}
+        return self._counts
+
     # -- /metrics -----------------------------------------------------------------------
     def _scrape(self) -> None:
         """/metrics asked (metrics.Metrics.refresh, under its lock): the values now."""
@@ -292,6 +315,13 @@ class Agent:
             m.listen_drops.labels(label).set(n)
         m.connections.set(len(conns))
         push("head_too_large", m.head_too_large, conns.stats.head_too_large)
+        per_label: dict[str, tuple[int, int, list[int], int]] = {}
+        for port, st in loader.port_stats(self.bpf).items():
+            label = procs.port_label(port)
+            seen, kept, buckets, total = per_label.get(label, (0, 0, [0] * 32, 0))
+            buckets = [a + b for a, b in zip(buckets, st.ttfb_us, strict=True)]
+            per_label[label] = (seen + st.seen, kept + st.kept, buckets, total + st.ttfb_sum_us)
+        m.request_counts.per_label = per_label
         self.gpu.refresh_metrics(m, push, self.gpu_stage)
 
     # -- stopping -----------------------------------------------------------------------
@@ -344,6 +374,8 @@ class Agent:
                 break
         self.conns.flush_all(self.bpf["px_aggs"])
         self._shed_reads = loader.counters(self.bpf)["shed_reads"]
+        # the final counts, for the metrics exported at exit
+        self._counts = {p: (s.seen, s.kept) for p, s in loader.port_stats(self.bpf).items()}
         self.ring.close()
         self.procs.close()
         loader.detach(self.bpf)

@@ -33,7 +33,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from bench import report
 from bench.collector import Target, _Conn, _proc_cpu_s
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 
 GPUS, PROCS = 8, 16
 CONNS = 8

@@ -37,6 +37,7 @@
 #include "agent/config.h"
 #include "agent/state.h"
 #include "agent/output.h"
+#include "agent/sample.h"
 #include "agent/uio.h"
 #include "agent/http.h"
 #include "agent/syscalls.h"

@@ -23,6 +23,9 @@ struct px_cfg {
     // every program reads anyway, instead of looking the socket up.
     u32 nports;
     u16 ports[PX_CFG_PORTS];
+    // Per-request sampling (sample.h): OpenTelemetry's rejection threshold on 32 bits; a
+    // request is kept when its randomness >= it. 0 keeps every request.
+    u32 sample_th;
 };
 
 BPF_ARRAY(px_config, struct px_cfg, 1);

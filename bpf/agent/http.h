@@ -24,6 +24,25 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     struct px_ev_read *e = px_scratch_read.lookup(&zero);
     if (!e)
         return;
+    u64 seglen = 0;
+    u64 buf = px_first_buf(a, &seglen);
+    u64 len = px_clamp(ret, seglen, PX_HEAD_WINDOW);
+    u64 have = 0;  // bytes of the head already in e->data
+    if (c->sample == 0) {  // a request starts: keep it or not (sample.h)
+        struct px_cfg *cfg = px_cfg_get();
+        if (cfg && cfg->sample_th && buf) {  // its first bytes, for a traceparent
+            have = px_clamp(len, len, PX_TP_SCAN + PX_TP_NEED);
+            if (have == 0 || bpf_probe_read_user(e->data, have, (void *)buf))
+                have = 0;
+        }
+        if (!px_sample_decide(c, e->data, have, t)) {
+            c->t_arr = 0;  // consumed by the dropped request
+            return;
+        }
+    } else if (c->sample == PX_DROP) {  // more of a dropped request
+        c->t_arr = 0;
+        return;
+    }
     px_hdr_fill(&e->h, EV_READ, id, a->fd, sk, c, t);
     e->t_est = c->t_est;
     e->t_acc = c->t_acc;
@@ -35,11 +54,12 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
     e->family = c->family;
     __builtin_memcpy(e->laddr, c->laddr, 16);
     __builtin_memcpy(e->raddr, c->raddr, 16);
-    u64 seglen = 0;
-    u64 buf = px_first_buf(a, &seglen);
-    u64 len = px_clamp(ret, seglen, PX_HEAD_WINDOW);
+    e->skipped = c->skipped;
+    c->skipped = 0;
     e->caplen = 0;
-    if (buf && len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
+    if (have && have == len)
+        e->caplen = have;  // the decision read it whole
+    else if (buf && len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
         e->caplen = len;
     u64 size = sizeof(struct px_ev_read) - PX_HEAD_WINDOW + e->caplen;
     asm volatile("" : "+r"(size));
@@ -79,6 +99,9 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
         // "HTTP/1.x 101": from now on the server writes WebSocket frames
         c->ws = head[9] == '1' && head[10] == '0' && head[11] == '1';
         px_flush(id, a->fd, sk, c, t, 0);
+        px_sample_head(c, head, t);
+        if (c->resp_drop)
+            return;  // the response to a request not sampled
         px_hdr_fill(&e->h, EV_RESP, id, a->fd, sk, c, t);
         e->n = ret;
         u64 len = px_clamp(ret, seglen, PX_RESP_WINDOW);
@@ -95,6 +118,8 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
             px_lost(c);
         return;
     }
+    if (c->resp_drop)
+        return;  // a body write of a response not sampled
     // WebSocket control frames (close, ping, pong: opcodes 8-10) carry no tokens; counted,
     // a keepalive ping would stretch whichever exchange it follows to the idle time.
     if (c->ws && peek >= 2 && (head[0] & 0x0f) >= 8)

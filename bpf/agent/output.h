@@ -13,7 +13,7 @@ struct px_hdr {
     u32 srtt_us;
     u32 retrans;
     u32 lost;  // events of this connection were lost before this one: user space resyncs
-    u32 pad;
+    u32 sample_th;  // READ: the sampling threshold its request was kept under (0: all)
 };
 
 struct px_ev_read {
@@ -26,7 +26,7 @@ struct px_ev_read {
     u16 lport;
     u16 rport;
     u16 family;
-    u16 pad;
+    u16 skipped;  // requests of this connection dropped by sampling since the last READ
     u8 laddr[16];
     u8 raddr[16];
     u8 data[PX_HEAD_WINDOW];
@@ -60,6 +60,7 @@ static __always_inline void px_hdr_fill(struct px_hdr *h, u32 type, u64 id, u32 
     h->srtt_us = c ? c->srtt_us : 0;
     h->retrans = c ? c->retrans : 0;
     h->lost = 0;
+    h->sample_th = c ? c->sample_th : 0;
     if (c) {
         h->lost = c->lost;
         c->lost = 0;  // set again by px_lost if this event fails too

@@ -50,6 +50,18 @@ struct px_conn {
     u64 sf_left;     // bytes the sendfile() in progress still has to send
     u32 send_epoch;  // px_cfg.epoch when t_send was stamped
     u32 mode_seen;   // its socket's blocking mode was checked (see px_cfg.send_start)
+    // Sampling (sample.h): the request being read — 0 (the next read with data starts one
+    // and decides), PX_KEEP or PX_DROP — and the decisions of requests not yet answered,
+    // oldest in bit 0 (1 = dropped), which each final response head takes in order.
+    u64 t_req;       // first read of the oldest request not yet answered (its TTFB)
+    u32 sample_th;   // the threshold that decided the request being read
+    u16 skipped;     // requests dropped since the last READ event (user space counts them)
+    u8 sample;
+    u8 resp_drop;    // the response being written answers a dropped request
+    u8 dq;           // pending decisions (bit i: the i-th oldest was dropped)
+    u8 dn;           // how many (at most 8; pipelining deeper shares the last decision)
+    u8 dlast;        // the last decision taken from dq
+    u8 pad2;
 };
 
 struct px_agg {

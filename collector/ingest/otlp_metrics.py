@@ -1,7 +1,7 @@
 """OTLP/HTTP metric requests (protobuf or JSON) → ``gpu_samples`` rows.
 
 Stored: the GPU device series and the per-process GPU series of the contract
-(``parallax_contracts.gpu_metrics`` DEVICE and PROCESS), gauges and sums alike, one row per
+(``parallax_contracts.agent_metrics`` DEVICE and PROCESS), gauges and sums alike, one row per
 data point. Everything else that is well-formed is counted as ignored, by reason, never
 dropped without a count:
 
@@ -35,7 +35,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, D
 from collector.ingest import otlp_common
 from collector.ingest.common import Parsed, outside_window
 from collector.ingest.otlp_common import any_value, as_int, as_str
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 
 DEVICE = frozenset(m.name for m in gm.DEVICE)
 PROCESS = frozenset(m.name for m in gm.PROCESS)

@@ -28,9 +28,9 @@ from typing import Any
 
 from collector.sla import gpu
 from collector.store import schema
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 
-# The agent exports its GPU series every 10 s (docs/contracts/gpu-metrics.md): a reading up
+# The agent exports its GPU series every 10 s (docs/contracts/agent-metrics.md): a reading up
 # to one period before a window (plus jitter) is the GPU's state when the window opened.
 READING_MAX_AGE_S = 15
 

@@ -12,7 +12,7 @@ Tables (database ``parallax`` unless the DSN names one):
                       ReplacingMergeTree(version): read it with ``FINAL`` (or the ``pairs_final``
                       view) — a pair is rewritten when a late hop or span changes it.
 - ``gpu_samples``     one row per OTLP metric point of the GPU device and per-process series
-                      (``parallax_contracts.gpu_metrics``): time, host, GPU (``hw_id``), pid,
+                      (``parallax_contracts.agent_metrics``): time, host, GPU (``hw_id``), pid,
                       metric name, value (migration 3).
 - ``schema_migrations`` the applied migration versions.
 
@@ -229,7 +229,7 @@ PAIR_COLUMNS: tuple[Column, ...] = (
 )
 
 
-# One row per metric point of the GPU series (parallax_contracts.gpu_metrics DEVICE and
+# One row per metric point of the GPU series (parallax_contracts.agent_metrics DEVICE and
 # PROCESS), as sent: gauges' readings, sums as sent (cumulative ones with their start).
 GPU_SAMPLE_COLUMNS: tuple[Column, ...] = (
     _c("time", "DateTime64(9, 'UTC')", _TIME9),  # the point's time_unix_nano

@@ -268,6 +268,37 @@ class OtlpReceiver:
         """The bodies POSTed to /v1/traces (ExportTraceServiceRequest protobuf)."""
         return [b for p, b in self.posts if p == "/v1/traces"]
 
+    def spans(self) -> list[Any]:
+        """Every span received (opentelemetry.proto Span messages)."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        return [
+            sp
+            for body in self.traces()
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+            for ss in rs.scope_spans
+            for sp in ss.spans
+        ]
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Every metric received, by name, in the order the exports came (the last is the
+        latest: cumulative counters and gauges as of the agent's exit)."""
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+        )
+
+        out: dict[str, list[Any]] = {}
+        for p, body in self.posts:
+            if p != "/v1/metrics":
+                continue
+            for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        out.setdefault(m.name, []).append(m)
+        return out
+
     def close(self) -> None:
         self._srv.shutdown()
         self._srv.server_close()

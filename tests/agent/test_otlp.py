@@ -67,6 +67,8 @@ def test_span_is_a_server_child_with_contract_attributes(
     assert span.parent_span_id.hex() == ctx.span_id
     assert span.start_time_unix_nano == rec["start_unix_ns"]
     assert span.end_time_unix_nano == rec["end_unix_ns"]
+    # its sampling, stated the OpenTelemetry way: every request kept (th:0)
+    assert span.trace_state == "ot=th:0" and rec["sample_th"] == "0"
     attrs = {a.key: a.value for a in span.attributes}
     assert set(attrs) <= set(sa.BY_NAME)
     assert attrs[sa.URL_PATH.name].string_value == "/otlp"

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 
 HOST = "node-7"
 GPU_A = "GPU-8f2c0b1e-5a4d-4c3b-9a2f-0e1d2c3b4a59"

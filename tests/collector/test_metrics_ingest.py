@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from demo.stack import free_port
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 from tests.collector.gpu_sdk import (
     GPU_A,
     GPU_B,

@@ -213,14 +213,7 @@ def test_otlp_spans_and_metrics(tmp_path: Path, libs: tuple[Path, Path]) -> None
     """--otlp: the GPU attributes on the SERVER span under their contract names; on
     /v1/metrics the device series (hw.id = the GPU's UUID), the GPU process's launch
     counter and the GenAI TTFT / time-per-output-token histograms of the route."""
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-        ExportMetricsServiceRequest,
-    )
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    from parallax_contracts import gpu_metrics as gm
+    from parallax_contracts import agent_metrics as gm
     from parallax_contracts import span_attributes as sa
 
     cuda_dir, nvml_dir = libs
@@ -240,25 +233,13 @@ def test_otlp_spans_and_metrics(tmp_path: Path, libs: tuple[Path, Path]) -> None
         finally:
             s.stop()
             rx.close()
-    spans = [
-        sp
-        for body in (b for p, b in rx.posts if p == "/v1/traces")
-        for rs in ExportTraceServiceRequest.FromString(body).resource_spans
-        for ss in rs.scope_spans
-        for sp in ss.spans
-    ]
-    [span] = spans
+    [span] = rx.spans()
     attrs = {a.key: a.value for a in span.attributes}
     assert attrs[sa.GPU_PREFILL_LAUNCHES.name].int_value == infer_server.PREFILL_LAUNCHES
     assert attrs[sa.GPU_DECODE_LAUNCHES.name].int_value == 3 * infer_server.DECODE_LAUNCHES
     assert attrs[sa.GPU_UUID.name].string_value == GPU_UUID
     assert abs(attrs[sa.GPU_DECODE_SM_UTIL_PCT.name].double_value - SM_PCT) < 1
-    metrics: dict[str, list[Any]] = {}
-    for body in (b for p, b in rx.posts if p == "/v1/metrics"):
-        for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    metrics.setdefault(m.name, []).append(m)
+    metrics = rx.metrics()
     util = metrics[gm.HW_GPU_UTILIZATION.name][-1].gauge.data_points[-1]
     assert {a.key: a.value.string_value for a in util.attributes}[gm.HW_ID] == GPU_UUID
     assert util.as_double == pytest.approx(SM_PCT / 100)

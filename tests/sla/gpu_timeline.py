@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from parallax_contracts import gpu_metrics as gm
+from parallax_contracts import agent_metrics as gm
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The metrics the agent exports over OTLP beside its spans (``/v1/metrics``): GPU device
-series and the GenAI server latency histograms. One place for names, kinds and units; the
+series, the GenAI server latency histograms, and every request counted per port, sampled or
+not, with the sampling probability in force. One place for names, kinds and units; the
 agent's Prometheus ``/metrics`` shows the same series under Prometheus names.
 
 Device series carry ``hw.id`` (the GPU's NVML UUID) and ``hw.name``; OpenTelemetry's
@@ -8,8 +9,8 @@ histograms (seconds, OpenTelemetry's GenAI semantic conventions) carry ``http.ro
 ``server.port`` and ``service.name`` (on the data point: one agent serves every service of
 its node), so they sit beside an inference server's own.
 
-``python -m parallax_contracts.gpu_metrics`` prints the Markdown table kept in
-docs/contracts/gpu-metrics.md (a test checks the two agree).
+``python -m parallax_contracts.agent_metrics`` prints the Markdown table kept in
+docs/contracts/agent-metrics.md (a test checks the two agree).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ HW_NAME = "hw.name"  # the product name, e.g. "NVIDIA H200"
 HW_VENDOR = "hw.vendor"
 PROCESS_PID = "process.pid"  # per-process GPU series: the host pid
 SERVICE_NAME = "service.name"
+SERVER_PORT = "server.port"
 
 # --- device series (NVML) -------------------------------------------------------------
 HW_GPU_UTILIZATION = Metric(
@@ -103,6 +105,28 @@ GEN_AI_TPOT_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 
+# --- every request, sampled or not (the kernel's counts; docs/agent.md, Sampling) --------
+REQUESTS_SEEN = Metric(
+    "parallax.requests.seen",
+    "counter",
+    "{request}",
+    "Requests the agent saw start on a traced port, sampled or not (exact, from the kernel);"
+    " attributes server.port and, where known, service.name.",
+)
+REQUESTS_TRACED = Metric(
+    "parallax.requests.traced",
+    "counter",
+    "{request}",
+    "Of those, the requests the agent sampled and exported as spans.",
+)
+SAMPLING_PROBABILITY = Metric(
+    "parallax.sampling.probability",
+    "gauge",
+    "1",
+    "The share of requests the agent traces now (each kept at random with this"
+    " probability; 1: all). Each span states its own in tracestate ot=th.",
+)
+
 DEVICE: tuple[Metric, ...] = (
     HW_GPU_UTILIZATION,
     HW_GPU_MEMORY_USAGE,
@@ -115,7 +139,8 @@ DEVICE: tuple[Metric, ...] = (
 )
 PROCESS: tuple[Metric, ...] = (GPU_LAUNCHES, GPU_GRAPH_LAUNCHES, GPU_HOST_WAIT)
 GEN_AI: tuple[Metric, ...] = (GEN_AI_TTFT, GEN_AI_TPOT)
-ALL: tuple[Metric, ...] = DEVICE + PROCESS + GEN_AI
+SAMPLING: tuple[Metric, ...] = (REQUESTS_SEEN, REQUESTS_TRACED, SAMPLING_PROBABILITY)
+ALL: tuple[Metric, ...] = DEVICE + PROCESS + GEN_AI + SAMPLING
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
 
 

@@ -3,23 +3,23 @@ attribute has its JSONL field."""
 
 from __future__ import annotations
 
-from parallax_contracts import CONTRACTS_DIR, gpu_metrics, span_attributes
+from parallax_contracts import CONTRACTS_DIR, agent_metrics, span_attributes
 
 
 def test_gpu_metric_table_is_current() -> None:
-    doc = (CONTRACTS_DIR / "gpu-metrics.md").read_text()
-    assert gpu_metrics.markdown_table() in doc, (
-        "docs/contracts/gpu-metrics.md is stale: regenerate the table with "
-        "python -m parallax_contracts.gpu_metrics"
+    doc = (CONTRACTS_DIR / "agent-metrics.md").read_text()
+    assert agent_metrics.markdown_table() in doc, (
+        "docs/contracts/agent-metrics.md is stale: regenerate the table with "
+        "python -m parallax_contracts.agent_metrics"
     )
 
 
 def test_metric_names_follow_their_conventions() -> None:
-    for m in gpu_metrics.ALL:
+    for m in agent_metrics.ALL:
         assert m.standard == (not m.name.startswith("parallax.")), m
         if m.kind == "histogram":
             assert m.unit == "s", m  # the GenAI conventions' unit
-    assert len(gpu_metrics.BY_NAME) == len(gpu_metrics.ALL)
+    assert len(agent_metrics.BY_NAME) == len(agent_metrics.ALL)
 
 
 def test_gpu_span_attributes_and_their_record_fields() -> None:
