@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults clean lock
+.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults
+bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling
 
 bench-agent: setup
 	$(PY) -m bench.agent
@@ -43,6 +43,11 @@ bench-sla: setup
 # the export delay of a GPU service's records.
 bench-gpu: setup
 	$(PY) -m bench.gpu
+
+# Sampling under overload (~2 min): traced P95 against every request's, the traced share
+# per 0.5 s, the exact counts, the CPU saved.
+bench-sampling: setup
+	$(PY) -m bench.sampling
 
 # Faults and hostile clients, the long variants of tests/collector/test_faults.py (~5 min;
 # root, for the tmpfs): disk full, kill -9 under load, 64 MB heads, 1000 slowloris clients.

@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     sat_un: list[float] = []
     sat_tr: list[float] = []
     sat_un2: list[float] = []  # the untraced run after each traced one
-    sat_extra = {"requests": 0.0, "records": 0.0, "shed": 0.0, "lost": 0.0}
+    sat_extra = {"requests": 0.0, "records": 0.0, "seen": 0.0, "shed": 0.0, "lost": 0.0}
     hooks_line = ""
     sat_budget = "?"
     try:
@@ -531,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1.5)  # the records of the run reach the JSONL file
                 sat_extra["requests"] += res["requests"]
                 sat_extra["records"] += (tmp / "agent.jsonl").read_text().count("\n") - recs0
+                sat_extra["seen"] += agent.metric(
+                    f'parallax_agent_requests_seen_total{{port="{port}"}}'
+                )
                 sat_extra["shed"] += agent.metric("parallax_agent_shed_requests_total")
                 sat_extra["lost"] += agent.metric("parallax_agent_lost_events")
             finally:
@@ -658,11 +661,11 @@ def main(argv: list[str] | None = None) -> int:
         f" before with no agent in between: median {control:.2f} (per round"
         f" {', '.join(f'{x:.2f}' for x in controls)}) — the noise the ratio carries. Over the"
         f" traced rounds the agent recorded {sat_extra['records']:.0f} of"
-        f" {sat_extra['requests']:.0f} requests ({100 * sat_extra['records'] / sat_n:.0f} %),"
-        f" counted {sat_extra['shed']:.0f} reads as shed while tracing was paused (over"
-        " its CPU budget, behind its ring buffer, or paused by the programs themselves on a"
-        " full ring) and"
-        f" {sat_extra['lost']:.0f} events lost to a full ring before it paused.",
+        f" {sat_extra['requests']:.0f} requests ({100 * sat_extra['records'] / sat_n:.0f} %:"
+        " a uniform sample sized to its CPU budget), counted"
+        f" {sat_extra['seen']:.0f} requests (every one, sampled or not),"
+        f" {sat_extra['shed']:.0f} reads as shed while tracing was paused after a full ring"
+        f" and {sat_extra['lost']:.0f} events lost to a full ring.",
         f"Untraced process (1-byte `dd`, {a.dd_count} read+write pairs, best of 3):"
         f" **{extra.get('dd_ratio', float('nan')):.2f}×** slower with the agent attached"
         f" (goal ≤ 1.3×). The same dd with *empty* programs: on the per-syscall tracepoints"

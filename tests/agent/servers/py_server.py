@@ -4,7 +4,8 @@ Each request appends one JSON line to the timing log: CLOCK_MONOTONIC when the r
 request line returned (``t_read_ns``), before each write (``t_writes_ns``: the header write
 first, then each body write), the path and the traceparent it received.
 
-Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length), ``/stream?n=K&gap_ms=G`` (chunked,
+Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length; with ``phase_ms=P&slow_ms=S`` the
+delay alternates between D and S every P ms, on the monotonic clock), ``/stream?n=K&gap_ms=G`` (chunked,
 one write per chunk), ``/fetch?port=P`` (fetches /plain from 127.0.0.1:P first: an outbound
 connection), ``/file?n=BYTES`` (the body by ``os.sendfile``, each call timed as a
 write). ``--nodelay`` sets TCP_NODELAY. ``--accept-delay-ms`` sleeps before each accept()
@@ -79,6 +80,10 @@ class Handler(BaseHTTPRequestHandler):
         if length:
             self.rfile.read(length)
         delay = float(q.get("delay_ms", 0)) / 1000
+        if "phase_ms" in q:  # latency in phases: delay_ms, then slow_ms, each phase_ms long
+            phase = float(q["phase_ms"]) / 1000
+            if int(time.monotonic() / phase) % 2:
+                delay = float(q.get("slow_ms", 0)) / 1000
         if delay:
             time.sleep(delay)
         if u.path == "/fetch":
