@@ -92,7 +92,7 @@ class _Loop:
 def uprobe_cost(rounds: int, n: int) -> dict[str, tuple[float, float]]:
     """Median ns per call (launch, synchronize) per case."""
     from agent.gpu.cuda import CudaProbes
-    from tests.gpu import fake_cuda
+    from demo.gpu import cuda_double as fake_cuda
 
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-gpu-"))
     probed_lib = fake_cuda.build(tmp / "probed") / fake_cuda.SONAME
@@ -136,9 +136,9 @@ def poller_cpu(seconds: float) -> str:
 
 def export_delay(requests: int) -> dict[str, list[float]]:
     """Seconds from a record's last write to its JSONL line, per service kind."""
+    from demo.gpu import cuda_double as fake_cuda
+    from demo.gpu.nvml_double import build_fake_nvml
     from tests.agent.helpers import PY, Agent, Proc
-    from tests.gpu import fake_cuda
-    from tests.gpu.fakes import build_fake_nvml
     from tests.gpu.test_agent_gpu import cgroup, generate, nvml_env
 
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-gpu-delay-"))

@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from urllib.parse import parse_qs, urlparse
 
-from tests.gpu.fake_cuda import FakeCuda
+from demo.gpu.cuda_double import FakeCuda
 
 PREFILL_LAUNCHES = 40
 PREFILL_WAIT_US = 100_000

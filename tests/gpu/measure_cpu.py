@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from tests.gpu.fakes import ROOT, NvmlScript, build_fake_nvml
+from demo.gpu.nvml_double import NvmlScript, build_fake_nvml
+from tests.gpu.fakes import ROOT
 
 PERIODS_MS = (100, 250, 500, 1000)
 

@@ -1,5 +1,5 @@
 """The real agent, its real CUDA uprobes and NVML poller, on C-ABI doubles of the two NVIDIA
-libraries (tests/gpu/fake_cuda.c, fake_nvml.c): the GPU attributes of each request of an
+libraries (demo/gpu/fake_cuda.c, fake_nvml.c): the GPU attributes of each request of an
 inference-like server (tests/gpu/infer_server.py) with a known pattern — prefill: 40 launches
 and a 100 ms synchronize; each later token: 5 launches and a 20 ms device-to-host copy.
 Launch counts exact, waits within 2 ms; the GPU work in a worker process of the same cgroup;
@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from demo.gpu import cuda_double
+from demo.gpu.nvml_double import NvmlScript, build_fake_nvml
 from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, timing_log
-from tests.gpu import fake_cuda, infer_server
-from tests.gpu.fakes import NvmlScript, build_fake_nvml
+from tests.gpu import infer_server
 
 pytestmark = pytest.mark.ebpf
 
@@ -75,7 +76,7 @@ def gpu_fields(rec: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def libs() -> tuple[Path, Path]:
-    return fake_cuda.build(), build_fake_nvml()
+    return cuda_double.build(), build_fake_nvml()
 
 
 def nvml_env(tmp: Path, nvml_dir: Path, gpu_pids: list[int]) -> list[str]:

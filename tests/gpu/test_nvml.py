@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from agent.gpu.nvml import DEFAULT_PERIOD_US, MAX_BACKOFF_S, NvmlPoller, ProcessSample, mean_sm_pct
-from tests.gpu.fakes import (
+from demo.gpu.nvml_double import (
     DRIVER_NOT_LOADED,
     GPU_IS_LOST,
     NOT_FOUND,
@@ -35,9 +35,9 @@ from tests.gpu.fakes import (
     NvmlScript,
     build_fake_nvml,
     fake_env,
-    run_in_child,
     tick_floor,
 )
+from tests.gpu.fakes import run_in_child
 
 P = 100_000  # the fake driver's sample period in the frozen-clock scenarios (10 a second)
 UUID0, UUID1 = (

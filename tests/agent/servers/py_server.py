@@ -5,11 +5,11 @@ request line returned (``t_read_ns``), before each write (``t_writes_ns``: the h
 first, then each body write), the path and the traceparent it received.
 
 Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length; with ``phase_ms=P&slow_ms=S`` the
-delay alternates between D and S every P ms, on the monotonic clock), ``/stream?n=K&gap_ms=G`` (chunked,
-one write per chunk), ``/fetch?port=P`` (fetches /plain from 127.0.0.1:P first: an outbound
-connection), ``/file?n=BYTES`` (the body by ``os.sendfile``, each call timed as a
-write). ``--nodelay`` sets TCP_NODELAY. ``--accept-delay-ms`` sleeps before each accept()
-(accept-queue test).
+delay alternates between D and S every P ms, on the monotonic clock),
+``/stream?n=K&gap_ms=G`` (chunked, one write per chunk), ``/fetch?port=P`` (fetches
+/plain from 127.0.0.1:P first: an outbound connection), ``/file?n=BYTES`` (the body by
+``os.sendfile``, each call timed as a write). ``--nodelay`` sets TCP_NODELAY.
+``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
 
     python -m tests.agent.servers.py_server --port 0 --timing-log PATH   # prints the port
 """

@@ -1,5 +1,6 @@
-"""The CUDA driver double (fake_cuda.c), built once per test session, and a ctypes handle on
-it for test servers that play an inference server's pattern of launches and waits."""
+"""A stand-in for NVIDIA's CUDA driver library (fake_cuda.c) on machines without a GPU: built
+on demand, and a ctypes handle on it for servers that play an inference server's pattern of
+kernel launches and host waits (the demo's GPU route, the tests, bench-gpu)."""
 
 from __future__ import annotations
 
