@@ -57,7 +57,7 @@ logging.getLogger("clickhouse_connect.driver.transform").setLevel(logging.CRITIC
 KIND_OTLP_PROTO, KIND_OTLP_JSON, KIND_BEACON = 1, 2, 3
 KIND_METRICS_PROTO, KIND_METRICS_JSON = 4, 5  # OTLP metrics (/v1/metrics)
 SPANS, ENTRIES, GPU_SAMPLES = "spans", "entries", "gpu_samples"
-_KIND_SOURCE = {
+_KIND_SOURCE = {  # every kind the spool frames (spool.KINDS; a test holds the two together)
     KIND_OTLP_PROTO: SPANS,
     KIND_OTLP_JSON: SPANS,
     KIND_BEACON: ENTRIES,

@@ -31,7 +31,9 @@ _HEAD = struct.Struct("<4sBQII")  # magic, kind, received_ns, body length, crc32
 _HEAD_CRC = struct.Struct("<I")  # crc32 of the _HEAD bytes
 HEADER_SIZE = _HEAD.size + _HEAD_CRC.size
 _V1 = struct.Struct("<BQII")  # the framing before MAGIC: kind, received_ns, length, crc32
-KINDS = frozenset({1, 2, 3})
+# the record kinds (collector/pipeline.py names them: OTLP traces protobuf/JSON, beacons,
+# OTLP metrics protobuf/JSON); a test holds the two lists together
+KINDS = frozenset({1, 2, 3, 4, 5})
 # Errors that mean "no room": answered 503 until free space returns.
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 

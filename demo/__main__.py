@@ -2,11 +2,13 @@
 
 Starts the collector on the embedded store (data in .parallax/demo/), the eBPF agent, an
 LLM-style streaming app (first-token wait, then tokens; chunked fetch, SSE and WebSocket)
-whose event loop stalls now and then, and headless Chromium running a chat page with the
-probe. It drives chats for a while with a progress line, then prints the per-route SLA table
-with its explanations, and keeps serving the SLA page until Ctrl-C (DEMO_EXIT=1: exit once
-the table is printed). Afterwards, `parallax-collector sla --once --json --data-dir
-.parallax/demo` shows the same verdicts from the stored data.
+whose event loop stalls now and then, an inference-like service whose engine runs on
+stand-ins for the NVIDIA libraries (demo/gpu: no GPU needed; the agent's GPU path is the
+real one), and headless Chromium running a chat page with the probe. It drives chats for a
+while with a progress line, then prints the per-route SLA table with its explanations, and
+keeps serving the SLA page until Ctrl-C (DEMO_EXIT=1: exit once the table is printed).
+Afterwards, `parallax-collector sla --once --json --data-dir .parallax/demo` shows the same
+verdicts from the stored data.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Any
 
 from agent import doctor
 from demo.browser import chat_url, chromium, flush_beacons
+from demo.gpu import cuda_double
+from demo.gpu.nvml_double import FakeNvmlUnavailableError, NvmlScript, build_fake_nvml, fake_env
+from demo.infer_app import GPU_UUID
 from demo.stack import Stack, StartError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +40,8 @@ PACING = ["--first-token-ms", "120", "--token-gap-ms", "25", "--tokens", "12"]
 # The injected trap: the app's event loop blocks 60 ms every 200 ms. Its own timings stay
 # fast; users wait in the kernel's receive queue. The checker should say exactly that.
 STALL = ["--block-ms", "60", "--block-every-ms", "200"]
-KINDS = ("fetch", "sse", "ws")
+KINDS = ("fetch", "sse", "ws", "gen")  # gen: the inference service's /v1/generate
+INFER_SERVICE = "infer-demo"
 PAGES = 4
 # The collector reads sla.yaml from its data directory, and so does `sla --once --data-dir`
 # afterwards: both judge with the same thresholds. Visible TTFT's band includes the display
@@ -91,6 +97,9 @@ def sla_table(report: dict[str, Any]) -> str:
             )
             if m.get("verdict") == "out_of_band" and m.get("sentence"):
                 sentences.append(f"  • {m['sentence']}")
+        server = r.get("server") or {}
+        if server.get("sentence"):  # the server-time split and the GPU's state
+            sentences.append(f"  • {name}: {server['sentence']}")
     return "\n".join([*lines, *([""] if sentences else []), *sentences])
 
 
@@ -131,6 +140,29 @@ def drive(browser_url: str, seconds: float, progress: Any) -> int:
         return total
 
 
+def start_infer(stack: Stack) -> tuple[dict[str, str], str]:
+    """The inference service on the NVIDIA stand-ins: (the agent's environment that loads
+    the NVML stand-in, the service's base URL)."""
+    d = DEMO_DIR / "gpu"
+    d.mkdir(exist_ok=True)
+    try:
+        nvml_dir = build_fake_nvml()
+    except FakeNvmlUnavailableError as e:
+        raise StartError(str(e)) from None
+    cuda_dir = cuda_double.build(d / "cuda")
+    script = NvmlScript(d / "nvml.script")
+    script.device(GPU_UUID, "NVIDIA H200 (stand-in)")  # until the engine writes its own
+    script.write()
+    env = fake_env(nvml_dir, script.path)
+    os.environ["OTEL_SERVICE_NAME"] = INFER_SERVICE
+    try:
+        url = stack.infer_app(cuda_dir, script.path)
+    finally:
+        os.environ["OTEL_SERVICE_NAME"] = SERVICE
+    agent_env = {k: env[k] for k in ("LD_LIBRARY_PATH", "PARALLAX_FAKE_NVML")}
+    return agent_env, url
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="make demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -163,8 +195,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"  app         {app}  ({SERVICE}: SSE, chunked fetch, WebSocket; event loop"
                 " stalls 60 ms every 200 ms)"
             )
-            stack.agent([app_port], ingest)
-            print(f"  agent       tracing port {app_port}, exporting OTLP to {ingest}")
+            gpu_env, infer = start_infer(stack)
+            infer_port = int(infer.rsplit(":", 1)[1])
+            print(
+                f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
+                " stand-in GPU, power-capped)"
+            )
+            stack.agent([app_port, infer_port], ingest, env=gpu_env)
+            print(
+                f"  agent       tracing ports {app_port}, {infer_port}, exporting OTLP to {ingest}"
+            )
         except StartError as e:
             print(f"demo: {e}")
             return 1
@@ -185,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 last_line[0] = elapsed
                 print(text, flush=True)
 
-        done = drive(chat_url(app, ingest), args.seconds, progress)
+        done = drive(chat_url(app, ingest, gen=infer), args.seconds, progress)
         print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
         try:
             report = wait_for_evaluation(query, after=time.time() + 2.0)

@@ -36,6 +36,38 @@ class StartError(RuntimeError):
     """A piece did not become ready; the message carries the tail of its log."""
 
 
+CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/pids")
+
+
+def new_cgroup(name: str) -> Path | None:
+    """A fresh cgroup for processes that should look like a container of their own (the
+    agent groups a server with the GPU processes of its cgroup); None where no hierarchy
+    is writable (not root, a read-only cgroupfs)."""
+    for root in CGROUP_ROOTS:
+        if not os.path.exists(f"{root}/cgroup.procs"):
+            continue
+        d = Path(root) / f"{name}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        try:
+            d.mkdir()
+        except OSError:
+            continue
+        return d
+    return None
+
+
+def remove_cgroup(d: Path, timeout: float = 5.0) -> None:
+    """Remove a cgroup once its processes have gone (rmdir fails while any is left)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            d.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,6 +116,7 @@ class Stack:
 
     workdir: Path
     procs: list[Proc] = field(default_factory=list)
+    cgroups: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -103,9 +136,21 @@ class Stack:
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
+        for d in self.cgroups:
+            remove_cgroup(d)
+        self.cgroups.clear()
 
     # -- generic ----------------------------------------------------------------------------
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cgroup: Path | None = None,
+    ) -> Proc:
+        """Start one piece (in ``cgroup`` when given: it and its children)."""
+        if cgroup is not None:
+            argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *argv]
         log = self.workdir / "logs" / f"{name}.log"
         f = log.open("wb")  # a fresh log per start: readiness must not match an old run
         popen = subprocess.Popen(
@@ -153,6 +198,17 @@ class Stack:
         p = self.spawn(name, [*argv, "--port", "0", "--timing-log", str(timing), *extra])
         return self.wait_line(p, "listening on").split()[-1]
 
+    def infer_app(self, cuda_dir: Path, nvml_script: Path) -> str:
+        """Start the inference-like service (demo/infer_app.py) in a cgroup of its own, as
+        its container would be; return its base URL."""
+        cg = new_cgroup("parallax-demo-infer")
+        if cg is not None:
+            self.cgroups.append(cg)
+        argv = [sys.executable, "-m", "demo.infer_app", "--port", "0"]
+        argv += ["--cuda-lib-dir", str(cuda_dir), "--nvml-script", str(nvml_script)]
+        p = self.spawn("infer_app", argv, cgroup=cg)
+        return self.wait_line(p, "listening on").split()[-1]
+
     def relay(self, upstream_port: int, delay_ms: float, jitter_ms: float = 0.0) -> int:
         p = self.spawn(
             "relay",
@@ -195,7 +251,13 @@ class Stack:
         self.wait_http(p, f"http://127.0.0.1:{admin}/readyz")
         return f"http://127.0.0.1:{ingest}", f"http://127.0.0.1:{admin}"
 
-    def agent(self, ports: list[int], otlp: str | None = None, *extra: str) -> str:
+    def agent(
+        self,
+        ports: list[int],
+        otlp: str | None = None,
+        *extra: str,
+        env: dict[str, str] | None = None,
+    ) -> str:
         """Start the agent on the given server ports; return its metrics URL once attached."""
         metrics = free_port()
         argv = [
@@ -210,7 +272,7 @@ class Stack:
             argv += ["--port", str(port)]
         if otlp:
             argv += ["--otlp", otlp]
-        p = self.spawn("agent", [*argv, *extra])
+        p = self.spawn("agent", [*argv, *extra], env=env)
         self.wait_http(p, f"http://127.0.0.1:{metrics}/readyz", timeout=120)
         return f"http://127.0.0.1:{metrics}"
 
