@@ -5,6 +5,7 @@ side when the SDK collects. One MeterProvider, exported every EXPORT_S to ``/v1/
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from agent.gpu.side import GpuSide
 
 EXPORT_S = 10.0
+# The SDK's metric exporter logs each retry of an export to a collector that is down; one
+# line per failed export (its ERROR) is enough.
+logging.getLogger("opentelemetry.exporter.otlp.proto.http.metric_exporter").setLevel(logging.ERROR)
 # services whose per-process GPU series are labelled (beyond: their pid only)
 MAX_PROCESS_SERIES = 256
 

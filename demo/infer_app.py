@@ -10,10 +10,10 @@ per iteration (launches, and a device-to-host copy lasting DECODE_MS plus PER_RE
 per request in the batch). Under the demo's load the engine is rarely idle: the GPU is
 the bottleneck, as it is when an inference service runs out of capacity.
 
-The engine also writes the fake NVML's script (demo/gpu/nvml_double.py): its own busy
-share, measured over its steps, as the GPU's utilisation and its process's SM share, on a
-GPU held at 55 % of its maximum SM clock by a power cap — so the agent's NVML poller sees a
-saturated, throttled GPU, and the SLA page says so.
+The engine also writes the fake NVML's script (demo/gpu/nvml_double.py): each of its steps
+as a stretch in which the GPU, and its process's share of the SMs, are busy, on a GPU held
+at 55 % of its maximum SM clock by a power cap — so the agent's NVML poller sees what the
+engine does, throttled, and the SLA page says so.
 
     python -m demo.infer_app --port 0 --cuda-lib-dir DIR --nvml-script PATH
 """
@@ -33,13 +33,14 @@ from urllib.parse import parse_qs, urlparse
 
 from demo.gpu.cuda_double import FakeCuda
 from demo.gpu.nvml_double import NvmlScript
+from demo.stack import die_with_parent
 
 PREFILL_LAUNCHES, PREFILL_MS = 40, 40.0
 DECODE_LAUNCHES, DECODE_MS, PER_REQUEST_MS = 6, 12.0, 1.5
 GPU_UUID = "GPU-dem0c0de-0000-4000-8000-000000000001"
 SM_MAX_MHZ, SM_MHZ = 1980, 1089  # 55 % of max: a power cap (NVML reason 0x4)
-REPORT_S = 0.25  # the engine rewrites the NVML script this often
-KEEP_S = 30.0  # of scripted history (the fake keeps 512 rows of each kind)
+KEEP_S = 10.0  # of scripted history
+MAX_STRETCHES = 200  # the fake keeps 512 rows in all: a util and a proc row per stretch
 
 
 class Engine:
@@ -48,39 +49,34 @@ class Engine:
     def __init__(self, cuda_dir: str, script_path: str, conn: Connection) -> None:
         self.cuda = FakeCuda(cuda_dir)
         self.conn = conn
-        self.script_path = Path(script_path)
+        self.script = Path(script_path)
         self.running: dict[int, int] = {}  # request id → tokens still to produce
         self.waiting: list[tuple[int, int]] = []
-        self.busy_ns = 0
-        self.window: list[tuple[int, int, int]] = []  # (start us, end us, busy %) written
-        self.last_report = time.monotonic()
-        self.window_start = time.monotonic_ns()
+        self.busy: list[tuple[int, int]] = []  # (start, end) Unix µs of GPU work, recent
+        self.warned = False
 
     def run(self) -> None:
         while True:
             self._take(block=not self.running)
-            t0 = time.monotonic_ns()
             if self.waiting:  # prefill the new ones (the first token comes out of it)
                 new, self.waiting = self.waiting, []
                 for rid, tokens in new:
+                    self._gpu(PREFILL_MS)
                     self.cuda.launch(PREFILL_LAUNCHES)
                     self.cuda.synchronize(int(PREFILL_MS * 1000))
                     self.running[rid] = tokens
                     self._emit(rid)
             elif self.running:  # one decode step for the whole batch
                 n = len(self.running)
+                step_ms = DECODE_MS + PER_REQUEST_MS * n
+                self._gpu(step_ms)
                 self.cuda.launch(DECODE_LAUNCHES * n)
-                self.cuda.copy_to_host(int((DECODE_MS + PER_REQUEST_MS * n) * 1000))
+                self.cuda.copy_to_host(int(step_ms * 1000))
                 for rid in list(self.running):
                     self._emit(rid)
-            self.busy_ns += time.monotonic_ns() - t0
-            self._report()
 
     def _take(self, block: bool) -> None:
         while block or self.conn.poll():
-            if not self.conn.poll(REPORT_S if block else 0):
-                self._report()
-                continue
             msg = self.conn.recv()
             if msg is None:
                 raise SystemExit(0)
@@ -94,32 +90,36 @@ class Engine:
         if done:
             del self.running[rid]
 
-    def _report(self) -> None:
-        """Write what the GPU did since the last report, and from now on until the next."""
-        now = time.monotonic()
-        if now - self.last_report < REPORT_S:
-            return
-        span_ns = time.monotonic_ns() - self.window_start
-        busy = min(100, round(100 * self.busy_ns / max(1, span_ns)))
-        self.busy_ns, self.window_start, self.last_report = 0, time.monotonic_ns(), now
+    def _gpu(self, ms: float) -> None:
+        """Before a step: the GPU busy for ``ms`` from now, in the NVML stand-in's script
+        (its samples are made when the agent's poller reads them, so the step is in them)."""
         t = time.time_ns() // 1000
-        # from now on at the share just measured (the poller reads ticks as they pass)
-        self.window = [w for w in self.window if w[1] > t - int(KEEP_S * 1e6)]
-        if self.window:
-            self.window[-1] = (self.window[-1][0], t, self.window[-1][2])
-        self.window.append((t, t + int(2 * REPORT_S * 1e6), busy))
-        script = NvmlScript(self.script_path)
+        z = t + int(ms * 1000)
+        if self.busy and t - self.busy[-1][1] < 2000:  # back to back: one stretch
+            self.busy[-1] = (self.busy[-1][0], z)
+        else:
+            self.busy.append((t, z))
+        horizon = t - int(KEEP_S * 1e6)
+        self.busy = [b for b in self.busy if b[1] > horizon][-MAX_STRETCHES:]
+        script = NvmlScript(self.script)
         dev = script.device(
             GPU_UUID, "NVIDIA H200 (stand-in)", sm_mhz=SM_MHZ, sm_max_mhz=SM_MAX_MHZ, reasons=0x4
         )
         pid = os.getpid()
-        for a, z, pct in self.window:
-            script.util(dev, a, z, gpu_pct=pct).proc(dev, pid, a, z, sm_pct=pct)
+        for a, b in self.busy:
+            script.util(dev, a, b, gpu_pct=100).proc(dev, pid, a, b, sm_pct=100)
         script.running(dev, pid, 40 * 2**30)
-        script.write()
+        try:
+            script.write()
+        except (OSError, ValueError) as e:  # the stand-in's trouble must not stop the engine
+            if not self.warned:
+                self.warned = True
+                print(f"infer_app: cannot write the NVML stand-in's script: {e}", flush=True)
 
 
-def engine_main(cuda_dir: str, script_path: str, conn: Connection) -> None:
+def engine_main(cuda_dir: str, script_path: str, conn: Connection, api_end: Connection) -> None:
+    die_with_parent()  # the API process gone (even killed): so is its engine
+    api_end.close()  # (the fork's copy of the API's end: the pipe closes with the API)
     Engine(cuda_dir, script_path, conn).run()
 
 
@@ -129,22 +129,39 @@ class Api:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.lock = threading.Lock()
-        self.queues: dict[int, queue.Queue[bool]] = {}
+        self.queues: dict[int, queue.Queue[bool | None]] = {}
         self.next_id = 0
+        self.engine_gone = False
         threading.Thread(target=self._route, daemon=True).start()
 
-    def submit(self, tokens: int) -> queue.Queue[bool]:
+    def submit(self, tokens: int) -> queue.Queue[bool | None] | None:
+        """A queue of the request's tokens (True: the last; None: the engine died), or
+        None when there is no engine to ask."""
         with self.lock:
+            if self.engine_gone:
+                return None
             self.next_id += 1
             rid = self.next_id
-            q: queue.Queue[bool] = queue.Queue()
+            q: queue.Queue[bool | None] = queue.Queue()
+            try:
+                self.conn.send((rid, tokens))
+            except OSError:  # the engine died before the router noticed
+                self.engine_gone = True
+                return None
             self.queues[rid] = q
-            self.conn.send((rid, tokens))
         return q
 
     def _route(self) -> None:
         while True:
-            rid, done = self.conn.recv()
+            try:
+                rid, done = self.conn.recv()
+            except (EOFError, OSError):  # the engine died: every request waiting fails
+                with self.lock:
+                    self.engine_gone = True
+                    for q in self.queues.values():
+                        q.put(None)
+                    self.queues.clear()
+                return
             with self.lock:
                 q = self.queues.pop(rid) if done else self.queues[rid]
             q.put(done)
@@ -158,9 +175,10 @@ def main() -> None:
     args = ap.parse_args()
     ours, theirs = mp.Pipe()
     engine = mp.get_context("fork").Process(
-        target=engine_main, args=(args.cuda_lib_dir, args.nvml_script, theirs), daemon=True
+        target=engine_main, args=(args.cuda_lib_dir, args.nvml_script, theirs, ours), daemon=True
     )
     engine.start()
+    theirs.close()  # the engine's end is the engine's: its death then closes the pipe
     api = Api(ours)
 
     class Handler(BaseHTTPRequestHandler):
@@ -186,7 +204,10 @@ def main() -> None:
                 return
             tokens = max(1, min(200, int(parse_qs(u.query).get("tokens", ["12"])[0])))
             q = api.submit(tokens)
-            done = q.get()  # the first token: after prefill
+            done = q.get() if q is not None else None  # the first token: after prefill
+            if q is None or done is None:
+                self.send_error(503, "the engine is gone")
+                return
             self.send_response(200)
             self._cors()
             self.send_header("Content-Type", "text/event-stream")
@@ -200,7 +221,10 @@ def main() -> None:
                 if done:
                     break
                 done = q.get()
-            self._chunk(b"event: done\ndata: \n\n")
+                if done is None:  # the engine died mid-stream: the stream ends without "done"
+                    break
+            if done is not None:
+                self._chunk(b"event: done\ndata: \n\n")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 

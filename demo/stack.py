@@ -25,9 +25,9 @@ from types import TracebackType
 VENV_BIN = Path(sys.executable).parent
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: get SIGTERM when the parent dies, even by SIGKILL (a test timeout),
-    so no app, proxy or agent outlives the run that started it."""
+    so no app, proxy, agent or model worker outlives the run that started it."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -159,7 +159,7 @@ class Stack:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # Ctrl-C in the demo's terminal reaches only the demo
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (one prctl call, no locks taken)
+            preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks taken)
         )
         f.close()
         proc = Proc(name, popen, log)

@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from urllib.parse import parse_qs, urlparse
 
 from demo.gpu.cuda_double import FakeCuda
+from demo.stack import die_with_parent
 
 PREFILL_LAUNCHES = 40
 PREFILL_WAIT_US = 100_000
@@ -49,7 +50,9 @@ def decode(cuda: FakeCuda) -> int:
     return time.monotonic_ns() - t
 
 
-def worker(lib_dir: str, conn: Connection) -> None:
+def worker(lib_dir: str, conn: Connection, server_end: Connection) -> None:
+    die_with_parent()  # the server gone (even killed by a test's SIGTERM): so is its worker
+    server_end.close()
     cuda = FakeCuda(lib_dir)
     while True:
         step = conn.recv()
@@ -66,8 +69,9 @@ class Gpu:
         self.conn: Connection | None = None
         if lib_dir and in_worker:
             ours, theirs = mp.Pipe()
-            self.proc = mp.get_context("fork").Process(target=worker, args=(lib_dir, theirs))
+            self.proc = mp.get_context("fork").Process(target=worker, args=(lib_dir, theirs, ours))
             self.proc.start()
+            theirs.close()  # the worker's end is the worker's
             self.conn = ours
         self.lock = threading.Lock()  # one step at a time, as one model would
 
