@@ -57,6 +57,61 @@ class RequestCounts(Collector):
 log = logging.getLogger("parallax.agent")
 
 
+class GpuMetrics:
+    """The GPU side's series (agent.gpu): parallax_contracts.agent_metrics' device series
+    under Prometheus names, the GPU processes' totals, the GPU stage's counts."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.device = {
+            name: Gauge(f"parallax_agent_gpu_{name}", doc, ["gpu"], registry=r)
+            for name, doc in (
+                ("utilization_ratio", "Share of the last sample period a kernel ran (NVML)"),
+                ("memory_used_bytes", "GPU memory in use"),
+                ("memory_total_bytes", "GPU memory in all"),
+                ("sm_clock_mhz", "Current SM clock"),
+                ("sm_clock_max_mhz", "Maximum SM clock"),
+                ("power_watts", "Power draw"),
+                ("power_limit_watts", "Enforced power limit"),
+                ("clock_event_reasons", "NVML clock-event (throttle) reason bitmask"),
+            )
+        }
+        self.launches = Gauge(
+            "parallax_agent_gpu_launches",
+            "Kernel and graph launches enqueued by a traced service's GPU process (CUDA"
+            " driver uprobes; a cumulative count)",
+            ["pid"],
+            registry=r,
+        )
+        self.host_wait = Gauge(
+            "parallax_agent_gpu_host_wait_seconds",
+            "Time a GPU process's host threads were blocked on the GPU (cumulative)",
+            ["pid"],
+            registry=r,
+        )
+        self.processes = Gauge(
+            "parallax_agent_gpu_processes",
+            "GPU processes of the traced services, and those whose CUDA driver carries the"
+            " probes (state=probed)",
+            ["state"],
+            registry=r,
+        )
+        self.records = Counter(
+            "parallax_agent_gpu_records",
+            "Records of services with GPU processes given GPU attributes",
+            registry=r,
+        )
+        self.hold_expired = Counter(
+            "parallax_agent_gpu_hold_expired",
+            "Records released before the GPU data of their windows was read (held too long)",
+            registry=r,
+        )
+        self.nvml_errors = Counter(
+            "parallax_agent_nvml_errors",
+            'NVML calls that failed unexpectedly ("no new samples" is not counted)',
+            registry=r,
+        )
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -172,56 +227,7 @@ class Metrics:
         self.connections = Gauge(
             "parallax_agent_connections", "Connections followed in user space", registry=r
         )
-        # GPU (agent.gpu): the device series of parallax_contracts.agent_metrics under
-        # Prometheus names, and the GPU stage's own counts
-        self.gpu = {
-            name: Gauge(f"parallax_agent_gpu_{name}", doc, ["gpu"], registry=r)
-            for name, doc in (
-                ("utilization_ratio", "Share of the last sample period a kernel ran (NVML)"),
-                ("memory_used_bytes", "GPU memory in use"),
-                ("memory_total_bytes", "GPU memory in all"),
-                ("sm_clock_mhz", "Current SM clock"),
-                ("sm_clock_max_mhz", "Maximum SM clock"),
-                ("power_watts", "Power draw"),
-                ("power_limit_watts", "Enforced power limit"),
-                ("clock_event_reasons", "NVML clock-event (throttle) reason bitmask"),
-            )
-        }
-        self.gpu_launches = Gauge(
-            "parallax_agent_gpu_launches",
-            "Kernel and graph launches enqueued by a traced service's GPU process (CUDA"
-            " driver uprobes; a cumulative count)",
-            ["pid"],
-            registry=r,
-        )
-        self.gpu_host_wait = Gauge(
-            "parallax_agent_gpu_host_wait_seconds",
-            "Time a GPU process's host threads were blocked on the GPU (cumulative)",
-            ["pid"],
-            registry=r,
-        )
-        self.gpu_processes = Gauge(
-            "parallax_agent_gpu_processes",
-            "GPU processes of the traced services, and those whose CUDA driver carries the"
-            " probes (state=probed)",
-            ["state"],
-            registry=r,
-        )
-        self.gpu_records = Counter(
-            "parallax_agent_gpu_records",
-            "Records of services with GPU processes given GPU attributes",
-            registry=r,
-        )
-        self.gpu_hold_expired = Counter(
-            "parallax_agent_gpu_hold_expired",
-            "Records released before the GPU data of their windows was read (held too long)",
-            registry=r,
-        )
-        self.nvml_errors = Counter(
-            "parallax_agent_nvml_errors",
-            'NVML calls that failed unexpectedly ("no new samples" is not counted)',
-            registry=r,
-        )
+        self.gpu = GpuMetrics(r)
         self.ready = False
         # Called before each /metrics answer (serialised by scrape_lock): the values that
         # cost a read of the kernel's maps, /proc or netlink are taken when someone asks

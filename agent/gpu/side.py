@@ -143,7 +143,7 @@ class GpuSide:
         """/metrics: the device series, the GPU processes' totals, the stage's counts."""
         gpu = self
         if gpu.nvml is not None:
-            push("nvml_errors", m.nvml_errors, gpu.nvml.errors)
+            push("nvml_errors", m.gpu.nvml_errors, gpu.nvml.errors)
             for d in gpu.nvml.devices():
                 for name, v in (
                     ("utilization_ratio", None if d.util_gpu_pct is None else d.util_gpu_pct / 100),
@@ -159,18 +159,18 @@ class GpuSide:
                     ("clock_event_reasons", d.clock_event_reasons),
                 ):
                     if v is not None:  # absent, not 0
-                        m.gpu[name].labels(d.uuid).set(v)
-        m.gpu_processes.labels("found").set(len(self.processes.all()))
+                        m.gpu.device[name].labels(d.uuid).set(v)
+        m.gpu.processes.labels("found").set(len(self.processes.all()))
         if gpu.cuda is not None:
             cuda = gpu.cuda
-            m.gpu_processes.labels("probed").set(len(cuda.probed()))
+            m.gpu.processes.labels("probed").set(len(cuda.probed()))
             for pid, n in list(cuda.launches_total.items()):
-                m.gpu_launches.labels(str(pid)).set(n + cuda.graphs_total.get(pid, 0))
+                m.gpu.launches.labels(str(pid)).set(n + cuda.graphs_total.get(pid, 0))
             for pid, ns in list(cuda.wait_ns_total.items()):
-                m.gpu_host_wait.labels(str(pid)).set(ns / 1e9)
+                m.gpu.host_wait.labels(str(pid)).set(ns / 1e9)
         if stage is not None:
-            push("gpu_records", m.gpu_records, stage.n_attributed)
-            push("gpu_hold_expired", m.gpu_hold_expired, stage.n_hold_expired)
+            push("gpu_records", m.gpu.records, stage.n_attributed)
+            push("gpu_hold_expired", m.gpu.hold_expired, stage.n_hold_expired)
 
     def close(self, servers: set[int] | None = None) -> None:
         """Stopping (the stop event is set): the thread ends, one last round reads what

@@ -1,19 +1,30 @@
-"""The collector's shape stays readable: no module over 600 lines, no class that sets more
-than 30 attributes in ``__init__``, and no import running upward through the layers below
-(a lower layer never imports a higher one; the SLA checker is a plugin nothing imports)."""
+"""The code's shape stays readable (issue 23's checks): no module of the agent, the collector
+or the contracts over 600 lines, no class that sets more than 30 attributes in
+``__init__``, and no import running upward — between the parts (contracts at the bottom,
+agent and collector side by side, never importing each other, demo and bench on top) and
+through the collector's layers (the SLA checker is a plugin nothing imports)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("collector", "parallax_contracts")
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agent", "collector", "parallax_contracts")
+# What each part may import of the project's packages (the rest of its imports are its own
+# or third-party): the layout follows the data's path, probe → wire → store → analysis.
+MAY_IMPORT = {
+    "parallax_contracts": {"parallax_contracts"},
+    "agent": {"agent", "parallax_contracts"},
+    "collector": {"collector", "parallax_contracts"},
+}
+PROJECT = ("agent", "collector", "parallax_contracts", "demo", "bench", "tests")
 
 # Lowest first; a module's layer is that of its longest matching prefix. An import may go
 # to the same layer or below.
 LAYERS: dict[str, int] = {
     "parallax_contracts": 0,
+    "agent": 0,  # (the agent's modules are judged by MAY_IMPORT only)
     "collector": 0,  # the package itself: it imports nothing
     "collector.store": 1,
     "collector.ingest.common": 1,
@@ -45,7 +56,7 @@ def _layer(module: str) -> int:
     return LAYERS[best]
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, roots: tuple[str, ...] = PACKAGES) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -53,7 +64,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
             out |= {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in out if m.split(".")[0] in PACKAGES}
+    return {m for m in out if m.split(".")[0] in roots}
 
 
 def test_no_module_over_600_lines() -> None:
@@ -82,8 +93,20 @@ def test_no_class_sets_more_than_30_attributes_in_init() -> None:
     assert not big, big
 
 
+def test_the_parts_import_only_what_lies_below_them() -> None:
+    wrong = [
+        f"{m} -> {target}"
+        for m, p in _modules().items()
+        for target in _imports(p, PROJECT)
+        if target.split(".")[0] not in MAY_IMPORT[m.split(".")[0]]
+    ]
+    assert not wrong, wrong
+    # the check sees the imports it judges
+    assert "parallax_contracts.span_attributes" in _imports(_modules()["agent.records"], PROJECT)
+
+
 def test_no_import_runs_upward() -> None:
-    modules = _modules()
+    modules = {m: p for m, p in _modules().items() if not m.startswith("agent")}
     upward = [
         f"{m} -> {target}"
         for m, p in modules.items()
