@@ -94,3 +94,12 @@ def test_dockerfiles_copy_what_exists_and_start_a_real_entry_point() -> None:
                 assert (ROOT / s).exists(), f"{f.name}: COPY {s} does not exist"
         (entry,) = re.findall(r'^ENTRYPOINT \["([^"]+)"\]', text, re.M)
         assert entry in scripts, entry
+
+
+def test_images_take_the_runtime_dependencies_only() -> None:
+    """The lock pins the test tools too (helm's half-gigabyte carrier, Playwright): the
+    images install the project with the lock as constraints, which leaves them out."""
+    for f in DOCKERFILES:
+        text = f.read_text()
+        assert re.search(r"pip install --no-cache-dir -c requirements\.lock \.", text), f.name
+        assert "-r requirements.lock" not in text, f.name

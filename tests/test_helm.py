@@ -69,6 +69,11 @@ def render(name: str = "default", *extra: str) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in yaml.safe_load_all(p.stdout) if d)
 
 
+def sets(*assignments: str) -> list[str]:
+    """`--set` for each KEY=VALUE."""
+    return [a for kv in assignments for a in ("--set", kv)]
+
+
 def refused(*extra: str) -> str:
     """helm template's error for values the chart must refuse (it must refuse them)."""
     p = _helm("template", "parallax", str(CHART), *extra)
@@ -158,7 +163,7 @@ SCHEMA_CASES = {
     "unknown key": (["--set", "agent.bogus=1"], "additional properties 'bogus' not allowed"),
     "unknown top-level key": (["--set", "replicas=3"], "additional properties 'replicas'"),
     "embedded store, 2 replicas": (
-        ["--set", "collector.store.type=embedded", "--set", "collector.replicas=2"],
+        sets("collector.store.type=embedded", "collector.replicas=2"),
         "/collector/replicas': maximum: got 2, want 1",
     ),
     "one volume, 2 replicas": (
@@ -224,11 +229,7 @@ def test_spool_must_fit_its_volume_twice() -> None:
     err = refused("--set", "collector.persistence.emptyDirSizeLimit=1Gi")
     assert "a spool of 1024 MiB" in err and "persistence.emptyDirSizeLimit is 1024 MiB" in err
     docs = render(
-        "default",
-        "--set",
-        "collector.persistence.emptyDirSizeLimit=1Gi",
-        "--set",
-        "collector.spoolMaxMb=512",
+        "default", *sets("collector.persistence.emptyDirSizeLimit=1Gi", "collector.spoolMaxMb=512")
     )
     assert "--spool-max-mb=512" in container(docs, "Deployment")["args"]
 
@@ -253,10 +254,7 @@ def test_an_agent_without_a_collector_needs_an_endpoint() -> None:
     assert "agent.otlpEndpoint: required" in refused("--set", "collector.enabled=false")
     docs = render(
         "default",
-        "--set",
-        "collector.enabled=false",
-        "--set",
-        "agent.otlpEndpoint=https://parallax.example.com",
+        *sets("collector.enabled=false", "agent.otlpEndpoint=https://parallax.example.com"),
     )
     assert {d["kind"] for d in docs} == {
         "DaemonSet",
@@ -333,10 +331,7 @@ def test_notes_say_what_to_check_next() -> None:
         "--namespace",
         "parallax",
         "--dry-run=client",
-        "--set",
-        "collector.store.type=embedded",
-        "--set",
-        "collector.replicas=1",
+        *sets("collector.store.type=embedded", "collector.replicas=1"),
     )
     notes = p.stdout.split("NOTES:", 1)[1]
     assert "kubectl -n parallax rollout status daemonset/parallax-agent" in notes
