@@ -31,7 +31,7 @@ from parallax_contracts import trace_context
 from tests import k8s_tools
 from tests.collector.helpers import BIN as COLLECTOR_BIN
 from tests.collector.helpers import Running
-from tests.test_deploy import K8S_VERSIONS, assert_least_privilege
+from tests.test_deploy import AGENT_CAPABILITIES, K8S_VERSIONS, assert_least_privilege
 
 CHART = k8s_tools.CHART
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
@@ -285,6 +285,15 @@ def test_rbac_is_read_only_on_pods_and_optional() -> None:
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     off = render("default", "--set", "agent.rbac.create=false")
     assert {d["kind"] for d in off}.isdisjoint({"ClusterRole", "ClusterRoleBinding"})
+
+
+def test_dac_read_search_is_the_one_capability_a_value_adds() -> None:
+    """agent.capDacReadSearch: for servers under another uid (docs/deploy.md)."""
+    caps = container(render("default", *sets("agent.capDacReadSearch=true")), "DaemonSet")
+    assert caps["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": [*AGENT_CAPABILITIES, "DAC_READ_SEARCH"],
+    }
 
 
 def test_embedded_store_is_one_replica_on_its_claim() -> None:
