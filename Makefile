@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling clean lock
+.PHONY: setup demo test test-py test-js lint manifests bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -58,6 +58,11 @@ bench-faults: setup
 # drawn from the store a `DEMO_EXIT=1 make demo` run leaves: `$(PY) -m bench.demo_plot`.
 bench-accuracy: setup
 	$(PY) -m bench.accuracy
+
+# deploy/k8s/parallax.yaml from the Helm chart's defaults (helm from the pinned dev
+# dependency; tests/test_helm.py fails while the two differ).
+manifests: setup
+	$(PY) -m tests.k8s_tools manifests
 
 # Re-pin requirements.lock from pyproject.toml (maintainers; needs the package registry).
 lock:

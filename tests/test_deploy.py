@@ -1,4 +1,7 @@
-"""The deployment files are valid and agree with the code they deploy."""
+"""The deployment files are valid and agree with the code they deploy. deploy/k8s/parallax.yaml
+is the Helm chart's default render (tests/test_helm.py holds the two equal); the chart
+itself, its values and its schema are tested in tests/test_helm.py, the systemd units in
+tests/test_systemd.py."""
 
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from collector.sla import config as sla_config
 ROOT = Path(__file__).resolve().parent.parent
 K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 DOCKERFILES = sorted((ROOT / "deploy" / "docker").glob("*.Dockerfile"))
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
+K8S_VERSIONS = ["1.30.0", "1.37.0"]
+AGENT_CAPABILITIES = ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE"]
 
 
 def _docs() -> list[dict[str, Any]]:
@@ -33,7 +39,7 @@ def _containers(kind: str) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("version", ["1.30.0", "1.37.0"])
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_manifests_validate_strictly(version: str) -> None:
     docs = _docs()
     assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "Service", "ConfigMap"}
@@ -41,13 +47,22 @@ def test_manifests_validate_strictly(version: str) -> None:
         kubernetes_validate.validate(d, version, strict=True)
 
 
-def test_agent_runs_with_least_privilege() -> None:
-    (agent,) = _containers("DaemonSet")
+def assert_least_privilege(agent: dict[str, Any]) -> None:
+    """The agent container: not privileged, every capability dropped but the four named in
+    docs/agent.md (no SYS_ADMIN), no escalation, tracefs read-only, every host path too."""
     sc = agent["securityContext"]
-    assert sc["privileged"] is False and sc["capabilities"]["drop"] == ["ALL"]
-    assert set(sc["capabilities"]["add"]) <= {"BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE"}
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": AGENT_CAPABILITIES}
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     assert mounts["/sys/kernel/tracing"]["readOnly"] is True
+    assert all(mounts[p]["readOnly"] for p in ("/lib/modules", "/usr/src"))
+
+
+def test_agent_runs_with_least_privilege() -> None:
+    (ds,) = [d for d in _docs() if d["kind"] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    (agent,) = _containers("DaemonSet")
+    assert_least_privilege(agent)
 
 
 def test_container_args_parse_with_the_real_clis() -> None:
@@ -79,3 +94,12 @@ def test_dockerfiles_copy_what_exists_and_start_a_real_entry_point() -> None:
                 assert (ROOT / s).exists(), f"{f.name}: COPY {s} does not exist"
         (entry,) = re.findall(r'^ENTRYPOINT \["([^"]+)"\]', text, re.M)
         assert entry in scripts, entry
+
+
+def test_images_take_the_runtime_dependencies_only() -> None:
+    """The lock pins the test tools too (helm's half-gigabyte carrier, Playwright): the
+    images install the project with the lock as constraints, which leaves them out."""
+    for f in DOCKERFILES:
+        text = f.read_text()
+        assert re.search(r"pip install --no-cache-dir -c requirements\.lock \.", text), f.name
+        assert "-r requirements.lock" not in text, f.name

@@ -2,7 +2,8 @@
 # Debian 12 to match the bcc the agent is tested with (python3-bpfcc 0.26). Kernel headers:
 # the node's own, mounted at /lib/modules and /usr/src, are used when present; otherwise the
 # image's Debian generic headers feed the fallback tree (tracepoint programs only), built
-# at image build time so the agent starts without writing anything.
+# at image build time so the agent starts without writing anything. The lock constrains the
+# project's runtime dependencies (`-c`): the test tools it also pins stay out of the image.
 FROM debian:12-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-bpfcc \
@@ -15,8 +16,7 @@ COPY collector ./collector
 COPY parallax_contracts ./parallax_contracts
 COPY docs/contracts ./docs/contracts
 RUN python3 -m venv /opt/parallax/venv \
- && /opt/parallax/venv/bin/pip install --no-cache-dir -r requirements.lock \
- && /opt/parallax/venv/bin/pip install --no-cache-dir --no-deps . \
+ && /opt/parallax/venv/bin/pip install --no-cache-dir -c requirements.lock . \
  && ln -s /usr/lib/python3/dist-packages/bcc \
       "$(/opt/parallax/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc" \
  && PARALLAX_CACHE_DIR=/var/cache/parallax /opt/parallax/venv/bin/python -m agent.kernel_headers build

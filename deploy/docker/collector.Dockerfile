@@ -8,9 +8,10 @@ COPY collector ./collector
 COPY parallax_contracts ./parallax_contracts
 COPY docs/contracts ./docs/contracts
 # The compiled OTLP decoder and Native encoder are built in place and the compiler removed
-# in the same layer (without them the collector works, at a lower ingest rate).
+# in the same layer (without them the collector works, at a lower ingest rate). The lock
+# constrains the runtime dependencies (`-c`): the test tools it also pins stay out.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
- && pip install --no-cache-dir -r requirements.lock && pip install --no-cache-dir --no-deps . \
+ && pip install --no-cache-dir -c requirements.lock . \
  && cd / && python -m collector.ingest.build_fast \
  && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home /var/lib/parallax --create-home parallax

@@ -1,4 +1,4 @@
-"""The agent with only the DaemonSet's capabilities (deploy/k8s/agent-daemonset.yaml).
+"""The agent with only the DaemonSet's capabilities (deploy/k8s/parallax.yaml, from the chart).
 
 In a module of its own: while an agent with full root holds the libc uretprobe, the kernel
 refuses (EACCES) the same probe to a later agent without CAP_SYS_ADMIN — not a deployment
