@@ -23,7 +23,8 @@ K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 DOCKERFILES = sorted((ROOT / "deploy" / "docker").glob("*.Dockerfile"))
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
 K8S_VERSIONS = ["1.30.0", "1.37.0"]
-AGENT_CAPABILITIES = ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE"]
+# the last for servers under another uid (tests/agent/test_privilege.py, docs/deploy.md)
+AGENT_CAPABILITIES = ["BPF", "PERFMON", "SYS_PTRACE", "SYS_RESOURCE", "DAC_READ_SEARCH"]
 
 
 def _docs() -> list[dict[str, Any]]:

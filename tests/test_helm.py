@@ -287,12 +287,12 @@ def test_rbac_is_read_only_on_pods_and_optional() -> None:
     assert {d["kind"] for d in off}.isdisjoint({"ClusterRole", "ClusterRoleBinding"})
 
 
-def test_dac_read_search_is_the_one_capability_a_value_adds() -> None:
-    """agent.capDacReadSearch: for servers under another uid (docs/deploy.md)."""
-    caps = container(render("default", *sets("agent.capDacReadSearch=true")), "DaemonSet")
+def test_dac_read_search_is_the_one_capability_a_value_removes() -> None:
+    """agent.capDacReadSearch=false, where every traced server runs as root: the four."""
+    caps = container(render("default", *sets("agent.capDacReadSearch=false")), "DaemonSet")
     assert caps["securityContext"]["capabilities"] == {
         "drop": ["ALL"],
-        "add": [*AGENT_CAPABILITIES, "DAC_READ_SEARCH"],
+        "add": [c for c in AGENT_CAPABILITIES if c != "DAC_READ_SEARCH"],
     }
 
 

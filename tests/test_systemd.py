@@ -27,7 +27,9 @@ UNITS = sorted(p.name for p in UNITS_DIR.glob("*.service"))
 ANALYZE = shutil.which("systemd-analyze")
 # Overall exposure (`systemd-analyze security`, tenths): the units' scores today; a change
 # that loosens them fails here.
-EXPOSURE = {"parallax-agent.service": 47, "parallax-collector.service": 29}
+# (the agent's: 4.7 with four capabilities, 4.9 with CAP_DAC_READ_SEARCH, which it needs
+# for servers under other uids: tests/agent/test_privilege.py)
+EXPOSURE = {"parallax-agent.service": 49, "parallax-collector.service": 29}
 
 pytestmark = pytest.mark.skipif(
     ANALYZE is None, reason="no systemd-analyze (Debian package systemd; make setup installs it)"

@@ -8,6 +8,7 @@ hand), but the other modules' root agents must be gone.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,10 @@ from tests.agent.helpers import (
 pytestmark = pytest.mark.ebpf
 
 
-def _daemonset_caps() -> list[str]:
+def _daemonset_caps(dac_read_search: bool = True) -> list[str]:
     """setpriv to the DaemonSet's capabilities, less CAP_SYS_RESOURCE (which this sandbox
     cannot grant)."""
-    caps = "-all,+bpf,+perfmon,+sys_ptrace"
+    caps = "-all,+bpf,+perfmon,+sys_ptrace" + (",+dac_read_search" if dac_read_search else "")
     return [
         "setpriv",
         "--reuid",
@@ -94,3 +95,38 @@ def test_a_pods_server_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
         rc = agent.stop() if agent is not None else 0
         srv.stop()
     assert rc == 0
+
+
+@pytest.mark.parametrize("dac_read_search", [True, False], ids=["granted", "without"])
+def test_a_server_under_another_uid_with_the_daemonsets_capabilities(
+    tmp_path: Path, dac_read_search: bool
+) -> None:
+    """Pods under the restricted Pod Security Standard run as non-root: the agent finds the
+    holder of a traced port through /proc/<pid>/fd, which is its owner's alone (mode 0500)
+    — with CAP_DAC_READ_SEARCH (the DaemonSet grants it) the server is traced; without it
+    nothing is, which is why it is granted."""
+    logs = Path(tempfile.mkdtemp(prefix="px-uid1000-"))  # (pytest's tmp_path is root's alone)
+    logs.chmod(0o777)
+    srv = Proc(
+        ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups",
+         PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(logs / "t")]
+    )  # fmt: skip
+    port = srv.port()
+    agent = Agent(tmp_path, [port], wrapper=_daemonset_caps(dac_read_search))
+    try:
+        assert Path(f"/proc/{srv.p.pid}/status").read_text().count("1000") >= 2  # really uid 1000
+        ids = []
+        for _ in range(3):
+            ctx = trace_context.generate()
+            ids.append(ctx.trace_id)
+            head = (
+                f"GET /plain HTTP/1.1\r\ntraceparent: {ctx.header()}\r\nConnection: close\r\n\r\n"
+            )
+            assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
+        recs = agent.wait_for(
+            lambda r: r["trace_id"] in ids, 3, timeout=5 if dac_read_search else 2
+        )
+    finally:
+        assert agent.stop() == 0
+        srv.stop()
+    assert len(recs) == (3 if dac_read_search else 0)
