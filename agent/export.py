@@ -166,7 +166,7 @@ class OtlpExporter:
         # sampled — by the agent, at the probability its tracestate states (OpenTelemetry's
         # ot=th:…); whether the browser sampled the trace is the beacon's own field.
         flags = TraceFlags(rec["trace_flags"] | TraceFlags.SAMPLED)
-        state = TraceState([("ot", f"th:{rec['sample_th']}")])
+        state = TraceState([("ot", f"th:{rec.get('sample_th') or '0'}")])
         ctx = SpanContext(int(rec["trace_id"], 16), int(rec["span_id"], 16), False, flags, state)
         parent = (
             SpanContext(int(rec["trace_id"], 16), int(rec["parent_span_id"], 16), True, flags)

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from collector import spool
+from collector.spool import DiskState
 from tests.collector.faults import (
     Ledger,
     NoTmpfsError,
@@ -85,6 +86,9 @@ def test_disk_full_is_a_state_and_loses_nothing_acknowledged(small_disk: Path) -
         # Space returns: accepted again, no restart.
         filler.unlink()
         wait_for(lambda: free_bytes(small_disk) > 8 << 20, timeout_s=5)
+        # while full, the free space is looked at every PROBE_EVERY_S: one such wait later
+        # every write is tried again (a loaded machine made the first of 8 requests race it)
+        time.sleep(DiskState.PROBE_EVERY_S + 0.1)
         before = ledger.codes[200]
         post_spans(c.ingest, ledger, requests=8, spans=100)
         assert ledger.codes[200] == before + 8, ledger.codes

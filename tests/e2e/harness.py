@@ -114,7 +114,9 @@ def run(sc: Scenario, stack: Stack, ingest: str, query: str, timeout_s: float = 
         nginx_port = stack.nginx(app_port, sc.buffering, name=f"{sc.service}-nginx")
         ports.insert(0, nginx_port)
         browser_base = f"http://127.0.0.1:{nginx_port}"
-    stack.agent(ports, ingest)
+    # no CPU budget: the scenarios check every pair, and on a loaded test machine the
+    # agent would otherwise trace a sample (its budget is 5 % of the node)
+    stack.agent(ports, ingest, "--cpu-budget", "0")
     url = chat_url(browser_base, ingest, flush_ms=1000, **sc.page_params)
     per_page = -(-sc.requests // sc.pages)
     with chromium() as browser:
