@@ -196,11 +196,97 @@ GPU_UUID = Attr(
     "The GPUs the service's GPU processes ran on (NVML UUIDs, comma-separated).",
 )
 
-# Resource attributes the agent sets per process (standard names).
+# Resource attributes the agent sets per process (OpenTelemetry semantic-convention names).
 RESOURCE_SERVICE_NAME = "service.name"
 RESOURCE_PROCESS_PID = "process.pid"
 RESOURCE_PROCESS_EXECUTABLE_NAME = "process.executable.name"
 RESOURCE_HOST_NAME = "host.name"
+# The process's container (its cgroup) and, in Kubernetes, its pod (the API), node, workload.
+RESOURCE_CONTAINER_ID = "container.id"
+RESOURCE_K8S_NODE_NAME = "k8s.node.name"
+RESOURCE_K8S_NAMESPACE_NAME = "k8s.namespace.name"
+RESOURCE_K8S_POD_NAME = "k8s.pod.name"
+RESOURCE_K8S_POD_UID = "k8s.pod.uid"
+RESOURCE_K8S_CONTAINER_NAME = "k8s.container.name"
+RESOURCE_K8S_REPLICASET_NAME = "k8s.replicaset.name"
+RESOURCE_K8S_DEPLOYMENT_NAME = "k8s.deployment.name"
+RESOURCE_K8S_STATEFULSET_NAME = "k8s.statefulset.name"
+RESOURCE_K8S_DAEMONSET_NAME = "k8s.daemonset.name"
+RESOURCE_K8S_JOB_NAME = "k8s.job.name"
+RESOURCE_K8S_CRONJOB_NAME = "k8s.cronjob.name"
+
+RESOURCE: tuple[Attr, ...] = (
+    Attr(
+        RESOURCE_SERVICE_NAME,
+        "string",
+        "",
+        "The process's `OTEL_SERVICE_NAME`, else its executable name; `--service-name"
+        " PORT=NAME` wins.",
+        True,
+    ),
+    Attr(RESOURCE_PROCESS_PID, "int", "", "Process id (the host's pid namespace).", True),
+    Attr(RESOURCE_PROCESS_EXECUTABLE_NAME, "string", "", "Executable name (`comm`).", True),
+    Attr(
+        RESOURCE_HOST_NAME,
+        "string",
+        "",
+        "In Kubernetes the node's name (`NODE_NAME` from the downward API); elsewhere the"
+        " machine's host name.",
+        True,
+    ),
+    Attr(
+        RESOURCE_CONTAINER_ID,
+        "string",
+        "",
+        "The process's container (64 hex digits, from `/proc/<pid>/cgroup`: containerd,"
+        " CRI-O, Docker, Podman); absent outside a container.",
+        True,
+    ),
+    Attr(RESOURCE_K8S_NODE_NAME, "string", "", "Kubernetes only: the node.", True),
+    Attr(
+        RESOURCE_K8S_POD_UID,
+        "string",
+        "",
+        "The pod's uid: from the API, else from the cgroup path (also when the API refuses"
+        " the agent).",
+        True,
+    ),
+    Attr(RESOURCE_K8S_NAMESPACE_NAME, "string", "", "The pod's namespace (API).", True),
+    Attr(RESOURCE_K8S_POD_NAME, "string", "", "The pod's name (API).", True),
+    Attr(
+        RESOURCE_K8S_CONTAINER_NAME,
+        "string",
+        "",
+        "The container's name in the pod spec (API: the status that lists the container"
+        " id, or the pod's only container).",
+        True,
+    ),
+    Attr(
+        RESOURCE_K8S_REPLICASET_NAME,
+        "string",
+        "",
+        "The ReplicaSet owning the pod (owner reference).",
+        True,
+    ),
+    Attr(
+        RESOURCE_K8S_DEPLOYMENT_NAME,
+        "string",
+        "",
+        "The Deployment: the ReplicaSet's name less its `pod-template-hash` label's value.",
+        True,
+    ),
+    Attr(RESOURCE_K8S_STATEFULSET_NAME, "string", "", "Owner reference.", True),
+    Attr(RESOURCE_K8S_DAEMONSET_NAME, "string", "", "Owner reference.", True),
+    Attr(RESOURCE_K8S_JOB_NAME, "string", "", "Owner reference.", True),
+    Attr(
+        RESOURCE_K8S_CRONJOB_NAME,
+        "string",
+        "",
+        "The Job's name less the CronJob controller's suffix (its scheduled time in Unix"
+        " minutes, accepted within the last 400 days).",
+        True,
+    ),
+)
 
 SOURCE_EBPF = "ebpf"
 
@@ -254,13 +340,18 @@ def record_field(a: Attr) -> str:
     return a.name.removeprefix("parallax.").replace(".", "_")
 
 
-def markdown_table() -> str:
+def markdown_table(attrs: tuple[Attr, ...] = ALL) -> str:
     rows = ["| Attribute | Type | Unit | Meaning |", "|---|---|---|---|"]
-    for a in ALL:
+    for a in attrs:
         name = f"`{a.name}`" + (" (semconv)" if a.standard else "")
         rows.append(f"| {name} | {a.type} | {a.unit or '—'} | {a.doc} |")
     return "\n".join(rows) + "\n"
 
 
+def resource_table() -> str:
+    """The Resource attributes' table (docs/contracts/span-attributes.md, "Resource")."""
+    return markdown_table(RESOURCE)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown_table())
+    sys.stdout.write(markdown_table() + "\nResource attributes:\n\n" + resource_table())
