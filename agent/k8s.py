@@ -223,6 +223,7 @@ class PodWatch:
         self.cache, self.node, self._configure, self.watch_s = cache, node, configure, watch_s
         self.state = "starting"
         self.lists = 0  # list calls that succeeded (the first, then each relist)
+        self.rv: str | None = None  # the version to watch from; None: list first
         self.synced = threading.Event()  # the first list is in the cache
         self._stop = threading.Event()
         self._resp: Any = None
@@ -253,26 +254,25 @@ class PodWatch:
             self.state = "unavailable"
             log.warning("kubernetes: no API client (%s): spans carry container ids only", e)
             return
-        rv: str | None = None
         failures = 0
         while not self._stop.is_set():
             wait = 0.0
             try:
-                if rv is None:
-                    rv = self._list(api)
+                if self.rv is None:
+                    self.rv = self._list(api)
                 started = time.monotonic()
-                rv, events = self._watch(api, rv)
+                events = self._watch(api, self.rv)
                 failures = 0
                 self._back()
                 if not events and time.monotonic() - started < MIN_WATCH_GAP_S:
                     wait = MIN_WATCH_GAP_S
             except _GoneError:
                 log.info("kubernetes: pod watch expired (410 Gone): listing again")
-                rv = None
+                self.rv = None
                 continue
             except ApiException as e:
                 if e.status == 410:
-                    rv = None
+                    self.rv = None
                     log.info("kubernetes: pod watch expired (410 Gone): listing again")
                     continue
                 if e.status == 403:
@@ -282,6 +282,8 @@ class PodWatch:
                     failures += 1
                     wait = self._unavailable(f"HTTP {e.status}", failures)
             except Exception as e:  # noqa: BLE001  (connection, protocol, bad JSON: retried)
+                if self._stop.is_set():  # stop() cut the watch
+                    return
                 failures += 1
                 wait = self._unavailable(type(e).__name__, failures)
             if wait:
@@ -316,9 +318,9 @@ class PodWatch:
         self.synced.set()
         return str((body.get("metadata") or {}).get("resourceVersion") or "0")
 
-    def _watch(self, api: Any, rv: str) -> tuple[str, int]:
-        """One watch from ``rv`` until the server ends it: (the last version seen, how many
-        events came)."""
+    def _watch(self, api: Any, rv: str) -> int:
+        """One watch from ``rv`` until the server ends it (or it fails: the events taken
+        so far count, ``self.rv`` follows them); how many events came."""
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
         from kubernetes.watch.watch import iter_resp_lines  # noqa: PLC0415
 
@@ -334,6 +336,8 @@ class PodWatch:
         self._resp = resp
         n = 0
         try:
+            if self._stop.is_set():  # stop() came before _resp was set: it could not cut it
+                return n
             for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
                 if not line:
                     continue
@@ -344,7 +348,7 @@ class PodWatch:
                         raise _GoneError
                     raise ApiException(status=obj.get("code"), reason=obj.get("reason"))
                 n += 1
-                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                self.rv = str((obj.get("metadata") or {}).get("resourceVersion") or self.rv)
                 if kind in ("ADDED", "MODIFIED"):
                     pod = pod_from_object(obj)
                     if pod is not None:
@@ -358,7 +362,7 @@ class PodWatch:
         finally:
             self._resp = None
             resp.release_conn()
-        return rv, n
+        return n
 
     # -- what is said -------------------------------------------------------------------
     def _forbidden(self) -> None:
