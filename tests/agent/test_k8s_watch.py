@@ -395,3 +395,20 @@ def test_in_a_pod_the_node_is_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     stage = resource.start("http://127.0.0.1:9", env={**env, "NODE_NAME": NODE})
     assert (stage.host, stage.node) == (NODE, NODE)
     assert len(started) == 1 and started[0].node == NODE
+
+
+def test_resource_attribute_table_is_current() -> None:
+    from parallax_contracts import CONTRACTS_DIR
+
+    doc = (CONTRACTS_DIR / "span-attributes.md").read_text()
+    assert sa.resource_table() in doc, (
+        "docs/contracts/span-attributes.md is stale: regenerate its tables with "
+        "python -m parallax_contracts.span_attributes"
+    )
+    # every name the agent sets is in the contract
+    stage_names = {
+        sa.RESOURCE_HOST_NAME,
+        sa.RESOURCE_CONTAINER_ID,
+        *(v for k, v in vars(sa).items() if k.startswith("RESOURCE_K8S_")),
+    }
+    assert stage_names <= {a.name for a in sa.RESOURCE}
