@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
-from pathlib import Path
 
 import pytest
 
 from agent import containers
 from agent.containers import ContainerRef
+from tests.agent.cgroups import PodCgroup
 
 # Real file contents. Sources: the cgroup tests of NeuVector (share/system/cgroup_test.go,
 # github.com/neuvector/neuvector, commit 1b8b7075), each recorded on the runtime version it
@@ -293,40 +292,17 @@ def test_lookalikes_are_not_containers() -> None:
         assert containers.parse(path) is None, path
 
 
-def _cgroup2_root() -> Path | None:
-    """Where a cgroup v2 hierarchy is mounted (the unified one of a hybrid host)."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        if right.split(" ", 1)[0] == "cgroup2":
-            return Path(left.split()[4])
-    return None
-
-
 def test_a_process_placed_in_a_pod_cgroup_is_found() -> None:
     """The running kernel's own /proc/<pid>/cgroup for a process moved into a cgroup named
     as the systemd driver and containerd name a pod's container."""
-    root = _cgroup2_root()
-    if os.geteuid() != 0 or root is None or not os.access(root, os.W_OK):
-        pytest.skip("needs root and a writable cgroup v2 hierarchy")
-    pod = str(uuid.uuid4())
-    cid = uuid.uuid4().hex * 2
-    top = root / f"parallax-test-{uuid.uuid4().hex[:8]}.slice"
-    leaf = (
-        top
-        / "kubepods.slice/kubepods-burstable.slice"
-        / f"kubepods-burstable-pod{pod.replace('-', '_')}.slice"
-        / f"cri-containerd-{cid}.scope"
-    )
-    leaf.mkdir(parents=True)
+    cg = PodCgroup()
     p = subprocess.Popen(["sleep", "30"])
     try:
-        (leaf / "cgroup.procs").write_text(str(p.pid))
-        assert containers.container_of(p.pid) == ContainerRef(cid, pod)
-        assert containers.container_of(os.getpid()) != ContainerRef(cid, pod)
+        cg.add(p.pid)
+        want = ContainerRef(cg.container_id, cg.pod_uid)
+        assert containers.container_of(p.pid) == want
+        assert containers.container_of(os.getpid()) != want
     finally:
         p.kill()
         p.wait()
-        for d in [leaf, *leaf.parents]:
-            if d == root:
-                break
-            d.rmdir()
+        cg.remove()

@@ -7,9 +7,7 @@ spans over OTLP — the JSONL record carrying the same attributes."""
 from __future__ import annotations
 
 import copy
-import os
 import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,59 +17,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from parallax_contracts import span_attributes as sa
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, http_request, wait_log
+from tests.agent.cgroups import PodCgroup
+from tests.agent.helpers import Agent, OtlpReceiver, http_request, wait_log
 from tests.agent.k8s_replay import ApiReplay, Json, fixture, pod_list
 
 pytestmark = pytest.mark.ebpf
 NODE = "node-e2e-1"
-
-
-def _cgroup2_root() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        if right.split(" ", 1)[0] == "cgroup2":
-            return Path(left.split()[4])
-    return None
-
-
-class PodCgroup:
-    """A cgroup v2 directory as a node's would be for one container of a pod,
-    ``…/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/
-    cri-containerd-<id>.scope``, under a directory of the test's own (as kind nests a
-    node's pods under its container)."""
-
-    def __init__(self) -> None:
-        root = _cgroup2_root()
-        if root is None or not os.access(root, os.W_OK):
-            pytest.skip("needs a writable cgroup v2 hierarchy")
-        self.pod_uid = str(uuid.uuid4())
-        self.container_id = uuid.uuid4().hex + uuid.uuid4().hex
-        self.root = root
-        self.top = root / f"parallax-test-{uuid.uuid4().hex[:8]}.slice"
-        self.leaf = (
-            self.top
-            / "kubepods.slice/kubepods-burstable.slice"
-            / f"kubepods-burstable-pod{self.pod_uid.replace('-', '_')}.slice"
-            / f"cri-containerd-{self.container_id}.scope"
-        )
-        self.leaf.mkdir(parents=True)
-
-    def server(self, log: Path) -> Proc:
-        """py_server, moved into the container's cgroup before it starts."""
-        return Proc(
-            [
-                "sh",
-                "-c",
-                f"echo $$ > {self.leaf}/cgroup.procs && exec {PY} -m"
-                f" tests.agent.servers.py_server --timing-log {log}",
-            ]
-        )
-
-    def remove(self) -> None:
-        for d in [self.leaf, *self.leaf.parents]:
-            if d == self.root:
-                break
-            d.rmdir()
 
 
 def _pod_list(cg: PodCgroup) -> dict[str, Any]:

@@ -5,6 +5,7 @@ BOOKMARK, DELETED), 410 Gone, 403 Forbidden and a dropped connection. No kernel 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -66,11 +67,19 @@ def _watch(api: ApiReplay, cache: PodCache | None = None) -> PodWatch:
     return w
 
 
+@contextlib.contextmanager
+def _watching(api: ApiReplay) -> Iterator[PodWatch]:
+    w = _watch(api)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
 # -- from the API's objects -------------------------------------------------------------
 def test_list_names_every_pod_and_its_workload(api: ApiReplay) -> None:
     api.lists.append(Json(pod_list()))
-    w = _watch(api)
-    try:
+    with _watching(api) as w:
         assert w.synced.wait(10)
         [lst] = api.of("list")
         # this node's pods only, from the API server's cache (resourceVersion=0)
@@ -107,8 +116,6 @@ def test_list_names_every_pod_and_its_workload(api: ApiReplay) -> None:
         assert static.workload == ()
         assert c.find(None, "3f0c6a57-1b9e-4d27-9a51-0c5e8e2d7b11") is chat  # by pod uid
         assert c.find("0" * 64, None) is None
-    finally:
-        w.stop()
 
 
 def test_cronjob_from_the_job_name_only_when_it_is_a_recent_schedule() -> None:
@@ -173,8 +180,7 @@ def test_watch_events_change_the_cache_and_resume_from_the_last_version(
             gap_s=0.05,
         )
     )
-    w = _watch(api)
-    try:
+    with _watching(api) as w:
         # the server ended that watch: the next starts from the bookmark's version
         second = api.wait_requests("watch", 2)[1]
         assert second["resourceVersion"] == "48300"
@@ -185,8 +191,6 @@ def test_watch_events_change_the_cache_and_resume_from_the_last_version(
         assert w.cache.find(REDIS, None) is None  # deleted
         assert w.cache.find(None, "6a1f2e3d-4c5b-4a69-8778-96a5b4c3d2e1") is None
         assert w.state == "synced"
-    finally:
-        w.stop()
 
 
 def test_410_gone_in_the_stream_relists(api: ApiReplay, caplog: pytest.LogCaptureFixture) -> None:
@@ -197,8 +201,7 @@ def test_410_gone_in_the_stream_relists(api: ApiReplay, caplog: pytest.LogCaptur
     second["items"] = [p for p in second["items"] if p["metadata"]["name"] != "redis-0"]
     api.lists.extend([Json(first), Json(second)])
     api.watches.append(Stream([fixture("watch-expired.json")]))
-    w = _watch(api)
-    try:
+    with _watching(api) as w:
         api.wait_requests("list", 2)
         watches = api.wait_requests("watch", 2)
         assert [r["resourceVersion"] for r in watches] == ["48230", "51900"]
@@ -206,21 +209,16 @@ def test_410_gone_in_the_stream_relists(api: ApiReplay, caplog: pytest.LogCaptur
         assert w.cache.find(CHAT, None) is not None
         assert w.lists == 2
         assert "410 Gone" in caplog.text
-    finally:
-        w.stop()
 
 
 def test_410_status_of_the_watch_request_relists(api: ApiReplay) -> None:
     api.lists.extend([Json(pod_list()), Json(pod_list())])
     gone = {**fixture("watch-expired.json")["object"]}
     api.watches.append(Json(gone, 410))
-    w = _watch(api)
-    try:
+    with _watching(api) as w:
         api.wait_requests("list", 2)
         api.wait_requests("watch", 2)
         assert w.lists == 2 and w.state == "synced"
-    finally:
-        w.stop()
 
 
 def test_403_degrades_to_container_ids_said_once(
@@ -228,8 +226,7 @@ def test_403_degrades_to_container_ids_said_once(
 ) -> None:
     caplog.set_level(logging.INFO, logger="parallax.agent")
     api.lists.append(Json(fixture("forbidden.json"), 403))
-    w = _watch(api)
-    try:
+    with _watching(api) as w:
         _until(lambda: w.state == "forbidden")
         time.sleep(1.5)  # no tight loop: asked again only after FORBIDDEN_RETRY_S
         assert len(api.requests) == 1 and api.of("watch") == []
@@ -245,8 +242,6 @@ def test_403_degrades_to_container_ids_said_once(
             sa.RESOURCE_CONTAINER_ID: CHAT,
             sa.RESOURCE_K8S_POD_UID: "3f0c6a57-1b9e-4d27-9a51-0c5e8e2d7b11",
         }
-    finally:
-        w.stop()
 
 
 def test_a_dropped_watch_reconnects_from_its_version_without_a_relist(
@@ -263,8 +258,7 @@ def test_a_dropped_watch_reconnects_from_its_version_without_a_relist(
             Stream(hold=True),
         ]
     )
-    w = _watch(api)
-    try:
+    with _watching(api) as w:
         watches = api.wait_requests("watch", 3, timeout=15)
         assert [r["resourceVersion"] for r in watches] == ["48230", "48250", "48250"]
         assert len(api.of("list")) == 1
@@ -272,8 +266,6 @@ def test_a_dropped_watch_reconnects_from_its_version_without_a_relist(
         assert w.cache.find(REDIS, None) is None
         outage = [r for r in caplog.records if "unavailable" in r.getMessage()]
         assert len(outage) == 1  # once per outage, not per attempt
-    finally:
-        w.stop()
 
 
 def test_the_cache_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
