@@ -2,10 +2,12 @@
 and watch requests of ``GET /api/v1/pods`` from a script and records every request, so the
 real ``kubernetes`` client (agent.k8s) talks to it as to an API server.
 
-The answers are the API's own shapes (tests/agent/k8s_api/): a ``PodList``, ``Status``
-objects for errors (403 Forbidden, 410 Expired), and a watch as a chunked stream of one
-JSON event per line, which the server keeps open (as the API server does until the
-watch's timeout) or ends, or cuts without its last chunk (a dropped connection).
+The answers are written in the API's own shapes (tests/agent/k8s_api/, as ``kubectl get
+pods -o json`` and the API server's errors show them; there is no cluster here to record
+from): a ``PodList``, ``Status`` objects for errors (403 Forbidden with RBAC's message, 410
+Expired with "too old resource version"), and a watch as a chunked stream of one JSON event
+per line, which the server keeps open (as the API server does until the watch's timeout)
+or ends, or cuts without its last chunk (a dropped connection).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def fixture(name: str) -> Any:
 
 
 def pod_list() -> dict[str, Any]:
-    """The recorded list of node-a's pods (a Deployment's, a StatefulSet's, a DaemonSet's,
-    a Job's and a static pod's mirror)."""
+    """node-a's pods (a Deployment's with a sidecar, a StatefulSet's, a DaemonSet's, a
+    Job's and a static pod's mirror), as the API lists them."""
     return copy.deepcopy(fixture("pods.json"))
 
 

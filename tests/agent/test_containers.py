@@ -251,10 +251,11 @@ def test_cgroup_file_formats(text: str, want: ContainerRef | None) -> None:
 
 
 def test_kind_nested_pod_under_a_node_container() -> None:
-    """Kubernetes in Docker (kind): the node is a Docker container and kubelet's cgroup root
-    is /kubelet (kind's kubelet configuration, cgroupRoot), so a pod's path from the host
-    nests the pod under the node's scope: the innermost container is the pod's, not the
-    node's, and the guaranteed pod's level has no QoS name."""
+    """Kubernetes in Docker (kind): the node is a Docker container and kind configures
+    kubelet with ``cgroupDriver: systemd`` and ``cgroupRoot: /kubelet`` (its kubeadm
+    config), so seen from the host a pod's path nests under the node's scope. Built from
+    that layout (no published file of it at hand): the innermost container is the pod's, not
+    the node's, and a Guaranteed pod's level has no QoS name."""
     node = "e" * 64
     cid = "0123456789abcdef" * 4
     text = (

@@ -26,7 +26,7 @@ NODE = "node-e2e-1"
 
 
 def _pod_list(cg: PodCgroup) -> dict[str, Any]:
-    """The recorded list with the Deployment's pod standing for the test's: its uid and
+    """The fixture list with the Deployment's pod standing for the test's: its uid and
     its "chat" container's id are the cgroup's."""
     lst = pod_list()
     chat = lst["items"][0]

@@ -10,6 +10,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -404,3 +405,26 @@ def test_resource_attribute_table_is_current() -> None:
         *(v for k, v in vars(sa).items() if k.startswith("RESOURCE_K8S_")),
     }
     assert stage_names <= {a.name for a in sa.RESOURCE}
+
+
+def test_in_cluster_configuration_uses_the_service_account(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In a pod the client is configured from KUBERNETES_SERVICE_HOST/PORT and the mounted
+    token and CA (their paths moved here to files of the test's)."""
+    from kubernetes.config import incluster_config
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    cfg = resource._configuration(None)
+    assert cfg.host == "https://10.96.0.1:443"
+    assert cfg.ssl_ca_cert == str(ca)
+    assert cfg.get_api_key_with_prefix("BearerToken").endswith("eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+    # a test's URL instead: plain, no credentials
+    cfg = resource._configuration("http://127.0.0.1:8001/")
+    assert cfg.host == "http://127.0.0.1:8001" and not cfg.api_key
