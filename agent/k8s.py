@@ -13,7 +13,9 @@ API objects.
   last version after a backoff (1 s doubling to 30 s, ±20 %); the pods known so far stay
   (said once per outage, and once when it is back).
 * ``403 Forbidden`` (the RBAC is missing): said once; records keep what the cgroup gives
-  (container id, pod uid); asked again quietly every FORBIDDEN_RETRY_S.
+  (container id, pod uid); listed again quietly every FORBIDDEN_RETRY_S (where the list is
+  allowed and the watch is not, the pods are refreshed that often). ``410`` relists at
+  most once a second.
 
 Workload, from the pod's controller owner reference (no RBAC beyond pods is needed):
 ReplicaSet → ``k8s.replicaset.name`` and, when its name ends with ``-<pod-template-hash>``
@@ -204,14 +206,10 @@ class PodCache:
             return pod
 
 
-class _GoneError(Exception):
-    """410: the resource version is too old to watch from: list again."""
-
-
 class PodWatch:
     """The list-and-watch thread. ``configure`` builds the client's Configuration (in the
-    thread: it imports the client); ``state`` is one of starting, synced, forbidden,
-    unavailable."""
+    thread: it imports the client); ``state`` is one of starting, synced (listed, watch
+    open), forbidden, unavailable."""
 
     def __init__(
         self,
@@ -229,6 +227,7 @@ class PodWatch:
         self._resp: Any = None
         self._forbidden_said = False
         self._outage_since: float | None = None
+        self._listed_at = float("-inf")
         self._thread = threading.Thread(target=self._run, name="k8s-pods", daemon=True)
 
     def start(self) -> None:
@@ -266,17 +265,17 @@ class PodWatch:
                 self._back()
                 if not events and time.monotonic() - started < MIN_WATCH_GAP_S:
                     wait = MIN_WATCH_GAP_S
-            except _GoneError:
-                log.info("kubernetes: pod watch expired (410 Gone): listing again")
-                self.rv = None
-                continue
             except ApiException as e:
-                if e.status == 410:
-                    self.rv = None
+                if e.status == 410:  # (an ERROR event of the stream, or the request's status)
                     log.info("kubernetes: pod watch expired (410 Gone): listing again")
-                    continue
-                if e.status == 403:
+                    self.rv = None
+                    # at most one list a second, should the API keep answering 410
+                    wait = max(0.0, MIN_WATCH_GAP_S - (time.monotonic() - self._listed_at))
+                elif e.status == 403:
                     self._forbidden()
+                    # list again then (a watch refused where a list is allowed: the pods
+                    # refreshed that often)
+                    self.rv = None
                     wait = FORBIDDEN_RETRY_S
                 else:
                     failures += 1
@@ -309,12 +308,9 @@ class PodWatch:
         pods = [p for p in (pod_from_object(o, now) for o in body.get("items") or ()) if p]
         self.cache.replace(pods)
         self.lists += 1
-        self.state = "synced"
+        self._listed_at = time.monotonic()
         if not self.synced.is_set():
             log.info("kubernetes: %d pods on node %s", len(pods), self.node)
-        elif self._forbidden_said:
-            log.info("kubernetes: pods readable now (%d on node %s)", len(pods), self.node)
-        self._forbidden_said = False
         self.synced.set()
         return str((body.get("metadata") or {}).get("resourceVersion") or "0")
 
@@ -334,6 +330,10 @@ class PodWatch:
             _request_timeout=(CONNECT_S, self.watch_s + 30),
         )
         self._resp = resp
+        self.state = "synced"  # listed, and the watch is open
+        if self._forbidden_said:  # listed and watched: the RBAC is there now
+            self._forbidden_said = False
+            log.info("kubernetes: the pods of node %s are readable now", self.node)
         n = 0
         try:
             if self._stop.is_set():  # stop() came before _resp was set: it could not cut it
@@ -343,9 +343,7 @@ class PodWatch:
                     continue
                 ev = json.loads(line)
                 kind, obj = ev.get("type"), ev.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _GoneError
+                if kind == "ERROR":  # a Status: 410 when the version is too old
                     raise ApiException(status=obj.get("code"), reason=obj.get("reason"))
                 n += 1
                 self.rv = str((obj.get("metadata") or {}).get("resourceVersion") or self.rv)
@@ -370,7 +368,7 @@ class PodWatch:
         if not self._forbidden_said:
             self._forbidden_said = True
             log.warning(
-                "kubernetes: the API refused to list the pods of node %s (403 Forbidden:"
+                "kubernetes: the API refused to list or watch the pods of node %s (403 Forbidden:"
                 " the agent's service account needs get, list and watch on pods): spans"
                 " carry container ids and pod uids only",
                 self.node,
@@ -385,8 +383,7 @@ class PodWatch:
                 why,
                 len(self.cache),
             )
-        if self.state != "synced" or failures > 1:
-            self.state = "unavailable"
+        self.state = "unavailable"
         return min(MAX_BACKOFF_S, 2.0 ** (failures - 1)) * random.uniform(0.8, 1.2)  # noqa: S311
 
     def _back(self) -> None:

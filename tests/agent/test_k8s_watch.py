@@ -219,7 +219,8 @@ def test_410_status_of_the_watch_request_relists(api: ApiReplay) -> None:
     with _watching(api) as w:
         api.wait_requests("list", 2)
         api.wait_requests("watch", 2)
-        assert w.lists == 2 and w.state == "synced"
+        _until(lambda: w.state == "synced")
+        assert w.lists == 2
 
 
 def test_403_degrades_to_container_ids_said_once(
@@ -428,3 +429,39 @@ def test_in_cluster_configuration_uses_the_service_account(
     # a test's URL instead: plain, no credentials
     cfg = resource._configuration("http://127.0.0.1:8001/")
     assert cfg.host == "http://127.0.0.1:8001" and not cfg.api_key
+
+
+def test_a_watch_refused_where_the_list_is_allowed_relists_on_the_retry_period(
+    api: ApiReplay, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RBAC with list but not watch: the list's pods are used, refreshed every
+    FORBIDDEN_RETRY_S (shortened here), and the 403 is said once, not once per retry."""
+    caplog.set_level(logging.INFO, logger="parallax.agent")
+    monkeypatch.setattr(k8s, "FORBIDDEN_RETRY_S", 1.0)
+    later = pod_list()
+    later["items"] = later["items"][:1]
+    api.lists.extend([Json(pod_list()), Json(later)])
+    forbidden = Json(fixture("forbidden.json"), 403)
+    api.watches.extend([forbidden] * 5)
+    with _watching(api) as w:
+        api.wait_requests("watch", 3)
+        assert len(api.of("list")) >= 3  # a list before each watch
+        assert w.cache.find(CHAT, None) is not None  # the list's pods are used
+        assert w.cache.find(REDIS, None) is None  # and refreshed
+        assert w.state == "forbidden"
+    said = [r for r in caplog.records if "403" in r.getMessage()]
+    assert len(said) == 1
+    assert not any("readable now" in r.getMessage() for r in caplog.records)
+
+
+def test_rbac_granted_later_is_found_and_said(
+    api: ApiReplay, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="parallax.agent")
+    monkeypatch.setattr(k8s, "FORBIDDEN_RETRY_S", 0.3)
+    api.lists.extend([Json(fixture("forbidden.json"), 403), Json(pod_list())])
+    with _watching(api) as w:
+        api.wait_requests("watch", 1)
+        _until(lambda: w.state == "synced")
+        assert w.cache.find(CHAT, None) is not None
+    assert sum("readable now" in r.getMessage() for r in caplog.records) == 1
