@@ -215,76 +215,54 @@ RESOURCE_K8S_DAEMONSET_NAME = "k8s.daemonset.name"
 RESOURCE_K8S_JOB_NAME = "k8s.job.name"
 RESOURCE_K8S_CRONJOB_NAME = "k8s.cronjob.name"
 
+
+def _resource(name: str, doc: str, type_: AttrType = "string") -> Attr:
+    return Attr(name, type_, "", doc, standard=True)
+
+
 RESOURCE: tuple[Attr, ...] = (
-    Attr(
+    _resource(
         RESOURCE_SERVICE_NAME,
-        "string",
-        "",
         "The process's `OTEL_SERVICE_NAME`, else its executable name; `--service-name"
         " PORT=NAME` wins.",
-        True,
     ),
-    Attr(RESOURCE_PROCESS_PID, "int", "", "Process id (the host's pid namespace).", True),
-    Attr(RESOURCE_PROCESS_EXECUTABLE_NAME, "string", "", "Executable name (`comm`).", True),
-    Attr(
+    _resource(RESOURCE_PROCESS_PID, "Process id (the host's pid namespace).", "int"),
+    _resource(RESOURCE_PROCESS_EXECUTABLE_NAME, "Executable name (`comm`)."),
+    _resource(
         RESOURCE_HOST_NAME,
-        "string",
-        "",
         "In Kubernetes the node's name (`NODE_NAME` from the downward API); elsewhere the"
         " machine's host name.",
-        True,
     ),
-    Attr(
+    _resource(
         RESOURCE_CONTAINER_ID,
-        "string",
-        "",
         "The process's container (64 hex digits, from `/proc/<pid>/cgroup`: containerd,"
         " CRI-O, Docker, Podman); absent outside a container.",
-        True,
     ),
-    Attr(RESOURCE_K8S_NODE_NAME, "string", "", "Kubernetes only: the node.", True),
-    Attr(
+    _resource(RESOURCE_K8S_NODE_NAME, "Kubernetes only: the node."),
+    _resource(
         RESOURCE_K8S_POD_UID,
-        "string",
-        "",
         "The pod's uid: from the API, else from the cgroup path (also when the API refuses"
         " the agent).",
-        True,
     ),
-    Attr(RESOURCE_K8S_NAMESPACE_NAME, "string", "", "The pod's namespace (API).", True),
-    Attr(RESOURCE_K8S_POD_NAME, "string", "", "The pod's name (API).", True),
-    Attr(
+    _resource(RESOURCE_K8S_NAMESPACE_NAME, "The pod's namespace (API)."),
+    _resource(RESOURCE_K8S_POD_NAME, "The pod's name (API)."),
+    _resource(
         RESOURCE_K8S_CONTAINER_NAME,
-        "string",
-        "",
         "The container's name in the pod spec (API: the status that lists the container"
         " id, or the pod's only container).",
-        True,
     ),
-    Attr(
-        RESOURCE_K8S_REPLICASET_NAME,
-        "string",
-        "",
-        "The ReplicaSet owning the pod (owner reference).",
-        True,
-    ),
-    Attr(
+    _resource(RESOURCE_K8S_REPLICASET_NAME, "The ReplicaSet owning the pod (owner reference)."),
+    _resource(
         RESOURCE_K8S_DEPLOYMENT_NAME,
-        "string",
-        "",
         "The Deployment: the ReplicaSet's name less its `pod-template-hash` label's value.",
-        True,
     ),
-    Attr(RESOURCE_K8S_STATEFULSET_NAME, "string", "", "Owner reference.", True),
-    Attr(RESOURCE_K8S_DAEMONSET_NAME, "string", "", "Owner reference.", True),
-    Attr(RESOURCE_K8S_JOB_NAME, "string", "", "Owner reference.", True),
-    Attr(
+    _resource(RESOURCE_K8S_STATEFULSET_NAME, "Owner reference."),
+    _resource(RESOURCE_K8S_DAEMONSET_NAME, "Owner reference."),
+    _resource(RESOURCE_K8S_JOB_NAME, "Owner reference."),
+    _resource(
         RESOURCE_K8S_CRONJOB_NAME,
-        "string",
-        "",
         "The Job's name less the CronJob controller's suffix (its scheduled time in Unix"
         " minutes, accepted within the last 400 days).",
-        True,
     ),
 )
 
