@@ -61,9 +61,13 @@ class ResourceStage:
 
     # -- the stage ----------------------------------------------------------------------
     def process(self, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        of = self.of
+        seen: dict[int, dict[str, Any]] = {}  # a batch's pids: one look-up each
         for r in recs:
-            r["resource"] = of(r["pid"])
+            pid = r["pid"]
+            attrs = seen.get(pid)
+            if attrs is None:
+                attrs = seen[pid] = self.of(pid)
+            r["resource"] = attrs
         return recs
 
     def flush(self) -> list[dict[str, Any]]:
