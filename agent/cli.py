@@ -214,6 +214,9 @@ def _parser() -> argparse.ArgumentParser:
     # tests only: a fixed keep probability (the kernel's per-request sampling) instead of
     # the one that adapts to the budget; hidden from --help
     r.add_argument("--sample-fixed", type=_float_in(0.001, 1), default=None, help=argparse.SUPPRESS)
+    # tests only: the Kubernetes API's URL (plain HTTP, no credentials) in place of the
+    # in-cluster configuration, which is used only where KUBERNETES_SERVICE_HOST is set
+    r.add_argument("--k8s-api", metavar="URL", default=None, help=argparse.SUPPRESS)
     # the ring-buffer drain period (default 50 ms; 5× when idle), hidden from --help
     r.add_argument("--drain-ms", type=_float_in(1, 1000), default=50.0, help=argparse.SUPPRESS)
     # tests only: the span after which a kernel write aggregate is flushed so its u32 µs
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 ringbuf_pages=args.ringbuf_pages,
                 gpu=GpuConfig(args.gpu, args.gpu_poll_ms, args.gpu_uprobes, gpu_pids),
                 sample_fixed=args.sample_fixed,
+                k8s_api=args.k8s_api,
             )
         )
     return 2

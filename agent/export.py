@@ -126,7 +126,8 @@ class OtlpExporter:
         self.abandoned = 0  # spans still undelivered when close() gave up
         self._outage: tuple[float, int] | None = None  # (since, dropped then)
         self._drops_said = False
-        self._resources: dict[tuple[int, str], Any] = {}
+        # (pid, service) → (the record's resource dict it was built from, Resource)
+        self._resources: dict[tuple[int, str], tuple[Any, Any]] = {}
         self._host = socket.gethostname()
         self._thread = threading.Thread(target=self._send_loop, name="otlp-send", daemon=True)
         self._thread.start()
@@ -137,24 +138,27 @@ class OtlpExporter:
         collector, or left when the agent stopped during an outage."""
         return self.dropped + self.refused + self.abandoned
 
-    def _resource(self, pid: int, service: str, comm: str) -> Any:
+    def _resource(self, pid: int, service: str, comm: str, extra: dict[str, Any] | None) -> Any:
+        """The process's Resource; ``extra``: the record's ``resource`` (agent.resource:
+        host, container, pod), one dict per process state, so a new one means a rebuild."""
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
 
         key = (pid, service)
-        r = self._resources.get(key)
-        if r is None:
+        hit = self._resources.get(key)
+        if hit is None or hit[0] is not extra:
             if len(self._resources) > 4096:
                 self._resources.clear()
             r = Resource.create(
                 {
+                    sa.RESOURCE_HOST_NAME: self._host,
+                    **(extra or {}),
                     sa.RESOURCE_SERVICE_NAME: service,
                     sa.RESOURCE_PROCESS_PID: pid,
                     sa.RESOURCE_PROCESS_EXECUTABLE_NAME: comm,
-                    sa.RESOURCE_HOST_NAME: self._host,
                 }
             )
-            self._resources[key] = r
-        return r
+            hit = self._resources[key] = (extra, r)
+        return hit[1]
 
     def export(self, rec: dict[str, Any]) -> None:
         from opentelemetry.sdk.trace import ReadableSpan  # noqa: PLC0415
@@ -181,7 +185,7 @@ class OtlpExporter:
             name=f"{rec['method']} {route}",
             context=ctx,
             parent=parent,
-            resource=self._resource(rec["pid"], rec["service"], rec["comm"]),
+            resource=self._resource(rec["pid"], rec["service"], rec["comm"], rec.get("resource")),
             attributes=attrs,
             kind=SpanKind.SERVER,
             start_time=rec["start_unix_ns"],

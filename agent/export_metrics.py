@@ -46,6 +46,7 @@ class OtlpMetricsExporter:
         export_s: float = EXPORT_S,
         requests: Callable[[], dict[int, tuple[int, int]]] | None = None,
         probability: Callable[[], float] | None = None,
+        host: str | None = None,  # in Kubernetes the node's name (agent.resource)
     ) -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
             OTLPMetricExporter,
@@ -73,7 +74,7 @@ class OtlpMetricsExporter:
                 aggregation=ExplicitBucketHistogramAggregation(gm.GEN_AI_TPOT_BUCKETS),
             ),
         ]
-        resource = Resource.create({sa.RESOURCE_HOST_NAME: socket.gethostname()})
+        resource = Resource.create({sa.RESOURCE_HOST_NAME: host or socket.gethostname()})
         self._provider = MeterProvider(resource=resource, metric_readers=[reader], views=views)
         meter = self._provider.get_meter("parallax.agent")
         self._ttft = meter.create_histogram(

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import loader, metrics
+from agent import loader, metrics, resource
 from agent.budget import default_cores
 from agent.clock import MonoClock
 from agent.connections import Connections
@@ -31,6 +31,7 @@ from agent.gpu.side import GpuConfig, GpuSide
 from agent.gpu.stage import GpuStage
 from agent.outputs import Exporter, ExportThread, Processor, RecordQueue
 from agent.processes import Processes
+from agent.resource import ResourceStage
 from agent.shedding import Shedding
 
 log = logging.getLogger("parallax.agent")
@@ -56,6 +57,7 @@ class RunConfig:
     ringbuf_pages: int = 0  # 0: the loader's default (tests shrink it)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     sample_fixed: float | None = None  # tests: a keep probability held whatever the load
+    k8s_api: str | None = None  # tests: the Kubernetes API's URL (agent.resource)
 
 
 class Agent:
@@ -79,6 +81,7 @@ class Agent:
         self.exporters: list[Exporter] = []
         self.gpu = GpuSide(cfg.gpu)
         self.gpu_stage: GpuStage | None = None
+        self.resource: ResourceStage | None = None
         self.export: ExportThread | None = None
         self.shedding: Shedding | None = None
         self.stop = threading.Event()
@@ -115,6 +118,9 @@ class Agent:
         if why is not None:
             print(f"parallax-agent: {why}", file=sys.stderr)
             return 1
+        # host, container, pod of each record; in Kubernetes its pod watch starts listing
+        # now, during the compile below
+        res = self.resource = resource.start(cfg.k8s_api)
         try:
             srv = metrics.serve(self.m, cfg.metrics_addr)
         except (OSError, ValueError) as e:
@@ -168,6 +174,7 @@ class Agent:
                 OtlpMetricsExporter(
                     cfg.otlp,
                     self.gpu,
+                    host=res.host,
                     requests=self._request_counts,
                     probability=lambda: self.shedding.p if self.shedding else 1.0,
                 )
@@ -176,6 +183,7 @@ class Agent:
         if self.gpu.on:
             self.gpu_stage = GpuStage(self.gpu, self.clock, self.conns.open_requests)
             stages.append(self.gpu_stage)
+        stages.append(res)  # last: a record held above gets the latest pod
         self.export = ExportThread(self.records, self.exporters, stages)
         self.export.start()
         self.gpu.run(self.stop, lambda: set(self.procs.pids))
@@ -339,6 +347,8 @@ class Agent:
         self.gpu.close(set(self.procs.pids))
         if self.export is not None:
             self.export.finish()
+        if self.resource is not None:
+            self.resource.close()
         srv.shutdown()
         log.info(
             "stopped: %d records; %d in-flight responses flushed as partial; %d requests"

@@ -196,11 +196,75 @@ GPU_UUID = Attr(
     "The GPUs the service's GPU processes ran on (NVML UUIDs, comma-separated).",
 )
 
-# Resource attributes the agent sets per process (standard names).
+# Resource attributes the agent sets per process (OpenTelemetry semantic-convention names).
 RESOURCE_SERVICE_NAME = "service.name"
 RESOURCE_PROCESS_PID = "process.pid"
 RESOURCE_PROCESS_EXECUTABLE_NAME = "process.executable.name"
 RESOURCE_HOST_NAME = "host.name"
+# The process's container (its cgroup) and, in Kubernetes, its pod (the API), node, workload.
+RESOURCE_CONTAINER_ID = "container.id"
+RESOURCE_K8S_NODE_NAME = "k8s.node.name"
+RESOURCE_K8S_NAMESPACE_NAME = "k8s.namespace.name"
+RESOURCE_K8S_POD_NAME = "k8s.pod.name"
+RESOURCE_K8S_POD_UID = "k8s.pod.uid"
+RESOURCE_K8S_CONTAINER_NAME = "k8s.container.name"
+RESOURCE_K8S_REPLICASET_NAME = "k8s.replicaset.name"
+RESOURCE_K8S_DEPLOYMENT_NAME = "k8s.deployment.name"
+RESOURCE_K8S_STATEFULSET_NAME = "k8s.statefulset.name"
+RESOURCE_K8S_DAEMONSET_NAME = "k8s.daemonset.name"
+RESOURCE_K8S_JOB_NAME = "k8s.job.name"
+RESOURCE_K8S_CRONJOB_NAME = "k8s.cronjob.name"
+
+
+def _resource(name: str, doc: str, type_: AttrType = "string") -> Attr:
+    return Attr(name, type_, "", doc, standard=True)
+
+
+RESOURCE: tuple[Attr, ...] = (
+    _resource(
+        RESOURCE_SERVICE_NAME,
+        "The process's `OTEL_SERVICE_NAME`, else its executable name; `--service-name"
+        " PORT=NAME` wins.",
+    ),
+    _resource(RESOURCE_PROCESS_PID, "Process id (the host's pid namespace).", "int"),
+    _resource(RESOURCE_PROCESS_EXECUTABLE_NAME, "Executable name (`comm`)."),
+    _resource(
+        RESOURCE_HOST_NAME,
+        "In Kubernetes the node's name (`NODE_NAME` from the downward API); elsewhere the"
+        " machine's host name.",
+    ),
+    _resource(
+        RESOURCE_CONTAINER_ID,
+        "The process's container (64 hex digits, from `/proc/<pid>/cgroup`: containerd,"
+        " CRI-O, Docker, Podman); absent outside a container.",
+    ),
+    _resource(RESOURCE_K8S_NODE_NAME, "Kubernetes only: the node."),
+    _resource(
+        RESOURCE_K8S_POD_UID,
+        "The pod's uid: from the API, else from the cgroup path (also when the API refuses"
+        " the agent).",
+    ),
+    _resource(RESOURCE_K8S_NAMESPACE_NAME, "The pod's namespace (API)."),
+    _resource(RESOURCE_K8S_POD_NAME, "The pod's name (API)."),
+    _resource(
+        RESOURCE_K8S_CONTAINER_NAME,
+        "The container's name in the pod spec (API: the status that lists the container"
+        " id, or the pod's only container).",
+    ),
+    _resource(RESOURCE_K8S_REPLICASET_NAME, "The ReplicaSet owning the pod (owner reference)."),
+    _resource(
+        RESOURCE_K8S_DEPLOYMENT_NAME,
+        "The Deployment: the ReplicaSet's name less its `pod-template-hash` label's value.",
+    ),
+    _resource(RESOURCE_K8S_STATEFULSET_NAME, "Owner reference."),
+    _resource(RESOURCE_K8S_DAEMONSET_NAME, "Owner reference."),
+    _resource(RESOURCE_K8S_JOB_NAME, "Owner reference."),
+    _resource(
+        RESOURCE_K8S_CRONJOB_NAME,
+        "The Job's name less the CronJob controller's suffix (its scheduled time in Unix"
+        " minutes, accepted within the last 400 days).",
+    ),
+)
 
 SOURCE_EBPF = "ebpf"
 
@@ -254,13 +318,18 @@ def record_field(a: Attr) -> str:
     return a.name.removeprefix("parallax.").replace(".", "_")
 
 
-def markdown_table() -> str:
+def markdown_table(attrs: tuple[Attr, ...] = ALL) -> str:
     rows = ["| Attribute | Type | Unit | Meaning |", "|---|---|---|---|"]
-    for a in ALL:
+    for a in attrs:
         name = f"`{a.name}`" + (" (semconv)" if a.standard else "")
         rows.append(f"| {name} | {a.type} | {a.unit or '—'} | {a.doc} |")
     return "\n".join(rows) + "\n"
 
 
+def resource_table() -> str:
+    """The Resource attributes' table (docs/contracts/span-attributes.md, "Resource")."""
+    return markdown_table(RESOURCE)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown_table())
+    sys.stdout.write(markdown_table() + "\nResource attributes:\n\n" + resource_table())
