@@ -288,6 +288,12 @@ class Conn:
         ex = self.pending.popleft()
         ex.t2 = t
         ex.status = rh.status
+        if ex.traceparent is None and rh.server_traceparent is not None:
+            # a page load: the request came without a traceparent, the app named its trace
+            # in Server-Timing (what the probe's navigation entry reports): the record joins
+            # it as a child of the span the app named, so the two pair
+            ex.traceparent = rh.server_traceparent
+            ex.traceparent_missed = False
         ex.bytes_out = n
         ex.content_length = rh.content_length
         ex.chunked = rh.chunked

@@ -44,6 +44,9 @@ class ResponseHead(NamedTuple):
     head_len: int | None  # None: the head did not end inside the captured bytes
     content_length: int | None
     chunked: bool
+    # `Server-Timing: traceparent;desc="00-…"`: the app names the trace of a request that
+    # came without one (a page load: the browser sends no traceparent for a navigation)
+    server_traceparent: trace_context.TraceContext | None = None
 
 
 def looks_like_request(data: bytes) -> bool:
@@ -61,6 +64,9 @@ _TRACEPARENT = b"\r\ntraceparent:"
 _CONTENT_LENGTH = b"\r\ncontent-length:"
 _TRANSFER_ENCODING = b"\r\ntransfer-encoding:"
 _UPGRADE = b"\r\nupgrade:"
+_SERVER_TIMING = b"\r\nserver-timing:"
+# one metric of Server-Timing: traceparent;desc="00-…" (quotes optional, RFC 8941 token)
+_ST_TRACEPARENT = re.compile(rb'(?:^|,)\s*traceparent\s*;\s*desc\s*=\s*"?([0-9a-f-]{55})"?', re.I)
 # A Content-Length longer than this is malformed (19 digits hold any length a 64-bit
 # counter can: no real body is larger), and int() of over 4,300 digits raises ValueError
 # (Python's int-string limit): the bytes come from any client, so they are checked first.
@@ -161,6 +167,18 @@ def parse_response(data: bytes) -> ResponseHead | None:
     if _TRANSFER_ENCODING in lower:
         te = _header(lower, lower, _TRANSFER_ENCODING)
         chunked = te is not None and b"chunked" in te
+    server_tp = None
+    if _SERVER_TIMING in lower:  # only its traceparent metric is read, nothing else
+        block = data[end:stop] if stop >= 0 else data[end:]
+        st = _header(block, lower, _SERVER_TIMING)
+        found = _ST_TRACEPARENT.search(st) if st is not None else None
+        if found is not None:
+            server_tp = trace_context.parse(found.group(1).decode("ascii").lower())
     return ResponseHead(
-        int(m.group(2)), _VERSION_TEXT[m.group(1)], head_len, content_length, chunked
+        int(m.group(2), 10),
+        _VERSION_TEXT[m.group(1)],
+        head_len,
+        content_length,
+        chunked,
+        server_tp,
     )

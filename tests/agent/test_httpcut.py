@@ -243,3 +243,31 @@ def test_websocket_frame_claiming_an_invalid_64_bit_length_hides_no_later_frame(
     big = bytes([0x82, 0xFF]) + (1 << 40).to_bytes(8, "big") + b"mask" + b"y" * 10
     c.on_read(30, len(big), big)
     assert c.ws_skip == (1 << 40) + 14 - len(big)
+
+
+def test_a_page_load_joins_the_trace_its_server_timing_names() -> None:
+    """A navigation carries no traceparent; the app's Server-Timing header names the trace
+    and its span, which the probe's navigation entry reports: the record joins that trace
+    as the span's child. A request that carried its own traceparent keeps it; the header's
+    other metrics and malformed values are ignored."""
+    named = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    for header, want in (
+        (f'Server-Timing: db;dur=53, traceparent;desc="{named}"', named),
+        (f"server-timing: traceparent;desc={named}", named),
+        ('Server-Timing: traceparent;desc="00-zz"', None),
+        ("Server-Timing: cache;desc=hit", None),
+    ):
+        c = Conn()
+        c.on_read(1, 40, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = f"HTTP/1.1 200 OK\r\n{header}\r\nContent-Length: 2\r\n\r\nok".encode()
+        [ex] = c.on_resp(2, len(head), head)
+        got = ex.traceparent.header() if ex.traceparent else None
+        assert got == want, header
+    own = "00-11111111111111111111111111111111-2222222222222222-01"
+    c = Conn()
+    c.on_read(1, 60, f"GET /a HTTP/1.1\r\ntraceparent: {own}\r\n\r\n".encode())
+    head = (
+        f"HTTP/1.1 200 OK\r\nServer-Timing: traceparent;desc={named}\r\nContent-Length: 0\r\n\r\n"
+    )
+    [ex] = c.on_resp(2, len(head), head.encode())
+    assert ex.traceparent is not None and ex.traceparent.header() == own
