@@ -111,6 +111,19 @@ def run(args: argparse.Namespace) -> int:
         if not have or not have[0]["c"]:
             print(f"sla: {dsn}: no {db}.pairs table (not a Parallax store?)", file=sys.stderr)
             return 2
+        weighted = store.rows(
+            "SELECT count() AS c FROM system.columns WHERE database = {db:String} "
+            "AND table = 'pairs' AND name = 'sample_th'",
+            {"db": db},
+        )
+        if not weighted or not weighted[0]["c"]:
+            # migrating here would also reset the retention the collector was started with
+            print(
+                f"sla: {dsn}: the store was made by an earlier version; start "
+                "`parallax-collector serve` on it once to migrate it",
+                file=sys.stderr,
+            )
+            return 2
         source = SlaSource(store.client, db)
         source.ensure_schema()
         states = alerts_mod.Alerts(cfg)
