@@ -49,14 +49,17 @@ def _text(doc: dict[str, Any]) -> str:
     lines = [f"window {doc['window']['start']} … {doc['window']['end']}"]
     for r in doc["routes"]:
         lines.append(f"{r['route']} ({r['service']}): {r['verdict']}")
+        if r["sampling"].get("sentence"):  # the share of requests the agent traced
+            lines.append(f"  {r['sampling']['sentence']}")
         if r["server"].get("sentence"):  # the server-time split and the GPU findings
             lines.append(f"  {r['server']['sentence']}")
         for name, m in r["metrics"].items():
             div = "?" if m["divergence_ms"] is None else f"{m['divergence_ms']:+.1f} ms"
             lo = "−∞" if m["ci_low_ms"] is None else f"{m['ci_low_ms']:+.1f}"
             hi = "+∞" if m["ci_high_ms"] is None else f"{m['ci_high_ms']:+.1f}"
+            n = f"n={m['n']}" + (f" (n_eff={m['n_eff']})" if m["n_eff"] < m["n"] else "")
             lines.append(
-                f"  {name:<13} {m['verdict']:<17} {div:>11}  CI {lo}…{hi}  n={m['n']}  "
+                f"  {name:<13} {m['verdict']:<17} {div:>11}  CI {lo}…{hi}  {n}  "
                 f"alert {m['alert_state']}"
             )
             if m["verdict"] == "out_of_band":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from collector.sla import explain, gpu, quantize, stats
+from collector.sla import explain, gpu, quantize, sampling, stats
 from collector.sla.config import SlaConfig
 from collector.sla.source import METRIC_ORDER, SlaSource
 from collector.sla.stats import SeriesStats, Window
@@ -76,6 +76,7 @@ class RouteResult:
     sessions: int = 0
     far_off_sessions: int = 0
     server: dict[str, Any] = field(default_factory=dict)  # gpu.server_json: split + GPU
+    sampling: dict[str, Any] = field(default_factory=dict)  # sampling.route_json
 
     @property
     def worst(self) -> str:
@@ -100,6 +101,7 @@ class RouteResult:
             "sessions": self.sessions,
             "far_off_sessions": self.far_off_sessions,
             "server": self.server,
+            "sampling": self.sampling,
             "metrics": {k: self.metrics[k].to_json() for k in METRIC_ORDER if k in self.metrics},
         }
 
@@ -213,6 +215,19 @@ def evaluate_window(
         parts = parts_json(series)
         rr = RouteResult(service, route, {}, w.sessions.get((service, route), 0), far)
         rr.server = gpu.server_json(label, split_of(series), w.gpu.get((service, route)))
+        # the pairs of the route: its most measured metric's server side
+        most = max(
+            (series[f"{m}:server"] for m in METRIC_ORDER if f"{m}:server" in series),
+            key=lambda s: s.n,
+            default=None,
+        )
+        rr.sampling = sampling.route_json(
+            label,
+            w.counts.get(service),
+            most.n if most else 0,
+            most.weight if most else 0.0,
+            window.total_seconds(),
+        )
         for metric in METRIC_ORDER:
             us, ss = series.get(f"{metric}:user"), series.get(f"{metric}:server")
             if us is None and ss is None:

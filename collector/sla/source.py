@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from collector.sla import gpu_source, quantize, schema, stats
+from collector.sla import gpu_source, quantize, sampling_source, schema, stats
 from collector.sla.clock import Sample, best_samples, clock_filter
 from collector.store.schema import adjusted_count_sql
 
@@ -509,6 +509,7 @@ WHERE last_seen >= '{_sec(start)}' GROUP BY r.1, r.2"""  # noqa: S608
             w.sessions[(service, route)] = int(total)
             w.far_off_sessions[(service, route)] = int(far)
         w.gpu = gpu_source.read(self.rows, db, start, now)
+        w.counts = sampling_source.read(self.rows, db, now - window, now)
         return w
 
     def _effective_sizes(

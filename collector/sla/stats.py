@@ -40,6 +40,7 @@ from functools import lru_cache
 
 from collector.sla import quantize
 from collector.sla.gpu import GpuRoute
+from collector.sla.sampling import ServiceCounts
 
 P = 0.95
 ALPHA = 0.05
@@ -216,3 +217,5 @@ class Window:
     sessions: dict[tuple[str, str], int] = field(default_factory=dict)
     # per route, the GPU aggregate of its spans that carry GPU data (collector/sla/gpu.py)
     gpu: dict[tuple[str, str], GpuRoute] = field(default_factory=dict)
+    # per service, the agent's exact request counts (collector/sla/sampling.py)
+    counts: dict[str, ServiceCounts] = field(default_factory=dict)

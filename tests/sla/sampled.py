@@ -45,7 +45,8 @@ class Population:
     @property
     def weights(self) -> np.ndarray:
         """Adjusted counts of the kept requests (sampling.adjusted_count)."""
-        return 1.0 / (1.0 - self.th[self.kept].astype(float) / 2.0**56)
+        w: np.ndarray = 1.0 / (1.0 - self.th[self.kept].astype(float) / 2.0**56)
+        return w
 
     def trace_id(self, i: int) -> str:
         return f"{self.prefixes[18 * i : 18 * i + 18]}{int(self.r[i]):014x}"
@@ -100,9 +101,7 @@ def pair_rows(pop: Population, now: datetime, route: str, service: str) -> dict[
 
 def write(client: Any, db: str, cols: dict[str, list[Any]]) -> None:
     names = list(cols)
-    client.insert(
-        f"{db}.pairs", [cols[k] for k in names], column_names=names, column_oriented=True
-    )
+    client.insert(f"{db}.pairs", [cols[k] for k in names], column_names=names, column_oriented=True)
 
 
 # --- the checker's method, in numpy (the same functions of collector.sla.stats) ------------

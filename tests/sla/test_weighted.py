@@ -108,9 +108,7 @@ def test_weighted_p95_is_the_populations(weighted: tuple[Evaluation, dict[str, A
         for side, values in (("server", pop.server), ("user", pop.user)):
             cell = sampled.weighted_level(sampled.codes_of(values[kept]), w, 0.95)
             assert m.__getattribute__(side)["p95"] == quantize.decode(cell), (route, side)
-        n_eff = min(
-            sampled.n_eff(sampled.codes_of(v[kept]), w) for v in (pop.server, pop.user)
-        )
+        n_eff = min(sampled.n_eff(sampled.codes_of(v[kept]), w) for v in (pop.server, pop.user))
         assert abs(m.n_eff - n_eff) <= max(1, n_eff // 100), (m.n_eff, n_eff)
         assert m.n_eff < m.n / 3  # the busy phase's pairs weigh 10 each
         truth = sampled.nearest_rank(pop.user) - sampled.nearest_rank(pop.server)
