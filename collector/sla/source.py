@@ -35,7 +35,7 @@ PAIR_WEIGHT = adjusted_count_sql("sample_th")
 # quantilesExactWeighted takes integer weights: the adjusted counts in 1/65536 units (a count
 # of whole pairs stays exact, so an unsampled window reads exactly the ranks it read before).
 WEIGHT_SCALE = 65536
-_QW = f"toUInt64(round(wt * {WEIGHT_SCALE}))"
+_QW = f"arrayMap(x -> toUInt64(round(x * {WEIGHT_SCALE})), weights)"
 _HIST = "cells, counts, weights, weights2"
 _HIST_COLS = f"n, {_HIST}, w, w2"
 
@@ -467,12 +467,14 @@ GROUP BY service, route, series"""  # noqa: S608
         metric_series = ", ".join(f"'{m}:{side}'" for m in METRICS for side in ("user", "server"))
         rows_sql = self._window_rows_sql(start, last)
         # identifiers are ours, times formatted by us: nothing user-given in the SQL
+        # a series is a few rows (the merged block, the current minute): their arrays are
+        # aggregated as they are (-Array combinators), no ARRAY JOIN
         base = (
-            f"SELECT toString(service), toString(route), toString(series), sum(cnt), "  # noqa: S608
-            f"sumIf(wt, cell != 0), sum(wt), quantilesExactWeighted({{levels}})(cell, {_QW}) "
-            f"FROM ({rows_sql}) "
-            "ARRAY JOIN cells AS cell, counts AS cnt, weights AS wt, weights2 AS wt2 "
-            f"WHERE series {{op}} ({metric_series}) GROUP BY service, route, series"
+            f"SELECT toString(service), toString(route), toString(series), sum(n), "  # noqa: S608
+            "sum(arraySum((c, x) -> if(c != 0, x, 0), cells, weights)), sum(w), "
+            f"quantilesExactWeightedArray({{levels}})(cells, {_QW}) "
+            f"FROM ({rows_sql}) WHERE series {{op}} ({metric_series}) "
+            "GROUP BY service, route, series"
         )
         # Ask only the grid levels some series needs (its bounds depend on its effective
         # sample size): a few dozen numbers per series instead of the whole grid.
@@ -529,25 +531,21 @@ WHERE last_seen >= '{_sec(start)}' GROUP BY r.1, r.2"""  # noqa: S608
             unequal = unequal or not stats.equal_weights(int(n), float(wsum), float(w2))
         if not unequal:
             return out
+        # Per series the window is a few rows (the merged block, the current minute): their
+        # arrays are read as they are (-Array combinators), no ARRAY JOIN.
         for service, route, series, n, wsum, w2, at_or_below in self.rows(
             f"""SELECT service, route, series, n, wsum, w2sum,
-       arraySum(x -> if(x.1 <= q, x.2, 0), h)
+       arraySum((cs, ws) -> arraySum((c, x) -> if(c <= q, x, 0), cs, ws), gc, gw)
 FROM (
-    SELECT service, route, series, sum(c) AS n, sum(s) AS wsum, sum(s2) AS w2sum,
-           quantileExactWeighted({stats.P})(cell, toUInt64(round(s * {WEIGHT_SCALE}))) AS q,
-           groupArray((cell, s2)) AS h
-    FROM (
-        SELECT toString(service) AS service, toString(route) AS route,
-               toString(series) AS series, cell, sum(cnt) AS c, sum(wt) AS s, sum(wt2) AS s2
-        FROM ({rows_sql})
-        ARRAY JOIN cells AS cell, counts AS cnt, weights AS wt, weights2 AS wt2
-        WHERE series IN ({metric_series}) AND (service, route, series) IN (
-            SELECT service, route, series FROM ({rows_sql}) WHERE series IN ({metric_series})
-            GROUP BY service, route, series
-            HAVING sum(n) * sum(w2) > sum(w) * sum(w) * (1 + 1e-9))
-        GROUP BY service, route, series, cell
-    )
+    SELECT toString(service) AS service, toString(route) AS route,
+           toString(series) AS series, sum(n) AS n, sum(w) AS wsum, sum(w2) AS w2sum,
+           quantileExactWeightedArray({stats.P})(cells,
+               arrayMap(x -> toUInt64(round(x * {WEIGHT_SCALE})), weights)) AS q,
+           groupArray(cells) AS gc, groupArray(weights2) AS gw
+    FROM ({rows_sql})
+    WHERE series IN ({metric_series})
     GROUP BY service, route, series
+    HAVING n * w2sum > wsum * wsum * (1 + 1e-9)
 )"""  # noqa: S608 — identifiers ours
         ):
             out[(service, route, series)] = stats.n_effective(

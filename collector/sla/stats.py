@@ -61,6 +61,8 @@ def rank_bounds(n: int, p: float = P, alpha: float = ALPHA / 2) -> tuple[int | N
     """1-based ranks (l, u) with P(X(l) ≤ Q_p ≤ X(u)) ≥ 1 − alpha; None when beyond the sample.
 
     l is the largest rank with P(B ≤ l − 1) ≤ alpha/2; u the smallest with P(B ≥ u) ≤ alpha/2.
+    Each tail's pmf from one log-gamma evaluation, then the ratio between neighbours (a
+    sampled window has a distinct n_eff per series: thousands of calls per evaluation).
     """
     if n <= 0:
         return None, None
@@ -68,22 +70,27 @@ def rank_bounds(n: int, p: float = P, alpha: float = ALPHA / 2) -> tuple[int | N
     mean, sd = n * p, math.sqrt(n * p * (1 - p))
     span = int(12 * sd + 12)
     lo_k, hi_k = max(0, int(mean) - span), min(n, int(mean) + span)
+    odds = p / (1 - p)
     # lower: cumulate P(B ≤ k) upward; the mass below lo_k is < 1e-30 and ignored
     cdf, low = 0.0, None
+    pmf = math.exp(_log_pmf(n, p, lo_k))
     for k in range(lo_k, hi_k + 1):
-        cdf += math.exp(_log_pmf(n, p, k))
+        cdf += pmf
         if cdf > tail:
             # P(B ≤ k − 1) ≤ tail < P(B ≤ k): l − 1 = k − 1 → l = k
             low = k if k >= 1 else None
             break
+        pmf *= (n - k) / (k + 1) * odds
     # upper: cumulate P(B ≥ k) downward
     sf, high = 0.0, None
+    pmf = math.exp(_log_pmf(n, p, hi_k))
     for k in range(hi_k, lo_k - 1, -1):
-        sf += math.exp(_log_pmf(n, p, k))
+        sf += pmf
         if sf > tail:
             # P(B ≥ k + 1) ≤ tail: u = k + 1
             high = k + 1 if k + 1 <= n else None
             break
+        pmf *= k / (n - k + 1) / odds
     return low, high
 
 

@@ -12,18 +12,24 @@ from collector.store import schema
 from parallax_contracts import span_attributes as sa
 from tests.collector.helpers import run_store_script
 
-_SCRIPT = """
+# A store as an earlier version left it: the first ``{k}`` migrations applied and recorded.
+_EARLIER = """
 import json, sys, time
 from collector.store import schema
 from collector.store.client import Store
 st = Store('chdb://' + sys.argv[1])
 c = st.client()
 db = 'parallax'
-# The store as the previous version left it: migrations 1 and 2 and their rows.
-for version, name, stmts in schema.migrations(db, 7)[:2]:
+for version, name, stmts in schema.migrations(db, 7)[:{k}]:
     for s in stmts:
         c.command(s)
-    c.command(f"INSERT INTO {db}.schema_migrations (version, name) VALUES ({version}, '{name}')")
+    c.command(f"INSERT INTO {{db}}.schema_migrations (version, name) "
+              f"VALUES ({{version}}, '{{name}}')")
+"""
+
+_SCRIPT = (
+    _EARLIER.format(k=2)
+    + """
 now = time.time_ns()
 old_names = [c_.name for c_ in schema._SPAN_COLUMNS_V1]
 old = {n: None for n in old_names}
@@ -57,6 +63,7 @@ out['ddl'] = c.query("SELECT create_table_query FROM system.tables "
                      "WHERE database = 'parallax' AND name = 'gpu_samples'").result_rows[0][0]
 print(json.dumps(out))
 """
+)
 
 # server_spans as migration 1 shipped it: a shipped version is never edited.
 V1_SPAN_COLUMNS = [
@@ -134,22 +141,13 @@ def test_docs_show_the_request_counts_ddl() -> None:
     assert f"```sql\n{ddl}\n```" in doc
 
 
-_SCRIPT_V4 = """
-import json, sys, time
+_SCRIPT_V4 = (
+    _EARLIER.format(k=3)
+    + """
 from datetime import UTC, datetime, timedelta
-from collector.store import schema
-from collector.store.client import Store
 from collector.sla.config import SlaConfig
 from collector.sla.evaluate import evaluate
 from collector.sla.source import SlaSource
-st = Store('chdb://' + sys.argv[1])
-c = st.client()
-db = 'parallax'
-# The store as the previous version left it: migrations 1-3, an SLA summary of its pairs.
-for version, name, stmts in schema.migrations(db, 7)[:3]:
-    for s in stmts:
-        c.command(s)
-    c.command(f"INSERT INTO {db}.schema_migrations (version, name) VALUES ({version}, '{name}')")
 now = datetime.now(UTC).replace(second=30, microsecond=0) - timedelta(minutes=3)
 v3 = [col.name for col in schema.SPAN_COLUMNS if col.name != 'sample_th']
 span = {n: None for n in v3}
@@ -207,6 +205,7 @@ out['ddl'] = c.query("SELECT create_table_query FROM system.tables "
                      "WHERE database = 'parallax' AND name = 'request_counts'").result_rows[0][0]
 print(json.dumps(out, default=str))
 """
+)
 
 
 def test_store_of_the_previous_version_migrates_to_sampling(tmp_path: Path) -> None:

@@ -88,6 +88,12 @@ def test_gauges(service: SlaService) -> None:
         'verdict="insufficient_data"} 1.0' in text
     )
     assert "parallax_sla_samples{" in text and "parallax_sla_is_evaluator 1.0" in text
+    # the sampled route: its effective sample size, below its pairs
+    m = next(r for r in service.latest.routes if r.route == scenario.SAMPLED_ROUTE)  # type: ignore[union-attr]
+    st = m.metrics["ttfb"]
+    labels = f'metric="ttfb",route="{scenario.SAMPLED_ROUTE}",service="{scenario.SAMPLED_SERVICE}"'
+    assert f"parallax_sla_effective_samples{{{labels}}} {float(st.n_eff)}" in text
+    assert f"parallax_sla_samples{{{labels}}} {float(st.n)}" in text and st.n_eff < st.n
 
 
 def test_one_evaluator_per_store(
