@@ -200,7 +200,7 @@ def main() -> int:
             "evaluation takes the weighted path (the effective sample size's second pass; "
             f"median n_eff / n of a route's TTFB: {best['n_eff_share']:.2f})."
         )
-    md = f"""## SLA checker{title} (`make bench-sla`)
+    md = f"""## SLA checker{title} (`{"make bench-sla" if not args.sampled else cmd}`)
 
 One evaluation over a 5-minute window holding {args.pairs:,} pairs across {args.routes} routes
 in the embedded store (chDB), pairs generated with ClickHouse `numbers()` ({float(gen_s):.0f} s

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from collector.store.client import Store
+from collector.store.schema import adjusted_count_sql
 from parallax_contracts import sampling
 
 NOT_SAMPLED, MISSING, PAIRED = "not_sampled", "missing", "paired"
@@ -34,6 +35,7 @@ NEAR_S = 60  # the spans' thresholds within a minute either side of an entry's m
 # A trace id's randomness R in SQL: its rightmost 56 bits (14 hex digits), as
 # parallax_contracts.sampling.randomness reads it.
 RANDOMNESS_SQL = "reinterpretAsUInt64(reverse(unhex(substring(trace_id, 19, 14))))"
+A = adjusted_count_sql("sample_th")
 
 
 def status(trace_id: str, threshold: int) -> str:
@@ -54,7 +56,8 @@ def threshold_near(store: Store, route: str, at: datetime) -> int:
 
 
 def compute(store: Store) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]:
-    """(spans rows: route, total, paired; entries rows: route, total, paired, not sampled;
+    """(spans rows: route, requests, paired requests — spans weighted by their adjusted
+    counts; entries rows: route, total, paired, not sampled (entries are not sampled);
     the hash-sample factor m) over the coverage window. Beyond ``SAMPLE`` entries only trace
     ids with cityHash64 % m = 0 are counted (both sides of a trace are in or out together)."""
     db = store.database
@@ -75,8 +78,9 @@ def compute(store: Store) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]],
         "time >= now64() - toIntervalSecond({hi:UInt32}) - 600 "
         "AND time < now64() - toIntervalSecond({lo:UInt32}) + 600" + sample
     )
+    # Spans of different keep probabilities mix here: each weighs the requests it stands for.
     spans = store.query(
-        f"SELECT route, count(), countIf(span_id IN (SELECT arrayJoin(hop_span_ids) "  # noqa: S608
+        f"SELECT route, sum({A}), sumIf({A}, span_id IN (SELECT arrayJoin(hop_span_ids) "  # noqa: S608
         f"FROM {db}.pairs WHERE {pairs_where})) FROM {db}.server_spans "
         f"WHERE parent_span_id != '' AND {pw} GROUP BY route LIMIT 1000",
         p,
