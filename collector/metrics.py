@@ -99,9 +99,18 @@ class Metrics(Hooks):
         )
         self.coverage = Gauge(
             _P + "pairing_coverage",
-            "Share of server spans with a browser entry (side=spans) and of browser entries "
-            "with a server span (side=entries), per route, over the pairing look-back",
+            "Share of server spans with a browser entry (side=spans) and of the browser "
+            "entries the agent would have traced with a server span (side=entries; entries "
+            "its sampling dropped are not misses), per route, over 5 minutes ending 30 s ago",
             ["route", "side"],
+            registry=r,
+        )
+        self.pairing_entries = Gauge(
+            _P + "pairing_entries",
+            "Browser entries per route over the coverage window by state: paired, "
+            "not_sampled (the agent's sampling dropped the trace) or missing (the agent "
+            "would have kept it: no server record)",
+            ["route", "state"],
             registry=r,
         )
 

@@ -57,6 +57,7 @@ logging.getLogger("clickhouse_connect.driver.transform").setLevel(logging.CRITIC
 KIND_OTLP_PROTO, KIND_OTLP_JSON, KIND_BEACON = 1, 2, 3
 KIND_METRICS_PROTO, KIND_METRICS_JSON = 4, 5  # OTLP metrics (/v1/metrics)
 SPANS, ENTRIES, GPU_SAMPLES = "spans", "entries", "gpu_samples"
+REQUEST_COUNTS = schema.REQUEST_COUNTS  # filled beside gpu_samples (Parsed.more)
 _KIND_SOURCE = {  # every kind the spool frames (spool.KINDS; a test holds the two together)
     KIND_OTLP_PROTO: SPANS,
     KIND_OTLP_JSON: SPANS,
@@ -69,6 +70,7 @@ _TABLES = (
     (SPANS, schema.SPANS, schema.SPAN_COLUMNS),
     (ENTRIES, schema.ENTRIES, schema.ENTRY_COLUMNS),
     (GPU_SAMPLES, schema.GPU_SAMPLES, schema.GPU_SAMPLE_COLUMNS),
+    (REQUEST_COUNTS, schema.REQUEST_COUNTS, schema.REQUEST_COUNT_COLUMNS),
 )
 
 Reparse = Callable[[int, bytes, int], Parsed]
@@ -152,7 +154,8 @@ class Hooks:
     def store_error(self, error: BaseException) -> None: ...
 
     def rows_written(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
-        """After a segment is in the store: its rows by source (spans, entries, gpu_samples)."""
+        """After a segment is in the store: its rows by source (spans, entries, gpu_samples,
+        request_counts)."""
 
     def quarantined(self, source: str, rows: int) -> None:
         """Rows the store rejected for good, moved to the quarantine directory."""
@@ -272,12 +275,15 @@ class Pipeline:
             self.disk.wrote()
             seg.nbytes += len(rec)
             self.spool_bytes += len(rec)
-            if parsed.rows:
+            if parsed.rows or parsed.more:
                 assert seg.rows is not None
                 seg.rows[source].extend(parsed.rows)
+                for other, more in parsed.more.items():
+                    seg.rows[other].extend(more)
                 seg.trace_ids.extend(parsed.trace_ids)
-                seg.nrows += len(parsed.rows)
-                self.pending_rows += len(parsed.rows)
+                n = parsed.row_count
+                seg.nrows += n
+                self.pending_rows += n
             if seg.nrows >= self.batch_rows:
                 self._rotate_locked()
 
@@ -400,6 +406,8 @@ class Pipeline:
                 log.warning("spool: dropping an unparseable record in %s: %s", seg.path.name, e)
                 continue
             rows[_KIND_SOURCE[kind]].extend(parsed.rows)
+            for other, more in parsed.more.items():
+                rows[other].extend(more)
             trace_ids.extend(parsed.trace_ids)
         seg.rows, seg.trace_ids = rows, trace_ids
         if seg.nrows == 0:  # replayed from a previous run: count it in now

@@ -63,10 +63,19 @@ s.client().command(
     f"INSERT INTO {s.database}.pairs (time, version, site, service, route, method, status, "
     "kind, trace_id, span_id, user_ttfb_ms, server_ttfb_ms, user_ttft_ms, server_ttft_ms, "
     "user_visible_ttft_ms, network_ms, recv_queue_ms, render_delay_ms, server_itl_ms, "
-    "edge_itl_ms, user_itl_ms, hops, server_timed) "
+    "edge_itl_ms, user_itl_ms, hops, server_timed, sample_th) "
     "SELECT now() - toIntervalSecond(number), 1, 'demo', 'chat', '/v1/chat', 'POST', 200, "
     "'fetch', lower(hex(number + 1)), lower(hex(number + 7)), 40 + number % 30, 2, 150, 120, "
-    "170, 3, 35, 18, [25, 25], [25, 25], [24, 26], 1, true FROM numbers(200)")
+    "170, 3, 35, 18, [25, 25], [25, 25], [24, 26], 1, true, "
+    # half the pairs sampled at p = 1/4 (threshold 3/4 of 2^56): the weighted quantiles
+    "if(number % 2, 54043195528445952, 0) FROM numbers(200)")
+# the agent's counts: one port, an export every 10 s for 10 minutes
+s.client().command(
+    f"INSERT INTO {s.database}.request_counts (time, start_time, host, service, port, metric, "
+    "value, temporality) SELECT now() - toIntervalSecond(10 * (60 - number)), "
+    "now() - toIntervalSecond(700), 'n1', 'chat', 8000, m.1, m.2 * number, 'cumulative' "
+    "FROM numbers(60) ARRAY JOIN [('parallax.requests.seen', 40), "
+    "('parallax.requests.traced', 10)] AS m")
 out = {}
 for name, sql in json.load(sys.stdin):
     try:
@@ -118,11 +127,17 @@ def _exposed() -> dict[str, set[str]]:
     SlaMetrics(c.registry)
     regs.append(c.registry)
     out: dict[str, set[str]] = {}
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count")}
     for reg in regs:
         for collector, names in reg._collector_to_names.items():  # no public API lists label names
             labels = set(getattr(collector, "_labelnames", ()))
             for n in names:
                 out[n] = labels | ({"le"} if n.endswith("_bucket") else set())
+        # custom collectors (the agent's per-port request counts) name theirs when collected
+        for fam in reg.collect():
+            labels = set(getattr(fam, "_labelnames", ()))
+            for n in (fam.name, *(fam.name + x for x in suffixes.get(fam.type, ()))):
+                out.setdefault(n, labels | ({"le"} if n.endswith("_bucket") else set()))
     return out
 
 

@@ -365,7 +365,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
                 return refuse(name, 408, _SLOW_BODY, {"Connection": "close"}, is_json)
             except BadRequestError as e:
                 return refuse(name, 400, str(e), None, is_json)
-            received_rows.inc(len(parsed.rows) + parsed.rejected_total)
+            received_rows.inc(parsed.row_count + parsed.rejected_total)
             if sig.dedup is not None:
                 sig.dedup(parsed)
             try:

@@ -17,10 +17,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from collector.pairing import coverage
 from collector.pairing.lookups import read_traces
 from collector.pairing.rules import arrange, candidates, derive
 from collector.plugins import Context, Plugin
 from collector.store import schema
+from parallax_contracts import sampling
 from parallax_contracts.trace_context import is_valid_trace_id
 
 TRACE_ID = r"^[0-9a-f]{32}$"
@@ -64,6 +66,11 @@ class Hop(BaseModel):
     retransmits: int | None
     ws_seq: int
     role: str = Field(description="edge, middle, origin, edge+origin, linked or reconnect")
+    keep_probability: float = Field(
+        1.0,
+        description="the probability with which the agent kept this request (its tracestate "
+        "ot=th); 1 when the span states none",
+    )
     gpu: GpuHop | None = Field(
         None, description="the service's GPU activity in this request's windows (agent)"
     )
@@ -120,6 +127,12 @@ class Parts(BaseModel):
 class Exchange(BaseModel):
     browser: BrowserEntry
     hops: list[Hop] = Field(description="server spans of this exchange in arrival order")
+    server_record: str = Field(
+        coverage.PAIRED,
+        description="paired (it has server spans); not_sampled (none, and the agent's "
+        "sampling would have dropped this trace: the highest threshold the route's spans "
+        "stated around then); missing (none, though the agent would have kept it)",
+    )
     linked_span_ids: list[str]
     reconnects: int
     parts: Parts
@@ -192,6 +205,7 @@ def _hop(s: dict[str, Any], role: str) -> Hop:
         ws_seq=s["ws_seq"],
         role=role,
         gpu=_gpu_hop(s),
+        keep_probability=sampling.probability(int(s.get("sample_th") or 0)),
     )
 
 
@@ -224,14 +238,25 @@ def _entry(e: dict[str, Any]) -> BrowserEntry:
 
 
 def _roles(n: int) -> list[str]:
+    if n == 0:  # an entry without a server span (it used to fail the zip below: a 500)
+        return []
     if n == 1:
         return ["edge+origin"]
     return ["edge", *(["middle"] * (n - 2)), "origin"]
 
 
+def _record(e: dict[str, Any], hops: list[Any], near: Callable[[dict[str, Any]], int]) -> str:
+    """paired, or why an entry has no server span (collector/pairing/coverage.py)."""
+    return coverage.PAIRED if hops else coverage.status(e["trace_id"], near(e))
+
+
 def detail(
-    trace_id: str, spans: list[dict[str, Any]], entries: list[dict[str, Any]]
+    trace_id: str,
+    spans: list[dict[str, Any]],
+    entries: list[dict[str, Any]],
+    near: Callable[[dict[str, Any]], int] = lambda e: 0,
 ) -> RequestDetail:
+    """``near``: the sampling threshold in force around an entry without a server span."""
     claimed: set[str] = set()
     exchanges = []
     for e in sorted(entries, key=lambda e: (e["time_us"], e["seq"])):
@@ -246,6 +271,7 @@ def detail(
                 linked_span_ids=linked,
                 reconnects=reconnects,
                 parts=Parts(**parts),
+                server_record=_record(e, hops, near),
             )
         )
     unpaired = [
@@ -350,7 +376,12 @@ def build_query_app(
         spans, entries = await asyncio.to_thread(read_traces, store, [trace_id], None)
         if not spans and not entries:
             raise HTTPException(404, "no record of this trace")
-        return detail(trace_id, spans, entries)
+
+        def near(e: dict[str, Any]) -> int:
+            at = dt.datetime.fromtimestamp(e["time_us"] / 1e6, dt.UTC)
+            return coverage.threshold_near(store, e["route"], at)
+
+        return await asyncio.to_thread(detail, trace_id, spans, entries, near)
 
     @app.get("/v1/requests", dependencies=protected)
     async def list_requests(

@@ -249,7 +249,7 @@ enum {
 };
 #define N_STR (S_STR_END - N_INT)
 #define N_DBL (S_OFFSETS - S_GPU_PREFILL_UTIL)
-#define N_ROW 46 /* len(schema.SPAN_COLUMNS) */
+#define N_ROW 47 /* len(schema.SPAN_COLUMNS) */
 #define TABLE_SIZE 128 /* a power of two, well above N_SLOTS: short probes */
 
 typedef struct {
@@ -580,14 +580,52 @@ static PyObject *prefix(PyObject *s, Py_ssize_t n) {
     return PyUnicode_Substring(s, 0, n);
 }
 
+/* The sampling threshold of a span's tracestate (W3C list of key=value members): 0 when no
+ * member has the key "ot" (kept with probability 1), else that member's value must be
+ * exactly "th:" and 1–14 lowercase hex digits, as the agent writes it (trailing zeros
+ * dropped: the 56-bit value is the digits padded on the right). Anything else — whitespace
+ * or non-ASCII anywhere (the reference strips members), another "ot" value (rv, several
+ * fields, an invalid th) — gives up: the reference (sampling.th_from_tracestate) reads it. */
+static int th_of(Rd ts, uint64_t *th) {
+    *th = 0;
+    for (const uint8_t *p = ts.p; p < ts.end; p++)
+        if (*p <= ' ' || *p >= 0x7f)
+            return GIVE_UP;
+    const uint8_t *m = ts.p;
+    while (m < ts.end) {
+        const uint8_t *e = memchr(m, ',', (size_t)(ts.end - m));
+        if (e == NULL)
+            e = ts.end;
+        if (e - m >= 3 && memcmp(m, "ot=", 3) == 0) {
+            const uint8_t *v = m + 3;
+            Py_ssize_t digits = e - v - 3;
+            if (digits < 1 || digits > 14 || memcmp(v, "th:", 3) != 0)
+                return GIVE_UP;
+            uint64_t x = 0;
+            for (const uint8_t *p = v + 3; p < e; p++) {
+                int d = (*p >= '0' && *p <= '9') ? *p - '0' : (*p >= 'a' && *p <= 'f') ? *p - 'a' + 10 : -1;
+                if (d < 0)
+                    return GIVE_UP;
+                x = (x << 4) | (uint64_t)d;
+            }
+            *th = x << (4 * (14 - digits));
+            return 0;
+        }
+        if (e == ts.end)
+            break;
+        m = e + 1;
+    }
+    return 0;
+}
+
 /* A length-delimited field's payload into `sub`; any other field skipped. */
 static int rd_len_or_skip(Rd *r, uint32_t wt, Rd *sub) {
     return wt == WT_LEN ? rd_len(r, sub) : skip(r, wt);
 }
 
 static int span(Rd r, Ctx *c) {
-    Rd tid = {0}, sid = {0}, par = {0}, name = {0}, sub;
-    uint64_t kind = 0, start = 0, end = 0;
+    Rd tid = {0}, sid = {0}, par = {0}, name = {0}, tstate = {0}, sub;
+    uint64_t kind = 0, start = 0, end = 0, th = 0;
     unsigned seen = 0;
     Rd all = r;
     /* Pass 1: everything but the attributes (field order on the wire is free). */
@@ -596,7 +634,7 @@ static int span(Rd r, Ctx *c) {
         if (rd_tag(&r, &num, &wt) < 0)
             return GIVE_UP;
         /* The singular fields we read: a repeat (last one wins in upb) gives up. */
-        if (num <= 8 && num != 3) {
+        if (num <= 8) {
             if (seen & (1u << num))
                 return GIVE_UP;
             seen |= 1u << num;
@@ -616,9 +654,10 @@ static int span(Rd r, Ctx *c) {
             else
                 name = sub;
             break;
-        case 3: /* trace_state */
+        case 3: /* trace_state: the sampling threshold (ot=th:…) */
             if (wt != WT_LEN || rd_len(&r, &sub) < 0 || utf8_ok(sub) < 0)
                 return GIVE_UP;
+            tstate = sub;
             break;
         case 6:
             if (wt != WT_VARINT || rd_varint(&r, &kind) < 0)
@@ -672,6 +711,8 @@ static int span(Rd r, Ctx *c) {
     if (start > INT64_MAX || end > INT64_MAX || end < start ||
         (int64_t)(end - start) > max_duration_ns || (int64_t)start < c->oldest_ns ||
         (int64_t)start > c->now_ns + future_slack_ns)
+        return GIVE_UP;
+    if (th_of(tstate, &th) < 0)
         return GIVE_UP;
 
     Attrs at;
@@ -783,6 +824,7 @@ static int span(Rd r, Ctx *c) {
         SET(41 + i, HAVE(S_GPU_PREFILL_UTIL + i) ? PyFloat_FromDouble(at.dval[i])
                                                  : new_ref(Py_None));
     SET(45, SV(S_GPU_UUID) ? prefix(SV(S_GPU_UUID), 1024) : new_ref(s_empty));
+    SET(46, PyLong_FromUnsignedLongLong(th)); /* schema.SPAN_SAMPLING_COLUMNS */
 #undef SV
 #undef TRUTHY
     if (PyList_Append(c->rows, row) < 0 || PyList_Append(c->tids, PyTuple_GET_ITEM(row, 3)) < 0)

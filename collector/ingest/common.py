@@ -34,7 +34,15 @@ class Parsed:
     ignored: int = 0  # well-formed records we do not store (e.g. non-SERVER spans)
     # the same, by reason, where there are several (OTLP metric points: docs/collector.md)
     ignored_reasons: Counter[str] = field(default_factory=Counter)
+    # rows for other tables than the request's own, by source (OTLP metrics: the agent's
+    # request counts beside its GPU series)
+    more: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
 
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
+
+    @property
+    def row_count(self) -> int:
+        """Rows of every table this request fills."""
+        return len(self.rows) + sum(len(r) for r in self.more.values())

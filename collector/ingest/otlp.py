@@ -26,6 +26,7 @@ from collector.ingest.otlp_common import any_value as _value
 from collector.ingest.otlp_common import as_int as _int
 from collector.ingest.otlp_common import as_number
 from collector.ingest.otlp_common import as_str as _str
+from parallax_contracts import sampling
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
 
@@ -427,6 +428,10 @@ def _span_row(
     status = status if type(status) is int and 0 <= status < 65536 else _u16(_int(status))
     # Attributes without a column of their own are kept as strings (few, for the agent).
     rest = {} if extra is None else {k: _str(v) for k, v in extra.items()}
+    # The sampling the span states (tracestate ot=th:…); none or an invalid one: kept with
+    # probability 1 (threshold 0), as any span from a source that does not sample.
+    ts = sp.trace_state
+    th = sampling.th_from_tracestate(ts) if ts else None
     return (
         start,
         end,
@@ -470,6 +475,7 @@ def _span_row(
         traceparent_missed is True,
         rest,
         *(_NO_GPU if gpu == _NO_GPU_VALUES else _gpu_columns(gpu)),
+        th or 0,
     )
 
 

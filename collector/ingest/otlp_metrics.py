@@ -1,9 +1,10 @@
-"""OTLP/HTTP metric requests (protobuf or JSON) → ``gpu_samples`` rows.
+"""OTLP/HTTP metric requests (protobuf or JSON) → ``gpu_samples`` and ``request_counts`` rows.
 
 Stored: the GPU device series and the per-process GPU series of the contract
 (``parallax_contracts.agent_metrics`` DEVICE and PROCESS), gauges and sums alike, one row per
-data point. Everything else that is well-formed is counted as ignored, by reason, never
-dropped without a count:
+data point, in ``gpu_samples``; the agent's request counts per port and its sampling
+probability (SAMPLING) in ``request_counts`` (``Parsed.more``). Everything else that is
+well-formed is counted as ignored, by reason, never dropped without a count:
 
 - ``gen_ai_histogram``: the GenAI server histograms (TTFT, time per output token). The agent
   derives them from the same records it sends as spans, whose per-request ``ttft_us`` and
@@ -15,7 +16,8 @@ dropped without a count:
 
 Rejected (counted by reason, answered as partial success): a point without a time or older
 than the retention or a day ahead; without a value or with NaN/±inf; a device series point
-without ``hw.id``, a per-process one without a pid.
+without ``hw.id``, a per-process one without a pid; a request count without a
+``server.port`` (``missing_port``: it could not be told from another port's) or below 0.
 
 Metric volume is small (a GPU's eight series every 10 s), so the protobuf runtime's parser is
 used as it is: no compiled fast path as for spans.
@@ -35,11 +37,14 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, D
 from collector.ingest import otlp_common
 from collector.ingest.common import Parsed, outside_window
 from collector.ingest.otlp_common import any_value, as_int, as_str
+from collector.store import schema
 from parallax_contracts import agent_metrics as gm
 
 DEVICE = frozenset(m.name for m in gm.DEVICE)
 PROCESS = frozenset(m.name for m in gm.PROCESS)
 GEN_AI = frozenset(m.name for m in gm.GEN_AI)
+SAMPLING = frozenset(m.name for m in gm.SAMPLING)
+_COUNTERS = frozenset((gm.REQUESTS_SEEN.name, gm.REQUESTS_TRACED.name))
 _TEMPORALITY = {
     AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA: "delta",
     AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE: "cumulative",
@@ -54,6 +59,7 @@ def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns
     """Rows for gpu_samples (column order of schema.GPU_SAMPLE_COLUMNS)."""
     req = otlp_common.decode(body, json_body, ExportMetricsServiceRequest())
     out = Parsed()
+    counts: list[tuple[Any, ...]] = []
     for rm in req.resource_metrics:
         res = {kv.key: any_value(kv.value) for kv in rm.resource.attributes}
         host = str(res.get("host.name") or "")
@@ -63,6 +69,9 @@ def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns
             for m in sm.metrics:
                 kind = m.WhichOneof("data")
                 points = getattr(m, kind).data_points if kind is not None else ()
+                if m.name in SAMPLING:
+                    _counts(m, kind, points, host, counts, out)
+                    continue
                 if m.name not in DEVICE and m.name not in PROCESS:
                     why = "gen_ai_histogram" if m.name in GEN_AI else "other_metric"
                     out.ignored_reasons[why] += len(points)
@@ -83,8 +92,56 @@ def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns
                     if row is not None:
                         out.rows.append(row)
     out.rows = [r for r in out.rows if _in_window(r[0], oldest_ns, now_ns, out)]
+    counts = [r for r in counts if _in_window(r[0], oldest_ns, now_ns, out)]
+    if counts:
+        out.more[schema.REQUEST_COUNTS] = counts
     out.ignored = sum(out.ignored_reasons.values())
     return out
+
+
+def _counts(
+    m: Any, kind: str | None, points: Any, host: str, rows: list[tuple[Any, ...]], out: Parsed
+) -> None:
+    """The agent's request counters (sums) and sampling probability (a gauge) → rows of
+    ``request_counts`` (column order of schema.REQUEST_COUNT_COLUMNS)."""
+    counter = m.name in _COUNTERS
+    if kind != ("sum" if counter else "gauge"):
+        out.ignored_reasons["wrong_kind"] += len(points)
+        return
+    temporality = _TEMPORALITY.get(m.sum.aggregation_temporality, "") if counter else ""
+    for p in points:
+        if p.flags & _NO_VALUE:
+            out.ignored_reasons["no_recorded_value"] += 1
+            continue
+        which = p.WhichOneof("value")
+        if which is None:
+            out.rejected["missing_value"] += 1
+            continue
+        value = float(p.as_int) if which == "as_int" else p.as_double
+        if not math.isfinite(value) or value < 0:
+            out.rejected["invalid_value"] += 1
+            continue
+        if not p.time_unix_nano:
+            out.rejected["invalid_time"] += 1
+            continue
+        attrs = {kv.key: any_value(kv.value) for kv in p.attributes}
+        port = as_int(attrs.get(gm.SERVER_PORT))
+        if counter and (port is None or not 0 < port < 65536):
+            out.rejected["missing_port"] += 1
+            continue
+        svc = attrs.get(gm.SERVICE_NAME)
+        rows.append(
+            (
+                p.time_unix_nano,
+                (p.start_time_unix_nano or None) if counter else None,
+                host,
+                svc[:256] if isinstance(svc, str) else "",
+                port if port is not None and 0 < port < 65536 else 0,
+                m.name,
+                value,
+                temporality,
+            )
+        )
 
 
 def _row(

@@ -27,6 +27,7 @@ from typing import Any
 
 from collector.ingest.common import FUTURE_SLACK_NS
 from collector.metrics import Metrics
+from collector.pairing import coverage
 from collector.pairing.lookups import present, read_traces
 from collector.pairing.rules import PAIR_NAMES, Rows, entry_dict, pairs_for, pairs_for_rows
 from collector.pairing.trace_index import TraceIndex
@@ -35,9 +36,6 @@ from collector.store.client import Store
 
 log = logging.getLogger("parallax.collector")
 
-COVERAGE_WINDOW_S = 300
-COVERAGE_LAG_S = 30
-COVERAGE_SAMPLE = 200_000
 _P_TRACE, _P_SPAN, _P_SEQ, _P_HOPS, _P_LINKED, _P_RECONNECTS = (
     PAIR_NAMES.index(n)
     for n in ("trace_id", "span_id", "seq", "hop_span_ids", "linked_span_ids", "reconnects")
@@ -394,42 +392,24 @@ class Pairer:
             written.popitem(last=False)
 
     def update_coverage(self) -> None:
-        """Pairing coverage per route over the last ``COVERAGE_WINDOW_S`` seconds, ending
-        ``COVERAGE_LAG_S`` ago (so pairs still being made do not count as misses). Beyond
-        ``COVERAGE_SAMPLE`` rows, a hash sample of trace ids keeps the query's memory
-        bounded (both sides of a trace are in or out of the sample together)."""
-        db = self.store.database
-        window = (
-            "time >= now64() - toIntervalSecond({hi:UInt32}) "
-            "AND time < now64() - toIntervalSecond({lo:UInt32})"
-        )
-        p: dict[str, Any] = {"hi": COVERAGE_WINDOW_S + COVERAGE_LAG_S, "lo": COVERAGE_LAG_S}
-        n = self.store.query(
-            f"SELECT count() FROM {db}.browser_entries WHERE {window}",  # noqa: S608
-            p,
-        ).result_rows[0][0]
-        p["m"] = max(1, int(n) // COVERAGE_SAMPLE + 1)
-        sample = " AND cityHash64(trace_id) % {m:UInt64} = 0"
-        pw = f"{window}{sample}"
-        # Pairs are keyed by the browser's start time; the server's may be a little later.
-        pairs_where = (
-            "time >= now64() - toIntervalSecond({hi:UInt32}) - 600 "
-            "AND time < now64() - toIntervalSecond({lo:UInt32}) + 600" + sample
-        )
-        spans = self.store.query(
-            f"SELECT route, count(), countIf(span_id IN (SELECT arrayJoin(hop_span_ids) "  # noqa: S608
-            f"FROM {db}.pairs WHERE {pairs_where})) FROM {db}.server_spans "
-            f"WHERE parent_span_id != '' AND {pw} GROUP BY route LIMIT 1000",
-            p,
-        ).result_rows
-        entries = self.store.query(
-            f"SELECT route, count(), countIf((trace_id, span_id, seq) IN (SELECT trace_id, "  # noqa: S608
-            f"span_id, seq FROM {db}.pairs WHERE {pairs_where})) FROM {db}.browser_entries "
-            f"WHERE {pw} GROUP BY route LIMIT 1000",
-            p,
-        ).result_rows
+        """Pairing coverage per route (collector/pairing/coverage.py): the share of server
+        spans with a browser entry, and of the browser entries the agent would have traced
+        that found their server span — an entry whose trace the agent's sampling dropped
+        is counted as not sampled, not as a miss."""
+        spans, entries, m = coverage.compute(self.store)
         self.metrics.coverage.clear()
-        for side, rows in (("spans", spans), ("entries", entries)):
-            for route, total, paired in rows:
-                if total:
-                    self.metrics.coverage.labels(route, side).set(min(1.0, paired / total))
+        self.metrics.pairing_entries.clear()
+        for route, total, paired in spans:
+            if total:
+                self.metrics.coverage.labels(route, "spans").set(min(1.0, paired / total))
+        for route, total, paired, not_sampled in entries:
+            traced = total - not_sampled
+            if traced:
+                self.metrics.coverage.labels(route, "entries").set(min(1.0, paired / traced))
+            counts = {
+                coverage.PAIRED: paired,
+                coverage.NOT_SAMPLED: not_sampled,
+                coverage.MISSING: max(0, traced - paired),
+            }
+            for state, k in counts.items():
+                self.metrics.pairing_entries.labels(route, state).set(k * m)

@@ -166,7 +166,8 @@ def pair_row(
     entry: Entry, spans: Sequence[Span], version_ns: int | None = None
 ) -> dict[str, Any] | None:
     """The ``pairs`` row for ``entry`` (keys = schema.PAIR_COLUMNS), or None if no span."""
-    hops, linked, reconnects = arrange(candidates(entry, spans))
+    cands = candidates(entry, spans)
+    hops, linked, reconnects = arrange(cands)
     if not hops:
         return None
     d = derive(entry, hops)
@@ -195,6 +196,9 @@ def pair_row(
         "linked_span_ids": linked,
         "reconnects": reconnects,
         **d,
+        # Every hop decides on the trace id's randomness (consistent sampling): the pair
+        # exists when any of its spans was kept, i.e. under the lowest threshold among them.
+        "sample_th": min(int(c.get("sample_th") or 0) for c in cands),
     }
 
 
@@ -215,7 +219,9 @@ S_SERVICE, S_METHOD, S_ROUTE, S_STATUS, S_ARRIVAL = (
 S_TTFB, S_RECVQ, S_TTFT, S_DUR, S_OFFSETS = (
     _SN[n] for n in ("ttfb_us", "recv_queue_us", "ttft_us", "duration_us", "chunk_offsets_us")
 )
-S_SRTT, S_RETRANS, S_WS_SEQ = (_SN[n] for n in ("srtt_us", "retransmits", "ws_seq"))
+S_SRTT, S_RETRANS, S_WS_SEQ, S_SAMPLE_TH = (
+    _SN[n] for n in ("srtt_us", "retransmits", "ws_seq", "sample_th")
+)
 E_TIME, E_SITE, E_SESSION, E_TRACE, E_SPAN, E_KIND, E_SEQ = (
     _EN[n] for n in ("time", "site", "session", "trace_id", "span_id", "kind", "seq")
 )
@@ -315,6 +321,7 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
         None if srtt is None else srtt / 1000.0,
         theta,
         network if theta is not None else None,
+        s[S_SAMPLE_TH],
     )
 
 

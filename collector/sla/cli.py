@@ -49,14 +49,17 @@ def _text(doc: dict[str, Any]) -> str:
     lines = [f"window {doc['window']['start']} … {doc['window']['end']}"]
     for r in doc["routes"]:
         lines.append(f"{r['route']} ({r['service']}): {r['verdict']}")
+        if r["sampling"].get("sentence"):  # the share of requests the agent traced
+            lines.append(f"  {r['sampling']['sentence']}")
         if r["server"].get("sentence"):  # the server-time split and the GPU findings
             lines.append(f"  {r['server']['sentence']}")
         for name, m in r["metrics"].items():
             div = "?" if m["divergence_ms"] is None else f"{m['divergence_ms']:+.1f} ms"
             lo = "−∞" if m["ci_low_ms"] is None else f"{m['ci_low_ms']:+.1f}"
             hi = "+∞" if m["ci_high_ms"] is None else f"{m['ci_high_ms']:+.1f}"
+            n = f"n={m['n']}" + (f" (n_eff={m['n_eff']})" if m["n_eff"] < m["n"] else "")
             lines.append(
-                f"  {name:<13} {m['verdict']:<17} {div:>11}  CI {lo}…{hi}  n={m['n']}  "
+                f"  {name:<13} {m['verdict']:<17} {div:>11}  CI {lo}…{hi}  {n}  "
                 f"alert {m['alert_state']}"
             )
             if m["verdict"] == "out_of_band":
@@ -110,6 +113,19 @@ def run(args: argparse.Namespace) -> int:
         )
         if not have or not have[0]["c"]:
             print(f"sla: {dsn}: no {db}.pairs table (not a Parallax store?)", file=sys.stderr)
+            return 2
+        weighted = store.rows(
+            "SELECT count() AS c FROM system.columns WHERE database = {db:String} "
+            "AND table = 'pairs' AND name = 'sample_th'",
+            {"db": db},
+        )
+        if not weighted or not weighted[0]["c"]:
+            # migrating here would also reset the retention the collector was started with
+            print(
+                f"sla: {dsn}: the store was made by an earlier version; start "
+                "`parallax-collector serve` on it once to migrate it",
+                file=sys.stderr,
+            )
             return 2
         source = SlaSource(store.client, db)
         source.ensure_schema()

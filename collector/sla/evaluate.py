@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from collector.sla import explain, gpu, quantize, stats
+from collector.sla import explain, gpu, quantize, sampling, stats
 from collector.sla.config import SlaConfig
 from collector.sla.source import METRIC_ORDER, SlaSource
 from collector.sla.stats import SeriesStats, Window
@@ -39,6 +39,7 @@ class MetricResult:
     traps: list[str]
     sentence: str
     alert_state: str = "inactive"
+    n_eff: int = 0  # effective sample size (= n when every pair weighs the same)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +50,7 @@ class MetricResult:
             "ci_high_ms": _r(self.ci_high_ms),
             "band_ms": self.band_ms,
             "n": self.n,
+            "n_eff": self.n_eff,
             "min_samples": self.min_samples,
             "user_p50_ms": _r(self.user["p50"]),
             "user_p95_ms": _r(self.user["p95"]),
@@ -74,6 +76,7 @@ class RouteResult:
     sessions: int = 0
     far_off_sessions: int = 0
     server: dict[str, Any] = field(default_factory=dict)  # gpu.server_json: split + GPU
+    sampling: dict[str, Any] = field(default_factory=dict)  # sampling.route_json
 
     @property
     def worst(self) -> str:
@@ -98,6 +101,7 @@ class RouteResult:
             "sessions": self.sessions,
             "far_off_sessions": self.far_off_sessions,
             "server": self.server,
+            "sampling": self.sampling,
             "metrics": {k: self.metrics[k].to_json() for k in METRIC_ORDER if k in self.metrics},
         }
 
@@ -140,16 +144,23 @@ def _side(s: SeriesStats | None) -> dict[str, float | None]:
 
 
 def _bounds(s: SeriesStats) -> tuple[float | None, float | None]:
-    """97.5% order-statistic bounds of one side's P95, widened by half a grid cell."""
-    lo_rank, hi_rank = stats.rank_bounds(s.n, stats.P, stats.ALPHA / 2)
+    """97.5% order-statistic bounds of one side's P95, widened by half a grid cell; ranks of
+    the effective sample size, read as levels of the weighted quantile (collector.sla.stats)."""
+    n = s.n_eff
+    lo_rank, hi_rank = stats.rank_bounds(n, stats.P, stats.ALPHA / 2)
     lo = hi = None
     if lo_rank is not None:
-        v = s.at(stats.level_for_rank_at_most(lo_rank, s.n))
+        v = s.at(stats.level_for_rank_at_most(lo_rank, n))
         lo = None if v is None else v - quantize.half_width_ms(v)
     if hi_rank is not None:
-        v = s.at(stats.level_for_rank_at_least(hi_rank, s.n))
+        v = s.at(stats.level_for_rank_at_least(hi_rank, n))
         hi = None if v is None else v + quantize.half_width_ms(v)
     return lo, hi
+
+
+def _share(s: SeriesStats | None) -> float | None:
+    v = s.share() if s is not None else None
+    return None if v is None else round(v, 4)
 
 
 def parts_json(series: dict[str, SeriesStats]) -> dict[str, Any]:
@@ -165,7 +176,7 @@ def parts_json(series: dict[str, SeriesStats]) -> dict[str, Any]:
         "recv_queue_p95_ms": _r(explain.p95(series, "recv_queue")),
         "server_processing_p95_ms": _r(explain.p95(series, "server")),
         "render_delay_p95_ms": _r(explain.p95(series, "render")),
-        "retransmit_share": (round(rt.nonzero / rt.n, 4) if rt and rt.n else None),
+        "retransmit_share": _share(rt),
         "hops": hops,
         "itl_gap_p50_ms": {
             "server": _r(explain.p50(series, "itl_p50:server")),
@@ -204,12 +215,26 @@ def evaluate_window(
         parts = parts_json(series)
         rr = RouteResult(service, route, {}, w.sessions.get((service, route), 0), far)
         rr.server = gpu.server_json(label, split_of(series), w.gpu.get((service, route)))
+        # the pairs of the route: its most measured metric's server side
+        most = max(
+            (series[f"{m}:server"] for m in METRIC_ORDER if f"{m}:server" in series),
+            key=lambda s: s.n,
+            default=None,
+        )
+        rr.sampling = sampling.route_json(
+            label,
+            w.counts.get(service),
+            most.n if most else 0,
+            most.weight if most else 0.0,
+            window.total_seconds(),
+        )
         for metric in METRIC_ORDER:
             us, ss = series.get(f"{metric}:user"), series.get(f"{metric}:server")
             if us is None and ss is None:
                 continue
             th = cfg.thresholds(service, route, metric)
             n = min(us.n if us else 0, ss.n if ss else 0)
+            n_eff = min(us.n_eff if us else 0, ss.n_eff if ss else 0)
             u, s = _side(us), _side(ss)
             div = None if u["p95"] is None or s["p95"] is None else u["p95"] - s["p95"]
             if us is not None and ss is not None and n:
@@ -218,7 +243,8 @@ def evaluate_window(
                 ci = stats.divergence_interval(ul, uh, sl, sh)
             else:
                 ci = stats.Interval(None, None)
-            verdict = stats.verdict(n, ci, th.band_ms, th.min_samples)
+            # few effective samples is few samples, however many pairs they are
+            verdict = stats.verdict(n_eff, ci, th.band_ms, th.min_samples)
             severity = "none"
             if verdict == stats.OUT:
                 severity = "critical" if (div or 0) > 0 else "warning"
@@ -242,6 +268,7 @@ def evaluate_window(
                 th.band_ms,
                 ranked,
                 [c for _, c in trap_list],
+                n_eff,
             )
             rr.metrics[metric] = MetricResult(
                 service=service,
@@ -262,6 +289,7 @@ def evaluate_window(
                 traps=[t for t, _ in trap_list],
                 sentence=text,
                 alert_state=alert_state(service, route, metric) if alert_state else "inactive",
+                n_eff=n_eff,
             )
         if rr.metrics:
             ev.routes.append(rr)

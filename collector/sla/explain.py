@@ -143,10 +143,9 @@ def traps(
         if a is not None and a >= notable:
             found.append(("accept_queue", f"connections wait P95 {ms(a)} in the accept queue"))
     rt = series.get("retransmits")
-    if rt and rt.n and rt.nonzero / rt.n >= 0.01:
-        found.append(
-            ("retransmits", f"{100 * rt.nonzero / rt.n:.1f}% of requests had TCP retransmits")
-        )
+    share = rt.share() if rt else None
+    if share is not None and share >= 0.01:
+        found.append(("retransmits", f"{100 * share:.1f}% of requests had TCP retransmits"))
     if far_off:
         found.append(
             (
@@ -157,6 +156,18 @@ def traps(
             )
         )
     return found
+
+
+# Say so when sampling leaves a window worth markedly fewer pairs than it holds.
+FEW_EFFECTIVE = 0.9
+
+
+def few_samples(n: int, n_eff: int | None) -> str:
+    """The clause for a window whose pairs weigh unequally (the sampling changed within it):
+    its P95 rests on fewer independent samples than it has pairs. '' otherwise."""
+    if n_eff is None or n_eff >= n * FEW_EFFECTIVE:
+        return ""
+    return f"effective sample size {n_eff} of {n} pairs: the sampling rate varied in the window"
 
 
 def sentence(
@@ -173,10 +184,13 @@ def sentence(
     band_ms: float,
     ranked: list[RankedPart],
     trap_clauses: list[str],
+    n_eff: int | None = None,
 ) -> str:
+    few = few_samples(n, n_eff)
     if verdict == "insufficient_data":
+        worth = f" ({few})" if few else ""
         return (
-            f"{label}: {METRIC_LABEL[metric]} has {n} paired requests in the window, "
+            f"{label}: {METRIC_LABEL[metric]} has {n} paired requests in the window{worth}, "
             f"fewer than the {min_samples} needed to judge a P95."
         )
     u_phrase, s_phrase = USER_PHRASE[metric]
@@ -186,7 +200,7 @@ def sentence(
     )
     head = (
         f"{label}: {u_phrase.format(u=ms(user_p95))}, {s_phrase.format(s=ms(server_p95))} "
-        f"({signed(divergence)} ms, {ci})"
+        f"({signed(divergence)} ms, {ci}{'; ' + few if few else ''})"
     )
     if verdict == "ok":
         return f"{head}: inside the ±{band_ms:g} ms band."

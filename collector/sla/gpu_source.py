@@ -15,6 +15,10 @@ Only this module knows the GPU columns of ``server_spans`` and the ``gpu_samples
    window length. A reading is one export's gauges of a GPU (clock, max clock, reason bits:
    the OpenTelemetry SDK stamps one collection with one time), grouped by the second.
 
+Each span weighs its adjusted count (1/p of its ``sample_th``: the requests it stands for when
+the agent sampled), so a window whose sampling changed is not tilted towards its fully traced
+minutes; ``requests`` stays the count of spans (the few-requests rule is about evidence).
+
 Spans are read without FINAL: a client's retry that a merge has not collapsed yet weighs a
 request twice in a mean, which moves no figure visibly; FINAL over the window would cost a
 merge-on-read of every span of it.
@@ -28,6 +32,7 @@ from typing import Any
 
 from collector.sla import gpu
 from collector.store import schema
+from collector.store.schema import adjusted_count_sql
 from parallax_contracts import agent_metrics as gm
 
 # The agent exports its GPU series every 10 s (docs/contracts/agent-metrics.md): a reading up
@@ -47,19 +52,25 @@ def _ts(t: datetime) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+# A span's weight: the requests it stands for (module doc).
+_A = adjusted_count_sql("sample_th")
+
+
 def _phase_sums(name: str, window: str) -> str:
-    """Sums of one window kind: Σ util·w, Σ w (util known), requests, Σ wait, Σ w (wait
-    known), Σ launches, requests (launches known). ``window`` is its length in µs."""
+    """Sums of one window kind, each span weighted by its adjusted count a: Σ a·util·w,
+    Σ a·w (util known), requests, Σ a·wait, Σ a·w (wait known), Σ a·launches, Σ a (launches
+    known). ``window`` is its length in µs."""
     util, wait, launches = (
         f"gpu_{name}_sm_util_pct",
         f"gpu_{name}_wait_us",
         f"gpu_{name}_launches",
     )
+    w = f"{window} * {_A}"
     return (
-        f"sumIf({util} * {window}, {util} IS NOT NULL), sumIf({window}, {util} IS NOT NULL), "
-        f"countIf({util} IS NOT NULL), sumIf({wait}, {wait} IS NOT NULL), "
-        f"sumIf({window}, {wait} IS NOT NULL), sumIf({launches}, {launches} IS NOT NULL), "
-        f"countIf({launches} IS NOT NULL)"
+        f"sumIf({util} * {w}, {util} IS NOT NULL), sumIf({w}, {util} IS NOT NULL), "
+        f"countIf({util} IS NOT NULL), sumIf({wait} * {_A}, {wait} IS NOT NULL), "
+        f"sumIf({w}, {wait} IS NOT NULL), sumIf({launches} * {_A}, {launches} IS NOT NULL), "
+        f"sumIf({_A}, {launches} IS NOT NULL)"
     )
 
 
@@ -69,11 +80,12 @@ _DECODE = "toFloat64(if(ttft_us IS NULL, 0, greatest(duration_us - ttft_us, 0)))
 
 
 def _aggregates_sql(db: str, start: datetime, end: datetime) -> str:
+    d = f"duration_us * {_A}"
     return f"""SELECT toString(service), toString(route), count(),
-    sumIf(gpu_sample_coverage * duration_us, gpu_sample_coverage IS NOT NULL),
-    sumIf(duration_us, gpu_sample_coverage IS NOT NULL),
-    sumIf(gpu_inflight_mean * duration_us, gpu_inflight_mean IS NOT NULL),
-    sumIf(duration_us, gpu_inflight_mean IS NOT NULL),
+    sumIf(gpu_sample_coverage * {d}, gpu_sample_coverage IS NOT NULL),
+    sumIf({d}, gpu_sample_coverage IS NOT NULL),
+    sumIf(gpu_inflight_mean * {d}, gpu_inflight_mean IS NOT NULL),
+    sumIf({d}, gpu_inflight_mean IS NOT NULL),
     {_phase_sums("prefill", _PREFILL)},
     {_phase_sums("decode", _DECODE)},
     groupUniqArray(16)(toString(gpu_uuid))
@@ -97,9 +109,9 @@ def _clock_sql(db: str, start: datetime, end: datetime) -> str:
 FROM (
     SELECT toString(service) AS service, toString(route) AS route,
            arrayJoin(splitByChar(',', toString(gpu_uuid))) AS hw, ph.1 AS phase,
-           ph.2 AS w_start, ph.3 AS w_end, greatest(toFloat64(ph.3 - ph.2), 1.0) AS w
+           ph.2 AS w_start, ph.3 AS w_end, greatest(toFloat64(ph.3 - ph.2), 1.0) * a AS w
     FROM (
-        SELECT service, route, gpu_uuid, toUnixTimestamp64Nano(time) AS t1,
+        SELECT service, route, gpu_uuid, {_A} AS a, toUnixTimestamp64Nano(time) AS t1,
                t1 + 1000 * assumeNotNull(ttft_us) AS tok,
                t1 + 1000 * greatest(duration_us, assumeNotNull(ttft_us)) AS t_end
         FROM {db}.{schema.SPANS}

@@ -38,6 +38,13 @@ class SlaMetrics:
         self.samples = Gauge(
             "parallax_sla_samples", "Paired requests in the window", _L, registry=r
         )
+        self.effective = Gauge(
+            "parallax_sla_effective_samples",
+            "Effective sample size of the window's P95s: below the paired requests when the "
+            "agent's sampling weighs them unequally (the verdict needs it ≥ min_samples)",
+            _L,
+            registry=r,
+        )
         self.firing = Gauge("parallax_sla_alert_firing", "1 while the alert fires", _L, registry=r)
         self.evaluator = Gauge(
             "parallax_sla_is_evaluator",
@@ -63,6 +70,7 @@ class SlaMetrics:
             self.ci_high.labels(*k).set(_f(m.ci_high_ms))
             self.band.labels(*k).set(m.band_ms)
             self.samples.labels(*k).set(m.n)
+            self.effective.labels(*k).set(m.n_eff)
             self.firing.labels(*k).set(1 if m.alert_state == "firing" else 0)
             for v in stats.VERDICTS:
                 self.verdict.labels(*k, v).set(1 if v == m.verdict else 0)
@@ -73,6 +81,7 @@ class SlaMetrics:
                 self.ci_high,
                 self.band,
                 self.samples,
+                self.effective,
                 self.firing,
             ):
                 g.remove(*k)

@@ -1,7 +1,10 @@
 """DDL of the SLA checker's own tables (prefix ``sla_``), idempotent, applied at start.
 
 - ``sla_minutes``  per (minute, service, route, series): a histogram on the grid of
-                   ``quantize`` as parallel arrays (cells, counts). ReplacingMergeTree on
+                   ``quantize`` as parallel arrays (cells, counts), with each cell's sum of
+                   the pairs' adjusted counts and of their squares (``weights``,
+                   ``weights2``; totals ``w``, ``w2``): the weighted quantiles and the
+                   effective sample size of a sampled window. ReplacingMergeTree on
                    ``version``: a minute is re-summarized whole when pairs in it change
                    (pairs are themselves rewritten when a late hop arrives), so a
                    materialized view on ``pairs`` would count a rewritten pair twice.
@@ -16,7 +19,9 @@
 - ``sla_state``    small key/values (the summarizer's watermark).
 
 Same oldest server as the rest of the store (22.3): plain MergeTree families, arrays,
-tuples, LowCardinality; no features newer than the pairs table uses.
+tuples, LowCardinality; no features newer than the pairs table uses. The weight columns were
+added by an ALTER with DEFAULTs computed from ``n`` and ``counts``: rows summarized before
+them (no sampling then) read weight 1 per pair.
 """
 
 from __future__ import annotations
@@ -34,6 +39,17 @@ RETENTION_DAYS = 8
 BLOCK_TTL_DAYS = 1
 
 
+# The weight columns of the two histogram tables; for rows written before they existed the
+# DEFAULT reads each pair as weight 1 (then w = w2 = n, weights = weights2 = counts).
+_WEIGHTS = (
+    ("w", "Float64 DEFAULT toFloat64(n)"),
+    ("w2", "Float64 DEFAULT toFloat64(n)"),
+    ("weights", "Array(Float64) DEFAULT arrayMap(c -> toFloat64(c), counts) CODEC(ZSTD(1))"),
+    ("weights2", "Array(Float64) DEFAULT arrayMap(c -> toFloat64(c), counts) CODEC(ZSTD(1))"),
+)
+_WEIGHT_DDL = "".join(f"\n    {name} {ddl}," for name, ddl in _WEIGHTS)
+
+
 class Commander(Protocol):
     def command(self, cmd: str) -> object: ...
 
@@ -49,7 +65,7 @@ def statements(db: str) -> list[str]:
     series LowCardinality(String),
     n UInt64,
     cells Array(Int32) CODEC(ZSTD(1)),
-    counts Array(UInt64) CODEC(ZSTD(1)),
+    counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
     version UInt64
 ) ENGINE = ReplacingMergeTree(version)
 PARTITION BY toDate(minute)
@@ -65,7 +81,7 @@ SETTINGS ttl_only_drop_parts = 1""",
     series LowCardinality(String),
     n UInt64,
     cells Array(Int32) CODEC(ZSTD(1)),
-    counts Array(UInt64) CODEC(ZSTD(1)),
+    counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
     version UInt64
 ) ENGINE = ReplacingMergeTree(version)
 PARTITION BY toDate(end_minute)
@@ -87,6 +103,11 @@ SETTINGS ttl_only_drop_parts = 1""",
 ) ENGINE = ReplacingMergeTree(version)
 ORDER BY session
 TTL toDateTime(last_seen) + toIntervalDay({RETENTION_DAYS})""",
+        *(
+            f"ALTER TABLE {db}.{t} ADD COLUMN IF NOT EXISTS {name} {ddl} AFTER {prev}"
+            for t in (MINUTES, BLOCKS)
+            for (name, ddl), prev in zip(_WEIGHTS, ("counts", "w", "w2", "weights"), strict=True)
+        ),
         f"ALTER TABLE {db}.{SESSIONS} ADD COLUMN IF NOT EXISTS best_ms Array(Int64) AFTER best",
         f"""CREATE TABLE IF NOT EXISTS {db}.{ALERTS}
 (

@@ -2,6 +2,10 @@
 
 Only this module knows the ``pairs`` column names (collector/store/schema.py, docs/store.md).
 
+Each pair weighs its adjusted count (1/p of its ``sample_th``: the requests it stands for
+when the agent sampled; 1 otherwise): the histograms hold per cell the count, Σw and Σw²,
+quantiles are weighted, and Σw² gives the effective sample size of a P95 (collector.sla.stats).
+
 Summaries: a pair is rewritten (higher ``version``) when a late hop arrives, so instead of a
 materialized view (which would count the rewritten pair twice) the evaluator re-summarizes
 whole minutes from ``pairs FINAL``: the minutes whose mark (rows, newest ``paired_at``)
@@ -17,14 +21,23 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from collector.sla import gpu_source, quantize, schema, stats
+from collector.sla import gpu_source, quantize, sampling_source, schema, stats
 from collector.sla.clock import Sample, best_samples, clock_filter
+from collector.store.schema import adjusted_count_sql
 
 PAIRS = "pairs"
 # A WebSocket handshake (seq 0) is connection set-up, not an exchange: mixed into the route's
 # message exchanges it would pull TTFB and duration towards the open time.
 EXCHANGES_ONLY = "NOT (kind = 'websocket' AND seq = 0)"
 HORIZON_EXTRA = timedelta(minutes=2)
+# A pair's weight: its adjusted count (the requests it stands for under the agent's sampling).
+PAIR_WEIGHT = adjusted_count_sql("sample_th")
+# quantilesExactWeighted takes integer weights: the adjusted counts in 1/65536 units (a count
+# of whole pairs stays exact, so an unsampled window reads exactly the ranks it read before).
+WEIGHT_SCALE = 65536
+_QW = f"arrayMap(x -> toUInt64(round(x * {WEIGHT_SCALE})), weights)"
+_HIST = "cells, counts, weights, weights2"
+_HIST_COLS = f"n, {_HIST}, w, w2"
 
 # metric → (user expression, server expression, extra condition); both sides must be
 # measured for a pair to count ("on pairs only").
@@ -255,18 +268,20 @@ class SlaSource:
         v = _time.time_ns()
         # Tombstones first: a series that vanished from a rewritten minute must not survive.
         self.command(
-            f"INSERT INTO {db}.{schema.MINUTES} (minute, service, route, series, n, cells, "  # noqa: S608
-            f"counts, version) SELECT minute, service, route, series, 0, [], [], {v} "
+            f"INSERT INTO {db}.{schema.MINUTES} (minute, service, route, series, {_HIST_COLS}, "  # noqa: S608
+            f"version) SELECT minute, service, route, series, 0, [], [], [], [], 0, 0, {v} "
             f"FROM {db}.{schema.MINUTES} FINAL WHERE minute IN ({mins}) AND n > 0"
         )
         names = "[" + ", ".join(f"'{x}'" for x in SERIES) + "]"
         self.command(
             f"""INSERT INTO {db}.{schema.MINUTES}
-(minute, service, route, series, n, cells, counts, version)
+(minute, service, route, series, {_HIST_COLS}, version)
 SELECT minute, service, route, {names}[toUInt32(bitShiftRight(k, 32))] AS series, sum(c),
-       groupArray(toInt32(toInt64(bitAnd(k, 4294967295)) - 2147483648)), groupArray(c), {v + 1}
+       groupArray(toInt32(toInt64(bitAnd(k, 4294967295)) - 2147483648)), groupArray(c),
+       groupArray(sw), groupArray(sw2), sum(sw), sum(sw2), {v + 1}
 FROM (
-    SELECT toStartOfMinute(time) AS minute, service, route, k, count() AS c
+    SELECT toStartOfMinute(time) AS minute, service, route, k, count() AS c,
+           sum({PAIR_WEIGHT}) AS sw, sum({PAIR_WEIGHT} * {PAIR_WEIGHT}) AS sw2
     FROM {db}.{PAIRS} FINAL
     ARRAY JOIN {_packed_keys()} AS k
     WHERE time >= '{lo}' AND time < '{hi}' AND toStartOfMinute(time) IN ({mins})
@@ -279,11 +294,12 @@ GROUP BY minute, service, route, series"""  # noqa: S608
         cell = quantize.code_sql("h.2", quantize.COARSE)
         self.command(
             f"""INSERT INTO {db}.{schema.MINUTES}
-(minute, service, route, series, n, cells, counts, version)
-SELECT minute, service, route, series, sum(c), groupArray(cell), groupArray(c), {v + 1}
+(minute, service, route, series, {_HIST_COLS}, version)
+SELECT minute, service, route, series, sum(c), groupArray(cell), groupArray(c),
+       groupArray(sw), groupArray(sw2), sum(sw), sum(sw2), {v + 1}
 FROM (
     SELECT toStartOfMinute(time) AS minute, service, route, h.1 AS series, {cell} AS cell,
-           count() AS c
+           count() AS c, sum({PAIR_WEIGHT}) AS sw, sum({PAIR_WEIGHT} * {PAIR_WEIGHT}) AS sw2
     FROM {db}.{PAIRS} FINAL
     ARRAY JOIN arrayMap(i -> (concat('{HOP_PREFIX}', toString(i), ':',
         toString(hop_services[i])), hop_added_ms[i]),
@@ -401,12 +417,14 @@ GROUP BY session"""  # noqa: S608
         db = self.db
         self.command(
             f"""INSERT INTO {db}.{schema.BLOCKS}
-(start_minute, end_minute, service, route, series, n, cells, counts, version)
+(start_minute, end_minute, service, route, series, {_HIST_COLS}, version)
 SELECT toDateTime('{_sec(start)}', 'UTC'), toDateTime('{_sec(end)}', 'UTC'), service, route,
-       series, sum(c), groupArray(cell), groupArray(c), {_time.time_ns()}
+       series, sum(c), groupArray(cell), groupArray(c), groupArray(sw), groupArray(sw2),
+       sum(sw), sum(sw2), {_time.time_ns()}
 FROM (
-    SELECT service, route, series, cell, sum(cnt) AS c
-    FROM {db}.{schema.MINUTES} FINAL ARRAY JOIN cells AS cell, counts AS cnt
+    SELECT service, route, series, cell, sum(cnt) AS c, sum(wt) AS sw, sum(wt2) AS sw2
+    FROM {db}.{schema.MINUTES} FINAL
+    ARRAY JOIN cells AS cell, counts AS cnt, weights AS wt, weights2 AS wt2
     WHERE minute >= '{_sec(start)}' AND minute <= '{_sec(end)}' AND n > 0
     GROUP BY service, route, series, cell
 )
@@ -424,15 +442,15 @@ GROUP BY service, route, series"""  # noqa: S608
         stale = self._wall() - end > timedelta(days=schema.BLOCK_TTL_DAYS, hours=-1)
         if end < start or stale:
             return (
-                f"SELECT service, route, series, n, cells, counts FROM {db}.{schema.MINUTES} "  # noqa: S608
+                f"SELECT service, route, series, {_HIST_COLS} FROM {db}.{schema.MINUTES} "  # noqa: S608
                 f"FINAL WHERE minute >= '{_sec(start)}' AND minute <= '{_sec(last)}' AND n > 0"
             )
         if self._current_block() != (start, end):
             self._build_block(start, end)
         return (
-            f"SELECT service, route, series, n, cells, counts FROM {db}.{schema.BLOCKS} FINAL "  # noqa: S608
+            f"SELECT service, route, series, {_HIST_COLS} FROM {db}.{schema.BLOCKS} FINAL "  # noqa: S608
             f"WHERE start_minute = '{_sec(start)}' AND end_minute = '{_sec(end)}' AND n > 0 "
-            f"UNION ALL SELECT service, route, series, n, cells, counts "
+            f"UNION ALL SELECT service, route, series, {_HIST_COLS} "
             f"FROM {db}.{schema.MINUTES} FINAL WHERE minute = '{_sec(last)}' AND n > 0"
         )
 
@@ -449,24 +467,25 @@ GROUP BY service, route, series"""  # noqa: S608
         metric_series = ", ".join(f"'{m}:{side}'" for m in METRICS for side in ("user", "server"))
         rows_sql = self._window_rows_sql(start, last)
         # identifiers are ours, times formatted by us: nothing user-given in the SQL
+        # a series is a few rows (the merged block, the current minute): their arrays are
+        # aggregated as they are (-Array combinators), no ARRAY JOIN
         base = (
-            f"SELECT toString(service), toString(route), toString(series), sum(cnt), "  # noqa: S608
-            "sumIf(cnt, cell != 0), quantilesExactWeighted({levels})(cell, cnt) "
-            f"FROM ({rows_sql}) ARRAY JOIN cells AS cell, counts AS cnt "
-            f"WHERE series {{op}} ({metric_series}) GROUP BY service, route, series"
+            f"SELECT toString(service), toString(route), toString(series), sum(n), "  # noqa: S608
+            "sum(arraySum((c, x) -> if(c != 0, x, 0), cells, weights)), sum(w), "
+            f"quantilesExactWeightedArray({{levels}})(cells, {_QW}) "
+            f"FROM ({rows_sql}) WHERE series {{op}} ({metric_series}) "
+            "GROUP BY service, route, series"
         )
-        # Ask only the grid levels some series needs (its bounds depend on its n): the
-        # answer is a few dozen numbers per series instead of the whole grid.
+        # Ask only the grid levels some series needs (its bounds depend on its effective
+        # sample size): a few dozen numbers per series instead of the whole grid.
         needed = {0.5, 0.95, 0.99}
-        for (n,) in self.rows(
-            f"SELECT sum(n) FROM ({rows_sql}) "  # noqa: S608
-            f"WHERE series IN ({metric_series}) GROUP BY service, route, series"
-        ):
-            lo, hi = stats.rank_bounds(int(n))
+        n_eff = self._effective_sizes(rows_sql, metric_series)
+        for n in n_eff.values():
+            lo, hi = stats.rank_bounds(n)
             if lo is not None:
-                needed.add(stats.level_for_rank_at_most(lo, int(n)))
+                needed.add(stats.level_for_rank_at_most(lo, n))
             if hi is not None:
-                needed.add(stats.level_for_rank_at_least(hi, int(n)))
+                needed.add(stats.level_for_rank_at_least(hi, n))
         grid = tuple(sorted(needed))
         levels = ", ".join(repr(q) for q in grid)
         queries = [
@@ -474,9 +493,15 @@ GROUP BY service, route, series"""  # noqa: S608
             ((0.5, 0.95, 0.99), base.format(levels="0.5, 0.95, 0.99", op="NOT IN")),
         ]
         for lv, sql in queries:
-            for service, route, series, n, nz, qs in self.rows(sql):
+            for service, route, series, n, nz, wsum, qs in self.rows(sql):
                 w.series.setdefault((service, route), {})[series] = stats.SeriesStats(
-                    int(n), int(nz), lv, qs, grid_of(series)
+                    int(n),
+                    float(nz),
+                    lv,
+                    qs,
+                    grid_of(series),
+                    float(wsum),
+                    n_eff.get((service, route, series), int(n)),
                 )
         for service, route, total, far in self.rows(
             f"""SELECT r.1, r.2, count(), countIf(abs(theta_ms) > 100)
@@ -486,7 +511,47 @@ WHERE last_seen >= '{_sec(start)}' GROUP BY r.1, r.2"""  # noqa: S608
             w.sessions[(service, route)] = int(total)
             w.far_off_sessions[(service, route)] = int(far)
         w.gpu = gpu_source.read(self.rows, db, start, now)
+        w.counts = sampling_source.read(self.rows, db, now - window, now)
         return w
+
+    def _effective_sizes(
+        self, rows_sql: str, metric_series: str
+    ) -> dict[tuple[str, str, str], int]:
+        """The effective sample size of each metric side's P95 (collector.sla.stats). From
+        the series' totals when its pairs weigh the same (n_eff = n: no second pass); else
+        from Σw² of the cells at or below its weighted P95 cell."""
+        out: dict[tuple[str, str, str], int] = {}
+        unequal = False
+        for service, route, series, n, wsum, w2 in self.rows(
+            f"SELECT toString(service), toString(route), toString(series), sum(n), sum(w), "  # noqa: S608
+            f"sum(w2) FROM ({rows_sql}) WHERE series IN ({metric_series}) "
+            "GROUP BY service, route, series"
+        ):
+            out[(service, route, series)] = int(n)
+            unequal = unequal or not stats.equal_weights(int(n), float(wsum), float(w2))
+        if not unequal:
+            return out
+        # Per series the window is a few rows (the merged block, the current minute): their
+        # arrays are read as they are (-Array combinators), no ARRAY JOIN.
+        for service, route, series, n, wsum, w2, at_or_below in self.rows(
+            f"""SELECT service, route, series, n, wsum, w2sum,
+       arraySum((cs, ws) -> arraySum((c, x) -> if(c <= q, x, 0), cs, ws), gc, gw)
+FROM (
+    SELECT toString(service) AS service, toString(route) AS route,
+           toString(series) AS series, sum(n) AS n, sum(w) AS wsum, sum(w2) AS w2sum,
+           quantileExactWeightedArray({stats.P})(cells,
+               arrayMap(x -> toUInt64(round(x * {WEIGHT_SCALE})), weights)) AS q,
+           groupArray(cells) AS gc, groupArray(weights2) AS gw
+    FROM ({rows_sql})
+    WHERE series IN ({metric_series})
+    GROUP BY service, route, series
+    HAVING n * w2sum > wsum * wsum * (1 + 1e-9)
+)"""  # noqa: S608 — identifiers ours
+        ):
+            out[(service, route, series)] = stats.n_effective(
+                int(n), float(wsum), float(w2), float(at_or_below)
+            )
+        return out
 
     def history(
         self, service: str, route: str, metric: str, now: datetime, minutes: int
@@ -497,8 +562,9 @@ WHERE last_seen >= '{_sec(start)}' GROUP BY r.1, r.2"""  # noqa: S608
         r = (
             self._get()
             .query(
-                f"""SELECT minute, ser, sum(cc.2), quantileExactWeighted(0.95)(cc.1, cc.2)
-FROM (SELECT minute, toString(series) AS ser, arrayJoin(arrayZip(cells, counts)) AS cc
+                f"""SELECT minute, ser, sum(cc.2), quantileExactWeighted(0.95)(cc.1,
+       toUInt64(round(cc.3 * {WEIGHT_SCALE})))
+FROM (SELECT minute, toString(series) AS ser, arrayJoin(arrayZip(cells, counts, weights)) AS cc
       FROM {self.db}.{schema.MINUTES} FINAL
       WHERE service = {{service:String}} AND route = {{route:String}}
         AND series IN ({{u:String}}, {{s:String}}) AND minute >= '{_sec(start)}' AND n > 0)

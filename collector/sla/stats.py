@@ -11,6 +11,19 @@ narrower interval, but it needs every raw pair of the window (cost grows with th
 rows, B resamples each) and is only asymptotically right in the tail at small n; these
 bounds need only a few order statistics, which the per-minute histograms give exactly.
 
+Sampled windows: each pair weighs its adjusted count w = 1/p (the agent kept its request
+with probability p). Quantiles are the weighted ones (the first value at which the
+cumulative weight reaches q·Σw), and the bounds are the same order-statistic bounds taken
+on an **effective sample size**: n_eff = q(1−q) / v, with v = Σ w²(I − q)² / (Σw)², I = 1 for
+a value at or below the estimated quantile — the variance of the weighted share below the
+quantile (Woodruff's interval; the linearized variance of the Hájek estimator under
+Poisson sampling). The ranks l, u of n_eff become the levels l/n_eff, u/n_eff of the
+weighted quantile. With equal weights (one p in the window, or none) n_eff = n and
+everything is as without sampling. Kish's n_eff = (Σw)²/Σw² was measured and not taken: it
+ignores where the heavy pairs lie, and when the rarely kept requests are the slow ones
+(overload: latency up, p down) its interval covered the P95 of the requests only ~75 % of
+the time instead of 97.5 % (tests/sla/test_weighted.py).
+
 The order statistics of a window's series, as the store's summaries give them (read by
 collector.sla.source), are held here too: ``SeriesStats`` per series, ``Window`` per
 evaluation.
@@ -27,6 +40,7 @@ from functools import lru_cache
 
 from collector.sla import quantize
 from collector.sla.gpu import GpuRoute
+from collector.sla.sampling import ServiceCounts
 
 P = 0.95
 ALPHA = 0.05
@@ -47,6 +61,8 @@ def rank_bounds(n: int, p: float = P, alpha: float = ALPHA / 2) -> tuple[int | N
     """1-based ranks (l, u) with P(X(l) ≤ Q_p ≤ X(u)) ≥ 1 − alpha; None when beyond the sample.
 
     l is the largest rank with P(B ≤ l − 1) ≤ alpha/2; u the smallest with P(B ≥ u) ≤ alpha/2.
+    Each tail's pmf from one log-gamma evaluation, then the ratio between neighbours (a
+    sampled window has a distinct n_eff per series: thousands of calls per evaluation).
     """
     if n <= 0:
         return None, None
@@ -54,22 +70,27 @@ def rank_bounds(n: int, p: float = P, alpha: float = ALPHA / 2) -> tuple[int | N
     mean, sd = n * p, math.sqrt(n * p * (1 - p))
     span = int(12 * sd + 12)
     lo_k, hi_k = max(0, int(mean) - span), min(n, int(mean) + span)
+    odds = p / (1 - p)
     # lower: cumulate P(B ≤ k) upward; the mass below lo_k is < 1e-30 and ignored
     cdf, low = 0.0, None
+    pmf = math.exp(_log_pmf(n, p, lo_k))
     for k in range(lo_k, hi_k + 1):
-        cdf += math.exp(_log_pmf(n, p, k))
+        cdf += pmf
         if cdf > tail:
             # P(B ≤ k − 1) ≤ tail < P(B ≤ k): l − 1 = k − 1 → l = k
             low = k if k >= 1 else None
             break
+        pmf *= (n - k) / (k + 1) * odds
     # upper: cumulate P(B ≥ k) downward
     sf, high = 0.0, None
+    pmf = math.exp(_log_pmf(n, p, hi_k))
     for k in range(hi_k, lo_k - 1, -1):
-        sf += math.exp(_log_pmf(n, p, k))
+        sf += pmf
         if sf > tail:
             # P(B ≥ k + 1) ≤ tail: u = k + 1
             high = k + 1 if k + 1 <= n else None
             break
+        pmf *= k / (n - k + 1) / odds
     return low, high
 
 
@@ -94,6 +115,25 @@ def level_for_rank_at_least(k: int, n: int) -> float:
     """Smallest grid level whose rank ceil(n·q) is ≥ k."""
     i = bisect.bisect_left(LEVEL_GRID, (k - 1 + 0.001) / n)
     return LEVEL_GRID[i] if i < len(LEVEL_GRID) else 1.0
+
+
+def equal_weights(n: int, w: float, w2: float) -> bool:
+    """Every pair of a series weighs the same (Σw² · n = (Σw)², Cauchy–Schwarz's equality):
+    then n_eff = n and the weighted statistics are the unweighted ones."""
+    return n <= 1 or n * w2 <= w * w * (1 + 1e-9)
+
+
+def n_effective(n: int, w: float, w2: float, w2_at_or_below: float, p: float = P) -> int:
+    """The effective sample size of a weighted sample for its p-quantile (module doc):
+    q(1−q) over the variance of the weighted share at or below the estimated quantile, from
+    Σw, Σw² and Σw² of the values at or below it; at most n, at least 1."""
+    if equal_weights(n, w, w2):
+        return n
+    above = max(0.0, w2 - w2_at_or_below)
+    v = (w2_at_or_below * (1 - p) ** 2 + above * p * p) / (w * w)
+    if v <= 0:
+        return n
+    return max(1, min(n, math.floor(p * (1 - p) / v)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,14 +185,28 @@ def _level_index(levels: tuple[float, ...]) -> dict[float, int]:
 
 @dataclass(slots=True)
 class SeriesStats:
-    """One series over the window: n, how many values are not 0 (for shares), and the grid
-    cell at rank ceil(n·q) for each level q asked (decoded to ms on demand)."""
+    """One series over the window: n pairs, the weight of those whose value is not 0 (for
+    shares), and the grid cell of the weighted quantile for each level q asked (decoded to
+    ms on demand); ``weight`` is Σ of the adjusted counts (the requests the pairs stand for,
+    n when nothing was sampled) and ``n_eff`` the effective sample size of its P95."""
 
     n: int
-    nonzero: int
+    nonzero: float
     levels: tuple[float, ...]
     codes: Sequence[int]
     grid: quantize.Grid = quantize.FINE
+    weight: float = 0.0
+    n_eff: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.weight:
+            self.weight = float(self.n)
+        if not self.n_eff:
+            self.n_eff = self.n
+
+    def share(self) -> float | None:
+        """The weighted share of values not 0 (e.g. requests with retransmits)."""
+        return self.nonzero / self.weight if self.n and self.weight else None
 
     def at(self, q: float) -> float | None:
         i = _level_index(self.levels).get(q)
@@ -170,3 +224,5 @@ class Window:
     sessions: dict[tuple[str, str], int] = field(default_factory=dict)
     # per route, the GPU aggregate of its spans that carry GPU data (collector/sla/gpu.py)
     gpu: dict[tuple[str, str], GpuRoute] = field(default_factory=dict)
+    # per service, the agent's exact request counts (collector/sla/sampling.py)
+    counts: dict[str, ServiceCounts] = field(default_factory=dict)

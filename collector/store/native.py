@@ -49,6 +49,7 @@ TABLES: dict[str, tuple[schema.Column, ...]] = {
     schema.ENTRIES: schema.ENTRY_COLUMNS,
     schema.PAIRS: schema.PAIR_COLUMNS,
     schema.GPU_SAMPLES: schema.GPU_SAMPLE_COLUMNS,
+    schema.REQUEST_COUNTS: schema.REQUEST_COUNT_COLUMNS,
 }
 
 

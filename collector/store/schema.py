@@ -14,6 +14,9 @@ Tables (database ``parallax`` unless the DSN names one):
 - ``gpu_samples``     one row per OTLP metric point of the GPU device and per-process series
                       (``parallax_contracts.agent_metrics``): time, host, GPU (``hw_id``), pid,
                       metric name, value (migration 3).
+- ``request_counts``  one row per OTLP metric point of the agent's request counts and
+                      sampling probability (``parallax.requests.seen`` / ``traced`` per port,
+                      ``parallax.sampling.probability``; migration 4).
 - ``schema_migrations`` the applied migration versions.
 
 ``migrate()`` runs at start: it applies the missing versions in order. Every statement is
@@ -46,6 +49,7 @@ MIGRATIONS = "schema_migrations"
 SPAN_TRACES = "span_traces"
 ENTRY_TRACES = "entry_traces"
 GPU_SAMPLES = "gpu_samples"
+REQUEST_COUNTS = "request_counts"
 
 
 class _Result(Protocol):
@@ -138,8 +142,21 @@ SPAN_GPU_COLUMNS: tuple[Column, ...] = (
     _c("gpu_inflight_mean", "Nullable(Float64)"),
     _c("gpu_uuid", "LowCardinality(String)"),  # comma-separated NVML UUIDs
 )
-# The row tuples the parsers build follow this order (the v1 columns, then the GPU ones).
-SPAN_COLUMNS: tuple[Column, ...] = _SPAN_COLUMNS_V1 + SPAN_GPU_COLUMNS
+# The sampling a span states (migration 4): OpenTelemetry's rejection threshold from its
+# tracestate ``ot=th:…`` (parallax_contracts.sampling), 0 when it states none — every request
+# kept (keep probability 1, adjusted count 1).
+SPAN_SAMPLING_COLUMNS: tuple[Column, ...] = (_c("sample_th", "UInt64", _INT),)
+
+
+def adjusted_count_sql(th: str = "sample_th") -> str:
+    """SQL for the adjusted count (1/p, the requests a record stands for) of a threshold
+    column: p = 1 − th / 2^56 (parallax_contracts.sampling.adjusted_count)."""
+    return f"(1 / (1 - {th} / 72057594037927936))"
+
+
+# The row tuples the parsers build follow this order (the v1 columns, the GPU ones, then the
+# sampling threshold).
+SPAN_COLUMNS: tuple[Column, ...] = _SPAN_COLUMNS_V1 + SPAN_GPU_COLUMNS + SPAN_SAMPLING_COLUMNS
 
 ENTRY_COLUMNS: tuple[Column, ...] = (
     _c("time", "DateTime64(6, 'UTC')", _TIME9),  # time_origin + start_ms
@@ -179,7 +196,8 @@ ENTRY_COLUMNS: tuple[Column, ...] = (
 )
 
 # The pairs table is the SLA checker's input: see docs/store.md for each column's meaning.
-PAIR_COLUMNS: tuple[Column, ...] = (
+# As migration 1 created it: shipped, never edited (later columns are ALTERs).
+_PAIR_COLUMNS_V1: tuple[Column, ...] = (
     _c("time", "DateTime64(6, 'UTC')", _TIME9),  # browser entry start (UTC)
     _c("version", "UInt64", _INT),  # ReplacingMergeTree version: pairing time, ns
     _c("paired_at", "DateTime64(3, 'UTC')", _TIME9),
@@ -227,6 +245,11 @@ PAIR_COLUMNS: tuple[Column, ...] = (
     _c("theta_ms", "Nullable(Float64)"),
     _c("theta_delay_ms", "Nullable(Float64)"),
 )
+# The pair's sampling (migration 4): the lowest threshold among its entry's server spans.
+# Under consistent sampling (every hop decides on the trace id's randomness) the pair exists
+# when any of them was kept, so its adjusted count is that of the most permissive one.
+PAIR_SAMPLING_COLUMNS: tuple[Column, ...] = (_c("sample_th", "UInt64", _INT),)
+PAIR_COLUMNS: tuple[Column, ...] = _PAIR_COLUMNS_V1 + PAIR_SAMPLING_COLUMNS
 
 
 # One row per metric point of the GPU series (parallax_contracts.agent_metrics DEVICE and
@@ -243,6 +266,21 @@ GPU_SAMPLE_COLUMNS: tuple[Column, ...] = (
     _c("value", "Float64", _FLOAT),
     _c("temporality", "LowCardinality(String)"),  # '' gauge, 'cumulative' or 'delta' sum
     _c("attributes", "Map(LowCardinality(String), String)"),  # the point's other attributes
+)
+
+
+# One row per OTLP metric point of the agent's request counts (parallax_contracts.agent_metrics
+# SAMPLING): cumulative counters per server.port (rates: differences within one start_time,
+# per host), and the sampling probability gauge (port 0).
+REQUEST_COUNT_COLUMNS: tuple[Column, ...] = (
+    _c("time", "DateTime64(9, 'UTC')", _TIME9),  # the point's time_unix_nano
+    _c("start_time", "Nullable(DateTime64(9, 'UTC'))"),  # sums: start of the accumulation
+    _c("host", "LowCardinality(String)"),  # resource host.name: one agent per node
+    _c("service", "LowCardinality(String)"),  # point's service.name; '' until the agent knows
+    _c("port", "UInt16", _INT),  # server.port; 0 for the probability gauge
+    _c("metric", "LowCardinality(String)"),
+    _c("value", "Float64", _FLOAT),
+    _c("temporality", "LowCardinality(String)"),  # '' gauge, 'cumulative' or 'delta' sum
 )
 
 
@@ -281,7 +319,7 @@ def migrations(db: str, retention_days: int) -> list[tuple[int, str, list[str]]]
         + f"\n{_ttl(r)}\n{_SETTINGS}",
         _table(
             PAIRS,
-            PAIR_COLUMNS,
+            _PAIR_COLUMNS_V1,
             "ReplacingMergeTree(version)",
             _TRACE_INDEX + ",\n    INDEX idx_route route TYPE set(1000) GRANULARITY 4",
         ).format(db=db)
@@ -321,10 +359,25 @@ SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
         + "\nORDER BY (hw_id, metric, host, pid, time)"
         + f"\n{_ttl(r)}\n{_SETTINGS}",
     ]
+    v4 = [
+        *(
+            f"ALTER TABLE {db}.{t} ADD COLUMN IF NOT EXISTS {c.ddl()}"
+            for t, cols in ((SPANS, SPAN_SAMPLING_COLUMNS), (PAIRS, PAIR_SAMPLING_COLUMNS))
+            for c in cols
+        ),
+        # "Traced X % of a service's requests": one service's ports over a time range, so
+        # (service, port) first; the key ends with the point's identity (host, metric, time),
+        # so an exporter's retry collapses — and two ports' points of one export do not.
+        _table(REQUEST_COUNTS, REQUEST_COUNT_COLUMNS, "ReplacingMergeTree", "").format(db=db)
+        + "\nPARTITION BY toDate(time)"
+        + "\nORDER BY (service, port, host, metric, time)"
+        + f"\n{_ttl(r)}\n{_SETTINGS}",
+    ]
     return [
         (1, "spans, browser entries, pairs", v1),
         (2, "trace id lookup tables", v2),
         (3, "GPU span columns, gpu_samples", v3),
+        (4, "sampling thresholds of spans and pairs, request_counts", v4),
     ]
 
 
@@ -399,7 +452,7 @@ def _tune_merges(client: Executor, db: str) -> None:
 def _data_table_ddl(client: Executor, db: str) -> dict[str, str]:
     """The CREATE statement of each data table that exists, as the server shows it now."""
     out: dict[str, str] = {}
-    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES, GPU_SAMPLES):
+    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES, GPU_SAMPLES, REQUEST_COUNTS):
         rows = _scalar_rows(
             client,
             f"SELECT create_table_query FROM system.tables "  # noqa: S608

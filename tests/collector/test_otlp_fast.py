@@ -49,6 +49,32 @@ SDK_NAMES = ("http.scheme", "user_agent.original", "network.peer.port", "net.hos
 GPU_A = "GPU-8f2c0b1e-5a4d-4c3b-9a2f-0e1d2c3b4a59"
 GPU_B = "GPU-1b2c3d4e-0000-4c3b-9a2f-0e1d2c3b4a5a"
 GPU_COLS = [c.name for c in schema.SPAN_GPU_COLUMNS]
+_GPU_AT = schema.column_names(schema.SPAN_COLUMNS).index(GPU_COLS[0])
+TH_AT = schema.column_names(schema.SPAN_COLUMNS).index("sample_th")
+# Trace states: the agent's (ot=th:…, trailing zeros dropped) and an SDK's other vendors'
+# entries are the plain case; the odd ones the compiled decoder leaves to the reference.
+PLAIN_TRACE_STATES = (
+    "",
+    "ot=th:0",
+    "ot=th:e6666666",
+    "ot=th:b3333333",
+    "ot=th:ffffffffffffff",
+    "vendor=x",
+    "vendor=x,ot=th:8,other=1",
+    "ot,ot=th:c",
+)
+ODD_TRACE_STATES = (
+    "ot=th:ABC",
+    "ot=th:",
+    "ot=th:123456789abcdef",
+    "ot=th:0;rv:abcdef01234567",
+    "ot=rv:abcdef01234567;th:4",
+    " ot=th:1",
+    "x=y, ot=th:1",
+    "ot=th:zz",
+    "ot=th:8,ot=th:4",
+    "ot=th:ß",
+)
 Fast = Callable[[bytes], tuple[list[tuple[Any, ...]], list[str], int] | None]
 
 
@@ -273,8 +299,11 @@ def span(draw: st.DrawFn, odd: int) -> Span:
     if draw(st.booleans()):
         sp.status.code = Status.STATUS_CODE_ERROR
         sp.status.message = draw(TEXT)
+    sp.trace_state = draw(st.sampled_from(PLAIN_TRACE_STATES))
+    if rare(draw, odd):
+        sp.trace_state = draw(st.one_of(st.sampled_from(ODD_TRACE_STATES), TEXT))
     if draw(st.booleans()):
-        sp.trace_state, sp.flags = "vendor=x", 0x101
+        sp.flags = 0x101
         ev = sp.events.add()
         ev.time_unix_nano, ev.name = start, draw(TEXT)
         fill(ev.attributes.add().value, draw(ODD_VALUE))
@@ -549,7 +578,7 @@ def _gpu_span(attrs: dict[str, tuple[str, Any]]) -> bytes:
 
 
 def _gpu_of(row: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(GPU_COLS, row[-len(GPU_COLS) :], strict=True))
+    return dict(zip(GPU_COLS, row[_GPU_AT : _GPU_AT + len(GPU_COLS)], strict=True))
 
 
 def test_gpu_attributes_fill_their_columns(fast: Fast) -> None:
@@ -620,3 +649,43 @@ def test_gpu_values_outside_their_domain_are_absent(fast: Fast) -> None:
         assert got == want and type(got) is type(want), (name, value, got)
         assert ref.rows[0][23] == 840_000  # ttft_us kept
         check(fast, body)
+
+
+def _traced_span(trace_state: str) -> bytes:
+    req = ExportTraceServiceRequest()
+    sp = req.resource_spans.add().scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id, sp.kind = os.urandom(16), os.urandom(8), Span.SPAN_KIND_SERVER
+    sp.start_time_unix_nano, sp.end_time_unix_nano = NOW - 10**9, NOW
+    sp.trace_state = trace_state
+    body: bytes = req.SerializeToString()
+    return body
+
+
+def test_trace_state_threshold_on_both_decoders(fast: Fast) -> None:
+    """The span's sampling threshold (tracestate ot=th:…, the 56-bit value padded on the
+    right) in ``sample_th``, the same on both decoders; a span stating none — no tracestate,
+    other vendors only, an invalid th — reads 0 (kept with probability 1). The compiled
+    decoder answers the agent's form and leaves the rest to the reference."""
+    want = {
+        "": 0,
+        "ot=th:0": 0,
+        "ot=th:e6666666": 0xE6666666 << 24,
+        "ot=th:b3333333": 0xB3333333 << 24,
+        "ot=th:8": 1 << 55,
+        "ot=th:ffffffffffffff": (1 << 56) - 1,
+        "vendor=x,ot=th:8,other=1": 1 << 55,
+        "vendor=x": 0,
+        "ot=th:ABC": 0,  # not lowercase hex: says nothing about sampling
+        "ot=th:0;rv:abcdef01234567": 0,
+        "ot=rv:abcdef01234567;th:4": 1 << 54,
+        " ot=th:1 ": 1 << 52,
+        "ot=th:123456789abcdef": 0,  # 15 digits: invalid
+    }
+    for ts, th in want.items():
+        body = _traced_span(ts)
+        ref = reference(body)
+        assert ref is not None and len(ref.rows) == 1, ts
+        got = ref.rows[0][TH_AT]
+        assert got == th and type(got) is int, (ts, got, th)
+        answered = check(fast, body)
+        assert answered == (ts in PLAIN_TRACE_STATES or ts in ("ot=th:8",)), ts

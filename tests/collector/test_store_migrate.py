@@ -1,6 +1,8 @@
-"""Migration 3 (the GPU span columns and gpu_samples) on a store the previous version made:
+"""Migrations on a store an earlier version made. 3 (the GPU span columns and gpu_samples):
 its rows keep reading (GPU columns NULL, not 0), new rows carry the GPU values, the new table
-has the TTL and settings of the others, and a second start changes nothing."""
+has the TTL and settings of the others, and a second start changes nothing. 4 (the sampling
+thresholds of spans and pairs, request_counts): old spans and pairs read threshold 0 (every
+request kept: adjusted count 1), new rows carry theirs, and the SLA checker reads both."""
 
 from __future__ import annotations
 
@@ -10,18 +12,24 @@ from collector.store import schema
 from parallax_contracts import span_attributes as sa
 from tests.collector.helpers import run_store_script
 
-_SCRIPT = """
+# A store as an earlier version left it: the first ``{k}`` migrations applied and recorded.
+_EARLIER = """
 import json, sys, time
 from collector.store import schema
 from collector.store.client import Store
 st = Store('chdb://' + sys.argv[1])
 c = st.client()
 db = 'parallax'
-# The store as the previous version left it: migrations 1 and 2 and their rows.
-for version, name, stmts in schema.migrations(db, 7)[:2]:
+for version, name, stmts in schema.migrations(db, 7)[:{k}]:
     for s in stmts:
         c.command(s)
-    c.command(f"INSERT INTO {db}.schema_migrations (version, name) VALUES ({version}, '{name}')")
+    c.command(f"INSERT INTO {{db}}.schema_migrations (version, name) "
+              f"VALUES ({{version}}, '{{name}}')")
+"""
+
+_SCRIPT = (
+    _EARLIER.format(k=2)
+    + """
 now = time.time_ns()
 old_names = [c_.name for c_ in schema._SPAN_COLUMNS_V1]
 old = {n: None for n in old_names}
@@ -37,7 +45,7 @@ gpu = [c_.name for c_ in schema.SPAN_GPU_COLUMNS]
 row = c.query(f"SELECT {', '.join(gpu)}, ttfb_us FROM {db}.server_spans").result_rows
 out['old_row'] = [list(r) for r in row]
 # A new span row with GPU values, through the collector's insert path (Native encoder).
-new = dict(old, trace_id='c' * 32, span_id='d' * 16, route='/new')
+new = dict(old, trace_id='c' * 32, span_id='d' * 16, route='/new', sample_th=0)
 new.update(gpu_prefill_launches=40, gpu_decode_launches=None, gpu_prefill_wait_us=100000,
            gpu_decode_wait_us=0, gpu_prefill_sm_util_pct=97.5, gpu_decode_sm_util_pct=None,
            gpu_sample_coverage=0.5, gpu_inflight_mean=14.0, gpu_uuid='GPU-x,GPU-y')
@@ -55,6 +63,7 @@ out['ddl'] = c.query("SELECT create_table_query FROM system.tables "
                      "WHERE database = 'parallax' AND name = 'gpu_samples'").result_rows[0][0]
 print(json.dumps(out))
 """
+)
 
 # server_spans as migration 1 shipped it: a shipped version is never edited.
 V1_SPAN_COLUMNS = [
@@ -100,7 +109,7 @@ V1_SPAN_COLUMNS = [
 
 def test_previous_store_migrates(tmp_path: Path) -> None:
     out = run_store_script(_SCRIPT, tmp_path / "chdb")
-    assert out["applied"] == [3] and out["again"] == []
+    assert out["applied"] == [3, 4] and out["again"] == []
     assert out["old_row"] == [[None] * 8 + ["", 500]]  # absent, not zero
     assert out["new_row"] == [[40, None, 100000, 0, 97.5, None, 0.5, 14.0, "GPU-x,GPU-y"]]
     assert out["samples"] == 1
@@ -124,3 +133,95 @@ def test_docs_show_the_gpu_samples_ddl() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "store.md").read_text()
     ddl = next(s for s in schema.migrations("parallax", 7)[2][2] if "gpu_samples" in s)
     assert f"```sql\n{ddl}\n```" in doc
+
+
+def test_docs_show_the_request_counts_ddl() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "store.md").read_text()
+    ddl = next(s for s in schema.migrations("parallax", 7)[3][2] if "request_counts" in s)
+    assert f"```sql\n{ddl}\n```" in doc
+
+
+_SCRIPT_V4 = (
+    _EARLIER.format(k=3)
+    + """
+from datetime import UTC, datetime, timedelta
+from collector.sla.config import SlaConfig
+from collector.sla.evaluate import evaluate
+from collector.sla.source import SlaSource
+now = datetime.now(UTC).replace(second=30, microsecond=0) - timedelta(minutes=3)
+v3 = [col.name for col in schema.SPAN_COLUMNS if col.name != 'sample_th']
+span = {n: None for n in v3}
+span.update(time=time.time_ns() - 10**9, end_time=time.time_ns(), received=time.time_ns() // 10**6,
+            trace_id='a' * 32, span_id='b' * 16, parent_span_id='', span_name='GET /old',
+            source='ebpf', service='app', host='h', pid=1, method='GET', route='/old',
+            path='/old', status=200, server_address='', server_port=80, client_address='',
+            client_port=1, duration_us=1000, chunk_offsets_us=[], ws_seq=0, partial=False,
+            client_aborted=False, traceparent_missed=False, attributes={}, gpu_uuid='')
+c.insert(f'{db}.server_spans', [[span[n] for n in v3]], column_names=v3)
+pn = [col.name for col in schema.PAIR_COLUMNS if col.name != 'sample_th']
+def pair(i, t, th=None):
+    p = {n: None for n in pn}
+    p.update(time=t, version=1, paired_at=t, site='s', session='x', service='app',
+             route='/r', method='GET', status=200, kind='fetch', trace_id=f'{i:032x}',
+             span_id=f'{i:016x}', seq=0, coarse=False, chunks_coarse=False, user_itl_ms=[],
+             server_itl_ms=[], server_timed=True, hops=1, hop_span_ids=['x'],
+             hop_services=['app'], hop_added_ms=[1.0], edge_itl_ms=[], linked_span_ids=[],
+             reconnects=0, user_ttfb_ms=50.0 + i % 50, server_ttfb_ms=40.0 + i % 50)
+    if th is not None:
+        p['sample_th'] = th
+    return p
+old = [pair(i, now - timedelta(seconds=i % 60)) for i in range(200)]
+c.insert(f'{db}.pairs', [[p[n] for n in pn] for p in old], column_names=pn)
+# The SLA checker's minute table as the previous version made it (no weight columns), with
+# a summary row it wrote.
+from collector.sla import schema as sla_schema
+old_ddl = sla_schema.statements(db)[1].replace(sla_schema._WEIGHT_DDL, '')
+assert 'weights' not in old_ddl
+c.command(old_ddl)
+c.insert(f'{db}.sla_minutes', [[now, 'app', '/old', 'ttfb:user', 3, [400, 410], [1, 2], 1]],
+         column_names=['minute', 'service', 'route', 'series', 'n', 'cells', 'counts', 'version'])
+out = {'applied': st.migrate(7), 'again': st.migrate(7)}
+src = SlaSource(lambda: c, db)
+src.ensure_schema()
+out['old_summary'] = [list(map(str, r)) for r in c.query(
+    f"SELECT w, w2, weights, weights2 FROM {db}.sla_minutes WHERE route = '/old'").result_rows]
+c.command(f"TRUNCATE TABLE {db}.sla_minutes")
+before = evaluate(src, SlaConfig(), now + timedelta(seconds=20)).to_json()
+out['old_span_th'] = c.query(f'SELECT sample_th FROM {db}.server_spans').result_rows[0][0]
+out['old_pair_th'] = c.query(f'SELECT max(sample_th) FROM {db}.pairs').result_rows[0][0]
+# New pairs at p = 1/4 (threshold 3/4 of 2^56), in a later minute of the same window.
+allnames = schema.column_names(schema.PAIR_COLUMNS)
+later = now + timedelta(minutes=1)
+new = [pair(1000 + i, later + timedelta(seconds=i % 20), 3 << 54) for i in range(50)]
+c.insert(f'{db}.pairs', [[p[n] for n in allnames] for p in new], column_names=allnames)
+after = evaluate(src, SlaConfig(), later + timedelta(seconds=30)).to_json()
+m0 = before['routes'][0]['metrics']['ttfb']
+m1 = after['routes'][0]['metrics']['ttfb']
+out['before'] = [m0['n'], m0['n_eff']]
+out['after'] = [m1['n'], m1['n_eff']]
+out['weights'] = c.query(f"SELECT sum(w), sum(n) FROM {db}.sla_minutes FINAL "
+                         "WHERE series = 'ttfb:user' AND n > 0").result_rows[0]
+out['ddl'] = c.query("SELECT create_table_query FROM system.tables "
+                     "WHERE database = 'parallax' AND name = 'request_counts'").result_rows[0][0]
+print(json.dumps(out, default=str))
+"""
+)
+
+
+def test_store_of_the_previous_version_migrates_to_sampling(tmp_path: Path) -> None:
+    """A store made by migrations 1–3, with a summary the SLA checker wrote: after migration
+    4 old spans and pairs read threshold 0 (weight 1), the SLA tables gain their weight
+    columns (the old summary reads weight 1 per pair), and a window mixing old pairs with
+    new ones sampled at 1/4 weighs the new ones 4 each (effective sample size below n)."""
+    out = run_store_script(_SCRIPT_V4, tmp_path / "chdb")
+    assert out["applied"] == [4] and out["again"] == []
+    assert out["old_span_th"] == 0 and out["old_pair_th"] == 0
+    assert out["old_summary"] == [["3.0", "3.0", "[1.0, 2.0]", "[1.0, 2.0]"]]
+    assert out["before"] == [200, 200]
+    n, n_eff = out["after"]
+    assert n == 250 and 0 < n_eff < 250
+    w, n_rows = out["weights"]
+    assert n_rows == 250 and abs(float(w) - (200 + 50 * 4)) < 1e-6
+    ddl = out["ddl"]
+    assert "ReplacingMergeTree" in ddl and "ORDER BY (service, port, host, metric, time)" in ddl
+    assert "toIntervalDay(7)" in ddl and "merge_selector_base = 10" in ddl

@@ -27,6 +27,7 @@ def scenario_store(
     data = scenario.build()
     scenario.write(client, DB, data)
     gpu_timeline.write(client, DB, [scenario.gpu_timeline()])
+    scenario.write_sampled(client, DB)
     yield client, d, data
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from collector.store import schema as store_schema
+from tests.sla import sampled
 from tests.sla.gpu_timeline import Reading, Req, Timeline
 
 
@@ -261,3 +263,38 @@ def gpu_timeline(now: datetime = NOW) -> Timeline:
         for k in range(25)
     ]
     return tl
+
+
+# A sampled service: the agent traced every request while calm, then one in ten when busy
+# (tests/sla/sampled.py), and counted every request on port 8080 of two nodes
+# (request_counts, as /v1/metrics stores them).
+SAMPLED_ROUTE, SAMPLED_SERVICE, SAMPLED_PORT = "/v1/sampled", "shop", 8080
+SAMPLED_HOSTS = ("node-a", "node-b")
+
+
+def sampled_population() -> sampled.Population:
+    return sampled.overload(np.random.default_rng(99), 1500, 3000, 1.0, 0.1)
+
+
+def write_sampled(client: Any, db: str, now: datetime = NOW) -> sampled.Population:
+    pop = sampled_population()
+    sampled.write(client, db, sampled.pair_rows(pop, now, SAMPLED_ROUTE, SAMPLED_SERVICE))
+    ns = int(now.timestamp() * 1e9)
+    start = ns - 400 * 10**9  # the agents started before the window
+    rows: list[tuple[Any, ...]] = []
+    for h, host in enumerate(SAMPLED_HOSTS):
+        mine = np.arange(len(pop.server)) % 2 == h  # each node serves half the requests
+        for k in range(37):  # an export every 10 s, from 6 min before now
+            t = ns - (360 - 10 * k) * 10**9
+            before = mine & (pop.offset_s * 1e9 > ns - t)  # arrived by t
+            for metric, v in (
+                ("parallax.requests.seen", before.sum()),
+                ("parallax.requests.traced", (before & pop.kept).sum()),
+            ):
+                rows.append(
+                    (t, start, host, SAMPLED_SERVICE, SAMPLED_PORT, metric, float(v), "cumulative")
+                )
+            rows.append((t, None, host, "", 0, "parallax.sampling.probability", 0.1, ""))
+    names = [c.name for c in store_schema.REQUEST_COUNT_COLUMNS]
+    client.insert(f"{db}.{store_schema.REQUEST_COUNTS}", rows, column_names=names)
+    return pop

@@ -22,6 +22,8 @@ now = datetime.now(UTC)
 routes = sys.argv[2].split(",")
 data = {k: v for k, v in scenario.build(now=now, spread_s=200).items() if k in routes}
 scenario.write(c, "parallax", data, paired_at=now)
+if scenario.SAMPLED_ROUTE in routes:
+    scenario.write_sampled(c, "parallax", now)
 """
 
 
@@ -65,6 +67,32 @@ def test_exit_0_when_inside_and_2_on_errors(tmp_path: Path) -> None:
     assert p.returncode == 2 and "band_ms: must be ≥ 0" in p.stderr and "Traceback" not in p.stderr
     w = _cli("--once", "--data-dir", str(d), "--window", "5 minutes")
     assert w.returncode == 2 and "--window" in w.stderr
+
+
+def test_text_states_the_sampling_and_the_effective_sample_size(tmp_path: Path) -> None:
+    d = _store(tmp_path, "/v1/ok,/v1/sampled")
+    p = _cli("--once", "--data-dir", str(d))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    i = lines.index("/v1/sampled (shop): uncertain")
+    assert lines[i + 1].startswith(
+        "  /v1/sampled (shop): traced 40 % of requests in the last 5 min"
+    )
+    assert lines[i + 1].endswith("counted by the agent); sampling now 10 % (2 hosts).")
+    assert "n=1795 (n_eff=" in lines[i + 2]
+    assert not any("traced" in x for x in lines[lines.index("/v1/ok (app): ok") :])
+
+
+def test_a_store_older_than_sampling_is_refused(tmp_path: Path) -> None:
+    d = _store(tmp_path, "/v1/ok")
+    script = (
+        "import sys, clickhouse_connect; c = clickhouse_connect.get_client(dsn='chdb://' + "
+        "sys.argv[1]); c.command('ALTER TABLE parallax.pairs DROP COLUMN sample_th')"
+    )
+    subprocess.run([sys.executable, "-c", script, str(d / "chdb")], check=True, timeout=60)
+    p = _cli("--once", "--data-dir", str(d))
+    assert p.returncode == 2 and "made by an earlier version" in p.stderr
+    assert p.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("flag", ["--help"])

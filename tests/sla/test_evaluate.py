@@ -41,6 +41,8 @@ EXPECT = {
     "/v1/rare": {"ttfb": "insufficient_data"},
     "/v1/stream": {"ttfb": "ok", "itl": "out_of_band"},
     scenario.GPU_ROUTE: {"ttfb": "ok"},  # (its GPU findings: tests/sla/test_gpu.py)
+    # +29 ms from 1795 pairs, but worth 457: the busy phase's pairs weigh 10 each
+    scenario.SAMPLED_ROUTE: {"ttfb": "uncertain"},
 }
 
 

@@ -88,6 +88,12 @@ def test_gauges(service: SlaService) -> None:
         'verdict="insufficient_data"} 1.0' in text
     )
     assert "parallax_sla_samples{" in text and "parallax_sla_is_evaluator 1.0" in text
+    # the sampled route: its effective sample size, below its pairs
+    m = next(r for r in service.latest.routes if r.route == scenario.SAMPLED_ROUTE)  # type: ignore[union-attr]
+    st = m.metrics["ttfb"]
+    labels = f'metric="ttfb",route="{scenario.SAMPLED_ROUTE}",service="{scenario.SAMPLED_SERVICE}"'
+    assert f"parallax_sla_effective_samples{{{labels}}} {float(st.n_eff)}" in text
+    assert f"parallax_sla_samples{{{labels}}} {float(st.n)}" in text and st.n_eff < st.n
 
 
 def test_one_evaluator_per_store(
@@ -182,6 +188,18 @@ def test_ui_in_chromium(server: str, service: SlaService) -> None:
         assert "120 requests with GPU figures on 1 GPU · NVML samples cover 97 %" in (
             gen.locator(".gpu-head").inner_text()
         )
+        # the sampled service: the share traced in the summary, the sentence and the
+        # effective sample size one click away
+        smp = page.locator(f"details.route[data-route='{scenario.SAMPLED_ROUTE}']")
+        doc = next(r for r in m if r.route == scenario.SAMPLED_ROUTE)
+        assert smp.locator("summary .sampling-badge").inner_text() == "traced 40 %"
+        smp.locator("summary").click()
+        assert smp.locator("p.sampling").inner_text() == doc.sampling["sentence"]
+        assert "traced 40 % of requests in the last 5 min" in doc.sampling["sentence"]
+        cell = smp.locator("tr[data-metric='ttfb'] td.n").inner_text()
+        st = doc.metrics["ttfb"]
+        assert cell == f"{st.n} ({st.n_eff} eff.)" and st.n_eff < st.n
+        assert net.locator(".sampling-badge").count() == 0  # nothing sampled there
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "sla-ui.png"), full_page=True)
     assert errors == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +24,33 @@ def test_one_side_bounds_cover_the_p95_at_least_97_5_percent(n: int) -> None:
     covered = np.mean((x[:, lo - 1] <= true) & (true <= x[:, hi - 1]))
     assert covered >= 0.975 - 3 * np.sqrt(0.975 * 0.025 / trials)
     assert covered < 0.999  # and not absurdly wide
+
+
+def _bounds_by_lgamma(n: int, p: float = 0.95, alpha: float = 0.025) -> tuple[Any, Any]:
+    """The binomial tails summed term by term, each from log-gamma: what rank_bounds'
+    neighbour-ratio recurrence must reproduce."""
+    import math
+
+    pmf = [math.exp(stats._log_pmf(n, p, k)) for k in range(n + 1)]
+    low = high = None
+    cdf = 0.0
+    for k in range(n + 1):
+        cdf += pmf[k]
+        if cdf > alpha / 2:
+            low = k if k >= 1 else None
+            break
+    sf = 0.0
+    for k in range(n, -1, -1):
+        sf += pmf[k]
+        if sf > alpha / 2:
+            high = k + 1 if k + 1 <= n else None
+            break
+    return low, high
+
+
+def test_rank_bounds_equal_the_term_by_term_sums() -> None:
+    for n in [*range(1, 400), 1000, 4567, 20_000]:
+        assert stats.rank_bounds(n) == _bounds_by_lgamma(n), n
 
 
 def test_unbounded_when_the_sample_is_too_small() -> None:

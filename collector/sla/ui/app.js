@@ -22,8 +22,10 @@ const sgn = (v) => (v === null || v === undefined ? "?" : `${v >= 0 ? "+" : "−
 // an interval bound that is null is unbounded (too few samples for that rank)
 const lo = (v) => (v === null || v === undefined ? "−∞" : sgn(v));
 const hi = (v) => (v === null || v === undefined ? "+∞" : sgn(v));
+// a sampled window's pairs may weigh unequally: they are then worth fewer samples (n_eff)
+const worth = (m) => (m.n_eff < m.n ? `, worth ${m.n_eff}` : "");
 function headline(name, m) {
-  if (m.verdict === "insufficient_data") return `${METRIC[name]}: ${m.n} paired requests (needs ${m.min_samples})`;
+  if (m.verdict === "insufficient_data") return `${METRIC[name]}: ${m.n} paired requests${worth(m)} (needs ${m.min_samples})`;
   return `${METRIC[name]} ${sgn(m.divergence_ms)} ms (95% CI ${lo(m.ci_low_ms)}…${hi(m.ci_high_ms)})`;
 }
 
@@ -94,16 +96,27 @@ function serverBlock(s) {
   return box;
 }
 
+// The agent's sampling: the share of the service's requests it traced (its exact counts).
+function samplingBadge(s) {
+  if (!s || !s.sentence) return [];
+  const share = s.traced_share;
+  if (share === null || share === undefined) return [el("span", { class: "sampling-badge" }, "sampled")];
+  if (share >= 1) return [];
+  const pct = 100 * share;
+  return [el("span", { class: "sampling-badge", title: s.sentence }, `traced ${pct >= 10 ? pct.toFixed(0) : pct.toFixed(1)} %`)];
+}
+
 function routeBlock(r) {
   const [wname, wm] = worstMetric(r);
   const d = el("details", { class: "route", "data-route": r.route, "data-service": r.service });
   const summary = el("summary", {},
     el("span", { class: "route-name" }, r.route),
     el("span", {}, el("span", { class: `verdict v-${r.verdict}` }, WORDS[r.verdict]), " ",
-      headline(wname, wm), ...gpuBadges(r.server)),
+      headline(wname, wm), ...samplingBadge(r.sampling), ...gpuBadges(r.server)),
     el("span", { class: "service" }, r.service));
   d.append(summary);
   const body = el("div", { class: "body" });
+  if (r.sampling && r.sampling.sentence) body.append(el("p", { class: "sampling" }, r.sampling.sentence));
   const user = el("div", { class: "user" }, el("h3", {}, "What users see against what the app reports"));
   const t = el("table", {}, el("tr", {}, ...["Metric", "Verdict", "Divergence", "95% CI", "User P95", "Server P95", "n", "Alert"].map((h) => el("th", {}, h))));
   for (const [name, m] of Object.entries(r.metrics)) {
@@ -113,7 +126,9 @@ function routeBlock(r) {
       el("td", { class: "div" }, `${sgn(m.divergence_ms)} ms`),
       el("td", {}, `${lo(m.ci_low_ms)}…${hi(m.ci_high_ms)}`),
       el("td", {}, fmt(m.user_p95_ms)), el("td", {}, fmt(m.server_p95_ms)),
-      el("td", {}, m.n), el("td", {}, m.alert_state)));
+      el("td", { class: "n", title: m.n_eff < m.n ? "pairs (effective sample size: the sampling rate varied)" : "pairs" },
+        m.n_eff < m.n ? `${m.n} (${m.n_eff} eff.)` : m.n),
+      el("td", {}, m.alert_state)));
   }
   user.append(t);
   for (const [, m] of Object.entries(r.metrics)) {
