@@ -266,6 +266,7 @@ def test_a_page_load_joins_the_trace_its_server_timing_names() -> None:
     own = "00-11111111111111111111111111111111-2222222222222222-01"
     c = Conn()
     c.on_read(1, 60, f"GET /a HTTP/1.1\r\ntraceparent: {own}\r\n\r\n".encode())
-    resp = f"HTTP/1.1 200 OK\r\nServer-Timing: traceparent;desc={named}\r\n\r\n".encode()
+    st = f"Server-Timing: traceparent;desc={named}"
+    resp = f"HTTP/1.1 200 OK\r\n{st}\r\nContent-Length: 0\r\n\r\n".encode()
     [ex] = c.on_resp(2, len(resp), resp)
     assert ex.traceparent is not None and ex.traceparent.header() == own
