@@ -47,6 +47,7 @@ class OtlpMetricsExporter:
         requests: Callable[[], dict[int, tuple[int, int]]] | None = None,
         probability: Callable[[], float] | None = None,
         host: str | None = None,  # in Kubernetes the node's name (agent.resource)
+        service_of_port: Callable[[int], str | None] = lambda port: None,
     ) -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
             OTLPMetricExporter,
@@ -87,6 +88,7 @@ class OtlpMetricsExporter:
         if gpu is not None and gpu.on:
             self._gpu_instruments(meter)
         self._port_service: dict[int, str] = {}  # named by the records that pass
+        self._service_of_port = service_of_port  # ... or by the port's owner (--port)
         if requests is not None and probability is not None:
             self._sampling_instruments(meter, requests, probability)
 
@@ -184,8 +186,9 @@ class OtlpMetricsExporter:
             def observe(_options: Any) -> Iterable[Observation]:
                 for port, pair in sorted(requests().items()):
                     attrs: dict[str, Any] = {gm.SERVER_PORT: port}
-                    if port in self._port_service:
-                        attrs[gm.SERVICE_NAME] = self._port_service[port]
+                    name = self._port_service.get(port) or self._service_of_port(port)
+                    if name:
+                        attrs[gm.SERVICE_NAME] = name
                     yield Observation(pair[which], attrs)
 
             return observe

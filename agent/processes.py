@@ -57,6 +57,7 @@ class Processes:
         self._last_full_scan = 0.0
         self._last_child_scan = 0.0
         self._listening: dict[int, int] = {}  # inode → port of the --port listeners
+        self.port_owner: dict[int, int] = {}  # port → a traced pid holding its listener
         self._port_labels: set[str] = set()
         self._label_lock = threading.Lock()  # port labels: main loop and /metrics thread
         self._listeners = ListenerStats()
@@ -66,7 +67,9 @@ class Processes:
         """Before the programs load: the owners of the --port listeners join the traced
         set. Returns the pids the kernel filter starts with."""
         if self.ports:
-            self.pids |= set(procinfo.listeners(set(self.ports)))
+            held = procinfo.listeners(set(self.ports))
+            self.pids |= set(held)
+            self._note_owners(held)
         self._track(self.pids)
         return sorted(self.pids)
 
@@ -128,7 +131,9 @@ class Processes:
             self._listen_changes, self._last_full_scan = changes, now
             everyone = procinfo.all_pids()
             self._listening = procinfo.listener_inodes(set(self.ports), everyone)
-            found = set(procinfo.holders(everyone, self._listening))
+            held = procinfo.holders(everyone, self._listening)
+            self._note_owners(held)
+            found = set(held)
         elif now - self._last_child_scan >= CHILD_SCAN_S:
             # A worker forked later inherits its parent's listener without any state
             # change: only the traced processes' children need looking at, not every
@@ -150,6 +155,16 @@ class Processes:
             loader.set_pids(self.bpf, sorted(new))
             self.pids |= new
             self._seed(new)
+
+    def _note_owners(self, held: dict[int, set[int]]) -> None:
+        owners = {port: pid for pid, ports in held.items() for port in ports}
+        self.port_owner = {**self.port_owner, **owners}  # swapped whole: read by other threads
+
+    def service_of_port(self, port: int) -> str | None:
+        """The service name of the process holding a traced port's listener, where known
+        (--port): counts of a port name their service before any record of it has."""
+        pid = self.port_owner.get(port)
+        return None if pid is None else self.identity(pid, port)[1]
 
     # -- identity -------------------------------------------------------------------
     def identity(self, pid: int, lport: int) -> tuple[str, str]:

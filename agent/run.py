@@ -177,6 +177,7 @@ class Agent:
                     host=res.host,
                     requests=self._request_counts,
                     probability=lambda: self.shedding.p if self.shedding else 1.0,
+                    service_of_port=self.procs.service_of_port,
                 )
             )
         stages: list[Processor] = []

@@ -170,6 +170,14 @@ def test_counts_and_probability_go_out_over_otlp(tmp_path: Path) -> None:
         }
 
     assert by_port(last[am.REQUESTS_SEEN.name])[port] == n
+    # named by the port's owner, even before any of its records passed
+    named = {
+        a.value.string_value
+        for d in last[am.REQUESTS_SEEN.name].sum.data_points
+        for a in d.attributes
+        if a.key == am.SERVICE_NAME
+    }
+    assert len(named) == 1, named
     assert by_port(last[am.REQUESTS_TRACED.name])[port] == len(spans)
     prob = last[am.SAMPLING_PROBABILITY.name].gauge.data_points[-1].as_double
     assert prob == pytest.approx(P, abs=1e-6)
