@@ -5,7 +5,7 @@
 //
 //   node demo/llm_app.mjs --port 0 --timing-log /tmp/t.jsonl --first-token-ms 300
 import { createServer } from "node:http";
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { appendFileSync, readFileSync, existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { dirname, join } from "node:path";
@@ -91,7 +91,11 @@ const server = createServer((req, res) => {
       rec.t_writes_ns.push(Number(now()));
       res.writeHead(200, baseHeaders(req, "application/json")).end(body);
     } else if (rec.path === "/" || rec.path === "/index.html") {
-      res.writeHead(200, baseHeaders(req, "text/html; charset=utf-8")).end(readFileSync(STATIC));
+      // the page load's trace, named as an instrumented app does (the probe reads it)
+      const hex = (n) => randomBytes(n).toString("hex");
+      const pageTrace = `00-${hex(16)}-${hex(8)}-01`;
+      res.writeHead(200, { ...baseHeaders(req, "text/html; charset=utf-8"),
+        "server-timing": `traceparent;desc="${pageTrace}"` }).end(readFileSync(STATIC));
     } else if (rec.path === "/parallax.min.js" && existsSync(PROBE_JS)) {
       res.writeHead(200, baseHeaders(req, "text/javascript")).end(readFileSync(PROBE_JS));
     } else if (rec.path === "/favicon.ico") res.writeHead(204).end();

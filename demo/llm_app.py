@@ -36,6 +36,8 @@ from urllib.parse import parse_qs
 
 import uvicorn
 
+from parallax_contracts import trace_context
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -170,7 +172,12 @@ class LlmApp:
             await self._respond(send, rec, 200, body, "application/json", origin)
         elif path in ("/", "/index.html") and method == "GET":
             html = (STATIC / "chat.html").read_bytes()
-            await self._respond(send, rec, 200, html, "text/html; charset=utf-8", origin)
+            # the page load's trace, named as an instrumented app does (Server-Timing: the
+            # browser sends no traceparent for a navigation; the probe reads this one)
+            page_trace = trace_context.generate().header()
+            await self._respond(
+                send, rec, 200, html, "text/html; charset=utf-8", origin, page_trace=page_trace
+            )
         elif path == "/parallax.min.js" and method == "GET" and PROBE_JS.exists():
             js = PROBE_JS.read_bytes()
             await self._respond(send, rec, 200, js, "text/javascript", origin)
@@ -208,6 +215,7 @@ class LlmApp:
         ctype: str,
         origin: str | None,
         preflight: bool = False,
+        page_trace: str | None = None,
     ) -> None:
         extra = []
         if preflight:
@@ -217,7 +225,10 @@ class LlmApp:
                 (b"access-control-max-age", b"86400"),  # pay the preflight once a day
             ]
         dur_ms = (time.monotonic_ns() - rec["t_start_ns"]) / 1e6
-        extra.append((b"server-timing", f"app;dur={dur_ms:.3f}".encode()))
+        timing = f"app;dur={dur_ms:.3f}"
+        if page_trace:
+            timing += f', traceparent;desc="{page_trace}"'
+        extra.append((b"server-timing", timing.encode()))
         extra.append((b"content-length", str(len(body)).encode()))
         rec["status"] = status
         rec["t_headers_ns"] = time.monotonic_ns()

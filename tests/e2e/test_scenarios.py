@@ -43,6 +43,13 @@ def test_clean_app_straight_to_browser(collector: tuple[str, str], stack: Stack)
             metric == "visible_ttft" or m["verdict"] != "out_of_band"
         ), (metric, m)
     assert not firing(query, "e2e-clean")
+    # Each page load pairs too: the app names its trace in Server-Timing, the probe's
+    # navigation entry reports it, the agent's record of the document request joins it
+    # (issue 20; a page load never paired before)
+    nav = [p for p in out.pairs if p["kind"] == "navigation"]
+    assert len(nav) == 3, [p["route"] for p in out.pairs if p["kind"] != "fetch"]
+    assert {p["route"] for p in nav} == {"/"} and all(p["hops"] == 1 for p in nav)
+    assert all(p["server_ttfb_ms"] is not None and p["user_ttfb_ms"] for p in nav), nav
 
 
 def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack) -> None:
