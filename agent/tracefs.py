@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 from pathlib import Path
 
 CANDIDATES = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
@@ -59,3 +60,53 @@ def fields(tracefs: Path, category: str, name: str) -> set[str] | None:
         ident = decl.rsplit(None, 1)[-1].lstrip("*").split("[", 1)[0]
         out.add(ident)
     return out
+
+
+# bcc names the uprobe events it makes through tracefs <p|r>_<path>_0x<offset>_bcc_<pid>; the
+# agent's paths are /proc/self/fd/<n> (agent/uprobes.py).
+_OUR_UPROBE = re.compile(r"^[pr]:uprobes/([pr]__proc_self_fd_\d+_0x[0-9a-f]+_bcc_(\d+))\s")
+
+
+def remove_stale_uprobes(tracefs: Path | None = None) -> int:
+    """Remove the uprobe events an agent made and left behind (killed before it could
+    detach them); returns how many.
+
+    Without CAP_SYS_ADMIN the kernel makes no uprobe through perf_event_open (Linux ≥ 6.16
+    and stable backports: uprobes may write to text), so bcc writes each one as a tracefs
+    event, which outlives a ``kill -9``. An event whose maker is gone holds no probe, but
+    the list would grow by two with every killed agent. One in use (another agent in another
+    PID namespace) is refused by the kernel (EBUSY) and stays."""
+    base = tracefs or find()
+    if base is None:
+        return 0
+    try:
+        lines = (base / "uprobe_events").read_text().splitlines()
+    except OSError:
+        return 0
+    removed = 0
+    for line in lines:
+        m = _OUR_UPROBE.match(line + " ")
+        if m is None or Path(f"/proc/{m[2]}").exists():
+            continue
+        if write_probe_events(f"-:uprobes/{m[1]}", base):
+            removed += 1
+    return removed
+
+
+def write_probe_events(line: str, tracefs: Path | None = None) -> bool:
+    """One line to uprobe_events; False if the kernel refused it (in use, exists, bad).
+    Opened without a seek: Python's append mode seeks to the end, which tracefs refuses."""
+    base = tracefs or find()
+    if base is None:
+        return False
+    try:
+        fd = os.open(base / "uprobe_events", os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        return False
+    try:
+        os.write(fd, f"{line}\n".encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

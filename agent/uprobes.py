@@ -19,6 +19,8 @@ backports of the fix are not detected): accept times are unknown there, servers 
 
 from __future__ import annotations
 
+import ctypes as ct
+import functools
 import logging
 import os
 import platform
@@ -27,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import procinfo
+from agent import procinfo, tracefs
 from agent.loader import kernel_at_least
 
 log = logging.getLogger("parallax.agent")
@@ -64,6 +66,42 @@ def libc_path(pid: int) -> str | None:
     return mapped_path(pid, _LIBC)
 
 
+def fix_bcc_attach_abi() -> None:
+    """Give bcc's Python binding of ``bpf_attach_uprobe`` its seventh argument.
+
+    libbcc has taken ``ref_ctr_offset`` (a USDT semaphore's file offset) last since 0.17; the
+    Python binding still declares six (iovisor/bcc#5236, open; Debian 12's 0.26 included),
+    so every attach passes whatever the caller's stack holds there. The kernel refuses a
+    probe at a place another holds with a different value (EINVAL, "ref_ctr_offset
+    mismatch" in the kernel log: two agents, or one agent's accept() and a later run's, fail
+    to attach by chance), and a value that lands in a writable mapping of the file would be
+    incremented as a counter in every process that maps it. Rebound here with seven, always
+    passing 0: none of the agent's probes is a USDT probe."""
+    from bcc import libbcc  # noqa: PLC0415  (Debian's python3-bpfcc; bcc already imported)
+
+    current = libbcc.lib.bpf_attach_uprobe
+    if getattr(current, "px_fixed", False) or len(current.argtypes or ()) != 6:
+        return  # fixed already, here or upstream
+    raw = libbcc.lib["bpf_attach_uprobe"]  # a new function object, not the cached one
+    raw.restype = ct.c_int
+    raw.argtypes = [*current.argtypes, ct.c_uint32]
+
+    def attach(prog_fd: int, kind: int, ev: bytes, path: bytes, addr: int, pid: int) -> int:
+        return int(raw(prog_fd, kind, ev, path, addr, pid, 0))
+
+    attach.px_fixed = True  # type: ignore[attr-defined]
+    libbcc.lib.bpf_attach_uprobe = attach  # bcc looks it up on each call
+
+
+@functools.cache
+def _prepare() -> None:
+    """Once per process, before the first attach."""
+    fix_bcc_attach_abi()
+    n = tracefs.remove_stale_uprobes()
+    if n:
+        log.info("removed %d uprobe events left by agents that were killed", n)
+
+
 @dataclass(frozen=True)
 class Probe:
     sym: str
@@ -97,6 +135,7 @@ class LibraryProbes:
         what: str,
         recheck: bool = False,
     ) -> None:
+        _prepare()
         self._b = bpf
         self._library = library
         self._probe_list = probes

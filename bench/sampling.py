@@ -53,7 +53,7 @@ def one_run(tmp: Path, label: str, extra: list[str], seconds: int) -> dict[str, 
     from tests.agent.helpers import PY, Agent, Proc
 
     log = tmp / f"{label}.log"
-    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(log)])
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--nodelay", "--timing-log", str(log)])
     port = srv.port()
     (tmp / label).mkdir()
     agent = Agent(tmp / label, [port], extra)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import socket
 import subprocess
@@ -65,10 +64,10 @@ def test_chunked_stream_pacing_and_timing_log(app: tuple[str, Path]) -> None:
     assert rec["traceparent"] == TP and rec["path"] == "/v1/chat"
     writes = rec["t_writes_ns"]
     assert isinstance(writes, list) and len(writes) == 6
-    first_ms = (writes[0] - rec["t_start_ns"]) / 1e6
-    assert 78 <= first_ms <= 80 + 30, first_ms
-    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(writes)]
-    assert all(20 <= g <= 25 + 20 for g in gaps), gaps
+    # paced on a schedule (80 ms, then every 25 ms), as a model's decode steps are: a late
+    # token is followed by a shorter gap, never by a drift of the rest
+    offsets = [(w - rec["t_start_ns"]) / 1e6 for w in writes]
+    assert all(80 + 25 * i - 2 <= t <= 80 + 25 * i + 30 for i, t in enumerate(offsets)), offsets
     assert (arrivals[0] - t0) / 1e6 >= 78
 
 

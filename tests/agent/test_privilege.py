@@ -1,18 +1,19 @@
 """The agent with only the DaemonSet's capabilities (deploy/k8s/parallax.yaml, from the chart).
 
-In a module of its own: while an agent with full root holds the libc uretprobe, the kernel
-refuses (EACCES) the same probe to a later agent without CAP_SYS_ADMIN — not a deployment
-case (one agent per node; two reduced agents, as in a rolling update, coexist: checked by
-hand), but the other modules' root agents must be gone.
+Without CAP_SYS_ADMIN the kernel makes no uprobe through perf_event_open, so bcc writes the
+libc accept uretprobes as tracefs events (agent/tracefs.remove_stale_uprobes).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from agent import tracefs
 from parallax_contracts import trace_context
 from tests.agent.helpers import (
     PY,
@@ -130,3 +131,34 @@ def test_a_server_under_another_uid_with_the_daemonsets_capabilities(
         assert agent.stop() == 0
         srv.stop()
     assert len(recs) == (3 if dac_read_search else 0)
+
+
+def test_uprobe_events_left_by_a_killed_agent_are_removed(tmp_path: Path) -> None:
+    """A killed agent cannot remove the tracefs uprobe events bcc made for it: the next
+    agent removes those whose maker is gone, and only those (an event of a live process,
+    or of another tool, stays)."""
+    base = tracefs.find()
+    assert base is not None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    if not Path(libc).exists():
+        pytest.skip(f"{libc} missing")
+    events = {
+        f"r__proc_self_fd_7_0x0_bcc_{dead.pid}": "stale",
+        f"r__proc_self_fd_7_0x0_bcc_{os.getpid()}": "live",
+        "px_test_other_tool": "another tool's",
+    }
+    for name in events:
+        assert tracefs.write_probe_events(f"r:uprobes/{name} {libc}:0x0", base)
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
+    port = srv.port()
+    try:
+        agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
+        assert agent.stop() == 0
+        left = (base / "uprobe_events").read_text()
+        assert [n for n in events if f"/{n} " in left] == list(events)[1:], left
+    finally:
+        srv.stop()
+        for name in events:
+            tracefs.write_probe_events(f"-:uprobes/{name}", base)
