@@ -89,7 +89,7 @@ export function begin(kind: Kind, url: URL, tc: TraceContext, method?: string): 
   if (kind != "websocket") r.n = url.href.split("#")[0];
   live.add(r);
   // A page that opens requests and never reads them must not grow the probe without bound.
-  if (live.size > MAX_LIVE) emit(live.values().next().value as Rec);
+  if (live.size > MAX_LIVE) emit([...live][0]!);
   return r;
 }
 
@@ -222,7 +222,7 @@ export function hide(all: boolean): void {
     // `hidden` says why a request has no render sample; one painted before stays valid.
     if ((!r.x || r.w) && !r.e.rendered_ms) r.e.hidden = true;
     r.w = false;
-    if (all && r.e.seq && r.l) end(r, undefined, r.l);
+    if (all && r.e.seq && r.l) end(r, "", r.l);
     if (all || r.x) emit(r);
   }
 }

@@ -64,7 +64,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
           if (t[1]) r = begin("fetch", url, t[0], init?.method ?? req?.method ?? "GET");
         }
       } catch {
-        args = [input, init];
+        // untraced (args is only ever set to a complete, valid call)
       }
       const res = orig.apply(this, args as Parameters<typeof fetch>);
       try {
@@ -182,7 +182,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
             a[0] = u.href;
           }
         } catch {
-          t = undefined;
+          // untraced (nothing after trace() can throw)
         }
         const o = Reflect.construct(target, a, nt) as T;
         try {
@@ -212,7 +212,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
       es.addEventListener("message", () => chunk(r));
       // After the last event the server closes and the browser would reconnect: that 'error'
       // is the stream's end; before 'open' (no headers seen) it is a failure.
-      es.addEventListener("error", () => end(r, r.h ? undefined : "network"));
+      es.addEventListener("error", () => end(r, r.h ? "" : "network"));
     });
   }
 
@@ -220,7 +220,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
   if (WS) {
     const send = WS.prototype.send;
     const finish = (s: WsState): void => {
-      if (s.cur) end(s.cur, undefined, s.cur.l || now());
+      if (s.cur) end(s.cur, "", s.cur.l || now());
       s.cur = undefined;
     };
     WS.prototype.send = function (this: WebSocket, data: string | ArrayBufferLike | Blob | ArrayBufferView) {

@@ -35,7 +35,7 @@ export function transport(o: TransportOptions): Transport {
   let inflight = 0; // bytes of ours in the keepalive quota
   let until = 0; // performance.now() before which a visible page does not send (back-off)
   let backoff = 0;
-  let timer: ReturnType<typeof setTimeout> | undefined;
+  let timer: ReturnType<typeof setTimeout> | 0 = 0;
 
   const trim = (): void => {
     for (; q.length > o.bound; dropped++) q.shift();
@@ -92,7 +92,7 @@ export function transport(o: TransportOptions): Transport {
 
   function flush(hiding?: boolean): void {
     clearTimeout(timer);
-    timer = undefined;
+    timer = 0;
     const t = now();
     if (!hiding && t < until) return schedule(until - t);
     while (q.length) {
