@@ -30,7 +30,7 @@ const FEATURES = [
   ]],
   ["… WebSocket exchanges (seq 1, 2, …; the handshake entry stays)", [
     ["instrument.ts", "    WS.prototype.send = function", "    0 && function"],
-    ["instrument.ts", "        const c = s.cur;\n        if (!c) return; // server pushes before the page's first message: no exchange\n        headers(c);\n        chunk(c);", ""],
+    ["instrument.ts", "const c = ws ? s.cur : r;", "const c = ws ? undefined : r;"],
   ]],
   ["Resource Timing for requests (observer, matching)", [
     ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],

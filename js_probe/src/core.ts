@@ -52,10 +52,17 @@ export interface Rec {
 }
 
 type Num<T> = { [K in keyof T]-?: T[K] extends number | undefined ? K : never }[keyof T];
-const PHASES: [Num<Entry>, Num<PerformanceResourceTiming>, Num<PerformanceResourceTiming>][] = [
-  ["dns_ms", "domainLookupStart", "domainLookupEnd"],
-  ["connect_ms", "connectStart", "connectEnd"],
-  ["tls_ms", "secureConnectionStart", "connectEnd"],
+type RT = Num<PerformanceResourceTiming>;
+/** [entry field, Resource Timing time, its start when the field is a duration], each only
+ *  when not 0: cross-origin without Timing-Allow-Origin only responseEnd is, and a reused
+ *  connection has no phases. */
+const TIMES: [Num<Entry>, RT, RT?][] = [
+  ["request_start_ms", "requestStart"],
+  ["response_start_ms", "responseStart"],
+  ["response_end_ms", "responseEnd"],
+  ["dns_ms", "domainLookupEnd", "domainLookupStart"],
+  ["connect_ms", "connectEnd", "connectStart"],
+  ["tls_ms", "connectEnd", "secureConnectionStart"],
 ];
 
 export const MAX_CHUNKS = 256;
@@ -135,19 +142,17 @@ export function emit(r: Rec): void {
   live.delete(r);
   const e = r.e;
   const t = r.t;
-  if (t && t.requestStart > 0) {
-    e.request_start_ms = r1(t.requestStart);
-    e.response_start_ms = r1(t.responseStart);
-    // Zero when the connection was reused: only new connections report these.
-    for (const [k, a, b] of PHASES) if (t[a] > 0 && t[b] > t[a]) e[k] = r1(t[b] - t[a]);
-  } else {
+  if (!(t?.requestStart! > 0)) {
     // Cross-origin without Timing-Allow-Origin (requestStart is 0), or no entry at all.
     e.coarse = true;
     e.request_start_ms = e.start_ms;
     if (r.h) e.response_start_ms = r.h;
   }
   if (t) {
-    if (t.responseEnd > 0) e.response_end_ms = r1(t.responseEnd);
+    for (const [k, b, a] of TIMES) {
+      const s = a ? t[a] : 0;
+      if (t[a || b] > 0 && t[b] > s) e[k] = r1(t[b] - s);
+    }
     if (t.transferSize) e.transfer_size = t.transferSize;
     if (t.nextHopProtocol) e.protocol = t.nextHopProtocol.slice(0, 16);
     const st = (t.serverTiming || []).slice(0, 16).map((s) => {

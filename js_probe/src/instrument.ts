@@ -20,7 +20,9 @@ interface XhrState {
   r?: Rec | undefined;
   l?: boolean; // listeners attached
 }
-interface WsState {
+/** An EventSource's or WebSocket's record; a WebSocket's exchanges: the last number, the
+ *  current one. */
+interface StreamState {
   r: Rec;
   tc: TraceContext;
   n: number;
@@ -158,15 +160,16 @@ export function hook(w: W, trace: Trace, base: () => string): void {
     };
   }
 
+  const finish = (s: StreamState): void => {
+    if (s.cur) end(s.cur, "", s.cur.l || now());
+    s.cur = undefined;
+  };
+
   /** EventSource and WebSocket cannot send headers: the trace context rides in the query.
    *  Each constructor becomes a Proxy (statics, prototype and instanceof unchanged), and the
    *  instance's `url` reads back what the app passed. */
-  const ctor = <T extends EventTarget>(
-    C: new (...a: never[]) => T,
-    name: string,
-    kind: Kind,
-    started: (o: T, r: Rec, tc: TraceContext) => void,
-  ): void => {
+  const ctor = (C: new (...a: never[]) => EventTarget, name: string, kind: Kind): void => {
+    const ws = kind == "websocket";
     w[name] = new Proxy(C, {
       construct(target, a: unknown[], nt) {
         let t: [TraceContext, boolean, boolean] | undefined;
@@ -184,11 +187,36 @@ export function hook(w: W, trace: Trace, base: () => string): void {
         } catch {
           // untraced (nothing after trace() can throw)
         }
-        const o = Reflect.construct(target, a, nt) as T;
+        const o = Reflect.construct(target, a, nt) as EventTarget;
         try {
           if (t) {
             Object.defineProperty(o, "url", { configurable: true, value: orig });
-            if (t[1]) started(o, begin(kind, u!, t[0], "GET"), t[0]);
+            if (t[1]) {
+              const r = begin(kind, u!, t[0], "GET");
+              const s: StreamState = { r, tc: t[0], n: 0 };
+              st.set(o, s);
+              if (ws) r.e.seq = 0; // the handshake
+              o.addEventListener("open", () => {
+                headers(r, ws ? 101 : 200);
+                if (ws) end(r); // the handshake's entry; exchanges follow
+              });
+              o.addEventListener("message", () => {
+                // A WebSocket message belongs to the current exchange: none before the page's
+                // first send. An exchange ends with its last message (Rec.l), not at the next send.
+                const c = ws ? s.cur : r;
+                if (c) {
+                  headers(c);
+                  chunk(c);
+                }
+              });
+              // After an EventSource's last event the server closes and the browser would
+              // reconnect: that 'error' is the stream's end. Before 'open' (no headers seen):
+              // a failure.
+              o.addEventListener(ws ? "close" : "error", () => {
+                end(r, r.h ? "" : "network");
+                finish(s);
+              });
+            }
           }
         } catch {
           // untraced
@@ -202,30 +230,19 @@ export function hook(w: W, trace: Trace, base: () => string): void {
   if (ES) {
     const close = ES.prototype.close;
     ES.prototype.close = function (this: EventSource) {
-      const r = st.get(this) as Rec | undefined;
-      if (r) end(r);
+      const s = st.get(this) as StreamState | undefined;
+      if (s) end(s.r);
       return close.call(this);
     };
-    ctor(ES, "EventSource", "eventsource", (es, r) => {
-      st.set(es, r);
-      es.addEventListener("open", () => headers(r, 200));
-      es.addEventListener("message", () => chunk(r));
-      // After the last event the server closes and the browser would reconnect: that 'error'
-      // is the stream's end; before 'open' (no headers seen) it is a failure.
-      es.addEventListener("error", () => end(r, r.h ? "" : "network"));
-    });
+    ctor(ES, "EventSource", "eventsource");
   }
 
   const WS = w.WebSocket as typeof WebSocket | undefined;
   if (WS) {
     const send = WS.prototype.send;
-    const finish = (s: WsState): void => {
-      if (s.cur) end(s.cur, "", s.cur.l || now());
-      s.cur = undefined;
-    };
     WS.prototype.send = function (this: WebSocket, data: string | ArrayBufferLike | Blob | ArrayBufferView) {
       try {
-        const s = st.get(this) as WsState | undefined;
+        const s = st.get(this) as StreamState | undefined;
         if (s && this.readyState == 1) {
           // Each message the page sends starts exchange n (1, 2, 3, … as the agent numbers
           // them); the server's messages until the next send belong to it.
@@ -238,25 +255,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
       }
       return send.call(this, data);
     };
-    ctor(WS, "WebSocket", "websocket", (ws, r, tc) => {
-      r.e.seq = 0; // the handshake
-      const s: WsState = { r, tc, n: 0 };
-      st.set(ws, s);
-      ws.addEventListener("open", () => {
-        headers(r, 101);
-        end(r);
-      });
-      ws.addEventListener("message", () => {
-        const c = s.cur;
-        if (!c) return; // server pushes before the page's first message: no exchange
-        headers(c);
-        chunk(c); // an exchange ends with its last message (Rec.l), not at the next send
-      });
-      ws.addEventListener("close", () => {
-        end(r, "network"); // a no-op after a successful open
-        finish(s);
-      });
-    });
+    ctor(WS, "WebSocket", "websocket");
   }
 }
 
