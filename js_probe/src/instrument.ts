@@ -14,11 +14,10 @@ type W = typeof globalThis & Record<string, unknown>;
 export type Trace = (url: URL, tp?: string | null, fixed?: boolean) => [TraceContext, boolean, boolean] | undefined;
 
 interface XhrState {
-  m: string;
-  u: string;
-  tp?: string;
-  r?: Rec | undefined;
-  l?: boolean; // listeners attached
+  m: string; // method
+  u: string; // URL
+  tp?: string | undefined; // the app's own traceparent header
+  r?: Rec | undefined; // the current send's record
 }
 /** An EventSource's or WebSocket's record; a WebSocket's exchanges: the last number, the
  *  current one. */
@@ -47,23 +46,22 @@ export function hook(w: W, trace: Trace, base: () => string): void {
       let sent: RequestInit | Request | undefined;
       try {
         const req = input instanceof Request ? input : undefined;
+        // What the request will have: init's, else the Request's.
+        const get = (k: "headers" | "mode" | "method"): unknown => init?.[k] ?? req?.[k];
         const url = new URL(req ? req.url : String(input), base());
-        const h = new Headers(init?.headers ?? req?.headers);
+        const h = new Headers(get("headers") as HeadersInit);
         const had = h.get(TP);
-        const t = (init?.mode ?? req?.mode) != "no-cors" && trace(url, had);
+        const t = get("mode") != "no-cors" && trace(url, had);
         if (t) {
           const tp = formatTraceparent(t[0]);
           if (tp != had) {
             // A plain object, not a Headers: OpenTelemetry's fetch instrumentation, when it
             // runs inside us, merges its header *under* a plain object's (ours wins). A Request
             // it overwrites: that case is read back below.
-            const o: Record<string, string> = {};
-            h.forEach((v, k) => (o[k] = v));
-            o[TP] = tp;
-            const i2 = { ...init, headers: o };
+            const i2 = { ...init, headers: { ...Object.fromEntries(h), [TP]: tp } };
             args = req ? [(sent = new Request(req, i2))] : [input, (sent = i2)];
           }
-          if (t[1]) r = begin("fetch", url, t[0], init?.method ?? req?.method ?? "GET");
+          if (t[1]) r = begin("fetch", url, t[0], (get("method") as string) || "GET");
         }
       } catch {
         // untraced (args is only ever set to a complete, valid call)
@@ -77,8 +75,8 @@ export function hook(w: W, trace: Trace, base: () => string): void {
       } catch {
         // keep ours
       }
-      const rec = r;
-      return rec
+      const rec = r!; // set only before the call
+      return r
         ? res.then(
             (resp) => {
               try {
@@ -104,7 +102,37 @@ export function hook(w: W, trace: Trace, base: () => string): void {
     const { open, send, setRequestHeader: set } = P;
     const get = (x: XMLHttpRequest) => st.get(x) as XhrState | undefined;
     P.open = function (this: XMLHttpRequest, m: string, u: string | URL) {
-      st.set(this, { m: String(m), u: String(u) });
+      let s = get(this);
+      if (!s) {
+        st.set(this, (s = {} as XhrState));
+        // Listeners once per object, pointing at the current send. An event seen while the
+        // object is open again (the app's own handler for it ran first and called open())
+        // is the previous request's: open() has ended that one.
+        const on = (ev: Event): void => {
+          try {
+            const r = s!.r;
+            const ty = ev.type;
+            if (!r || this.readyState < 2) return;
+            if (ty == "progress") chunk(r); // throttled by the browser (~50 ms)
+            else if (ty[0] == "r") this.readyState == 2 && headers(r, this.status);
+            else if (ty[0] != "l") r.e.error = ty == "error" ? "network" : ty;
+            else {
+              r.e.status = this.status;
+              end(r, r.e.error);
+            }
+          } catch {
+            // never into the page
+          }
+        };
+        for (const ty of ["readystatechange", "progress", "error", "abort", "timeout", "loadend"])
+          this.addEventListener(ty, on);
+      }
+      // Opened again: the previous request has ended (its loadend not seen yet; its status
+      // came with its headers) or is aborted by this open(). (Nothing here can throw.)
+      if (s.r) end(s.r, this.readyState == 4 ? s.r.e.error : "abort");
+      s.m = String(m);
+      s.u = String(u);
+      s.tp = s.r = undefined; // a new request: no header set yet, no record
       // eslint-disable-next-line prefer-rest-params
       return open.apply(this, arguments as unknown as Parameters<typeof open>);
     } as typeof open;
@@ -118,29 +146,6 @@ export function hook(w: W, trace: Trace, base: () => string): void {
         const s = get(this);
         if (s && this.readyState == 1) {
           const url = new URL(s.u, base());
-          if (!s.l) {
-            s.l = true;
-            // First send on this object: listeners once, pointing at whichever send is current.
-            const on = (ev: Event): void => {
-              try {
-                const r = s.r;
-                const ty = ev.type;
-                if (!r) return;
-                if (ty == "progress") chunk(r); // throttled by the browser (~50 ms)
-                else if (ty[0] == "r") this.readyState == 2 && headers(r, this.status);
-                else if (ty[0] != "l") r.e.error = ty == "error" ? "network" : ty;
-                else {
-                  r.e.status = this.status;
-                  end(r, r.e.error);
-                }
-              } catch {
-                // never into the page
-              }
-            };
-            for (const ty of ["readystatechange", "progress", "error", "abort", "timeout", "loadend"])
-              this.addEventListener(ty, on);
-          }
-          s.r = undefined;
           // An app's own unparseable traceparent cannot be replaced (XHR headers append: the
           // server would get "theirs, ours", invalid too): leave that request alone.
           const t = trace(url, s.tp, s.tp !== undefined);
