@@ -5,7 +5,9 @@ import { readFileSync, readdirSync, mkdirSync, writeFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { gzipBytes, iife } from "./iife.mjs";
 
-const BUDGET_GZIP_BYTES = 5 * 1024; // issue: ≤ 5 KB gzip, aim for 4 KB
+// What the probe reached (issue 20: from 5 044; the aim was 4 096 — docs/probe.md "Size" says
+// what each feature costs). A change that adds bytes raises this knowingly, in the same commit.
+const BUDGET_GZIP_BYTES = 4567;
 const common = { bundle: true, minify: true, target: ["es2020"], legalComments: "none" };
 
 if (process.argv.includes("--tests") || process.argv.includes("--otel")) {

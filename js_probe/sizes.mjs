@@ -4,6 +4,8 @@
 // Markdown table: feature → gzip bytes it costs (and raw bytes).
 //
 //   node sizes.mjs            (docs/probe.md "Size" holds its output)
+//   node sizes.mjs --cut XMLHttpRequest --cut "transport: clock"
+//                             the size with those rows (name prefixes) cut together
 //
 // A patch whose text is no longer in src/ fails loudly: update it with the code.
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -35,7 +37,7 @@ const FEATURES = [
   ["Resource Timing for requests (observer, matching)", [
     ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
   ]],
-  ["… the Resource Timing fields of an entry (also the navigation entry's)", [
+  ["… Resource Timing as a whole: also the entry's t0, t3, end, phases, size, protocol, status (the navigation entry's too)", [
     ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
     ["core.ts", "  const t = r.t;", "  const t = undefined as PerformanceResourceTiming | undefined;"],
   ]],
@@ -61,10 +63,6 @@ const FEATURES = [
   ["page hide: hidden flags, open streams sent, sendBeacon flush", [
     ["index.ts", "doc.addEventListener(\"visibilitychange\", bye(false));\n  w.addEventListener(\"pagehide\", bye(true));", ""],
   ]],
-  ["transport: 429/503 back-off (Retry-After, doubling)", [
-    ["transport.ts", "            if (res.status == 429 || res.status == 503) {", "            if (0) {"],
-    ["transport.ts", "            backOff(0);", ""],
-  ]],
   ["transport: 32 KB in flight, batches halved to fit", [
     ["transport.ts", "      while (\n        (size", "      if (\n        (size"],
     ["transport.ts", "        n = Math.ceil(n / 2);", "        n = 1;"],
@@ -74,6 +72,10 @@ const FEATURES = [
     ["transport.ts", "    if (ok) inflight += size;\n", ""],
     ["transport.ts", "            inflight -= size;\n            if (res", "            if (res"],
     ["transport.ts", "            inflight -= size;\n            backOff(0);", "            backOff(0);"],
+  ]],
+  ["transport: 429/503 back-off (Retry-After, doubling)", [
+    ["transport.ts", "            if (res.status == 429 || res.status == 503) {", "            if (0) {"],
+    ["transport.ts", "            backOff(0);", ""],
   ]],
   ["transport: clock-drift split (sleep/resume)", [
     ["transport.ts", "const k = q.findIndex((x) => x[1] != q[0]![1]);", "const k = 0;"],
@@ -99,9 +101,26 @@ async function measure(patches) {
 }
 
 const all = await measure([]);
+const dedupe = (ps) => {
+  const seen = new Set();
+  return ps.filter(([f, t]) => !seen.has(f + t) && seen.add(f + t));
+};
+const cuts = process.argv.flatMap((a, i, v) => (v[i - 1] === "--cut" ? [a] : []));
+if (cuts.length) {
+  const rows = cuts.map((c) => FEATURES.find(([n]) => n.replace(/^… /, "").startsWith(c)) ?? c);
+  const unknown = rows.filter((r) => typeof r == "string");
+  if (unknown.length) throw new Error(`sizes.mjs: no feature named ${unknown.join(", ")}`);
+  const m = await measure(dedupe(rows.flatMap(([, ps]) => ps)));
+  console.log(`${rows.map(([n]) => n).join(" + ")}: ${m.gz} B gzip (saves ${all.gz - m.gz}), ${m.raw} B raw`);
+  process.exit(0);
+}
 console.log(`| Feature | gzip B | raw B |\n|---|---:|---:|`);
 for (const [name, patches] of FEATURES) {
   const m = await measure(patches);
   console.log(`| ${name} | ${all.gz - m.gz} | ${all.raw - m.raw} |`);
 }
+// Everything above cut at once: what every feature stands on (init and its options, trace
+// context, sessions and sampling, records and entries, the batching transport).
+const base = await measure(dedupe(FEATURES.flatMap(([, ps]) => ps)));
+console.log(`| the base all of them stand on (init, trace context, sessions, entries, batching) | ${base.gz} | ${base.raw} |`);
 console.log(`| **whole probe** | **${all.gz}** | **${all.raw}** |`);
