@@ -1,12 +1,13 @@
 // Builds dist/parallax.min.js (IIFE, global `Parallax`) and dist/parallax.esm.js, checks the
 // gzip size budget, and with --tests bundles test/*.test.ts for `node --test`.
 import { build } from "esbuild";
-import { minify } from "terser";
 import { readFileSync, readdirSync, mkdirSync, writeFileSync } from "node:fs";
-import { gzipSync } from "node:zlib";
 import { execFileSync } from "node:child_process";
+import { gzipBytes, iife } from "./iife.mjs";
 
-const BUDGET_GZIP_BYTES = 5 * 1024; // issue: ≤ 5 KB gzip, aim for 4 KB
+// What the probe reached (issue 20: from 5 044; the aim was 4 096 — docs/probe.md "Size" says
+// what each feature costs). A change that adds bytes raises this knowingly, in the same commit.
+const BUDGET_GZIP_BYTES = 4567;
 const common = { bundle: true, minify: true, target: ["es2020"], legalComments: "none" };
 
 if (process.argv.includes("--tests") || process.argv.includes("--otel")) {
@@ -22,19 +23,12 @@ if (process.argv.includes("--tests")) {
     platform: "node", format: "esm", outExtension: { ".js": ".mjs" }, packages: "external",
   });
 } else {
-  // IIFE: src/global.ts assigns window.Parallax itself (smaller than esbuild's globalName).
-  await build({ ...common, entryPoints: ["src/global.ts"], outfile: "dist/parallax.min.js",
-    format: "iife" });
-  // A second pass with terser: ~4% smaller than esbuild alone, which counts against 5 KB.
-  const iife = await minify(readFileSync("dist/parallax.min.js", "utf8"), {
-    ecma: 2020, toplevel: true, compress: { passes: 3, pure_getters: true },
-    mangle: true, format: { comments: false },
-  });
-  writeFileSync("dist/parallax.min.js", iife.code ?? "");
+  mkdirSync("dist", { recursive: true });
+  writeFileSync("dist/parallax.min.js", await iife());
   await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/parallax.esm.js",
     format: "esm" });
   execFileSync("node_modules/.bin/tsc", ["-p", "."], { stdio: "inherit" });
-  const gz = gzipSync(readFileSync("dist/parallax.min.js"), { level: 9 }).length;
+  const gz = gzipBytes(readFileSync("dist/parallax.min.js"));
   if (gz > BUDGET_GZIP_BYTES) {
     console.error(`js_probe: dist/parallax.min.js is ${gz} B gzip, over the ${BUDGET_GZIP_BYTES} B budget`);
     process.exit(1);

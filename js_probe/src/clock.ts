@@ -10,7 +10,3 @@ export const now = (): number => r1(performance.now());
 
 /** Date.now() − (timeOrigin + performance.now()): how far the page clock has drifted. */
 export const drift = (): number => r1(Date.now() - (performance.timeOrigin + performance.now()));
-
-/** Two drift readings further apart than this mean the clocks jumped (sleep/resume, NTP
- *  step), not reading noise (Date.now() has 1 ms resolution). */
-export const DRIFT_JUMP_MS = 25;

@@ -52,10 +52,17 @@ export interface Rec {
 }
 
 type Num<T> = { [K in keyof T]-?: T[K] extends number | undefined ? K : never }[keyof T];
-const PHASES: [Num<Entry>, Num<PerformanceResourceTiming>, Num<PerformanceResourceTiming>][] = [
-  ["dns_ms", "domainLookupStart", "domainLookupEnd"],
-  ["connect_ms", "connectStart", "connectEnd"],
-  ["tls_ms", "secureConnectionStart", "connectEnd"],
+type RT = Num<PerformanceResourceTiming>;
+/** [entry field, Resource Timing time, its start when the field is a duration], each only
+ *  when not 0: cross-origin without Timing-Allow-Origin only responseEnd is, and a reused
+ *  connection has no phases. */
+const TIMES: [Num<Entry>, RT, RT?][] = [
+  ["request_start_ms", "requestStart"],
+  ["response_start_ms", "responseStart"],
+  ["response_end_ms", "responseEnd"],
+  ["dns_ms", "domainLookupEnd", "domainLookupStart"],
+  ["connect_ms", "connectEnd", "connectStart"],
+  ["tls_ms", "connectEnd", "secureConnectionStart"],
 ];
 
 export const MAX_CHUNKS = 256;
@@ -67,27 +74,29 @@ export const live = new Set<Rec>();
 const awaiting: Rec[] = [];
 export const cfg = { render: false, sink: (_e: Entry): void => {} };
 
-export const isHidden = (): boolean =>
-  typeof document !== "undefined" && document.visibilityState === "hidden";
+export const isHidden = (): boolean => globalThis.document?.visibilityState == "hidden";
 /** URL without query string or fragment (privacy: queries carry prompts and tokens). */
 export const bare = (u: URL): string => (u.origin + u.pathname).slice(0, 2048);
 
-export function begin(kind: Kind, url: URL, tc: TraceContext, method?: string, name?: string): Rec {
-  const e: Entry = {
-    trace_id: tc.traceId,
-    span_id: tc.spanId,
-    sampled: (tc.flags & 1) === 1,
-    kind,
-    url: bare(url),
-    start_ms: now(),
-  };
+/** The beacon fields of a trace context. */
+export const ids = (tc: TraceContext): Pick<Entry, "trace_id" | "span_id" | "sampled"> => ({
+  trace_id: tc.traceId,
+  span_id: tc.spanId,
+  sampled: (tc.flags & 1) == 1,
+});
+
+/** A new record. Resource Timing will name it by its URL without the fragment — except a
+ *  WebSocket, which has no Resource Timing entry. */
+export function begin(kind: Kind, url: URL, tc: TraceContext, method?: string): Rec {
+  const e: Entry = { ...ids(tc), kind, url: bare(url), start_ms: now() };
   // The contract's method pattern is ^[A-Z]{1,16}$: one odd value must not void a beacon.
   if (method) e.method = method.toUpperCase().replace(/[^A-Z]/g, "").slice(0, 16) || "GET";
   if (isHidden()) e.hidden = true;
-  const r: Rec = { e, n: name };
+  const r: Rec = { e };
+  if (kind != "websocket") r.n = url.href.split("#")[0];
   live.add(r);
   // A page that opens requests and never reads them must not grow the probe without bound.
-  if (live.size > MAX_LIVE) emit(live.values().next().value as Rec);
+  if (live.size > MAX_LIVE) emit([...live][0]!);
   return r;
 }
 
@@ -110,20 +119,20 @@ export function chunk(r: Rec, t = now()): void {
 
 /** Response headers seen (coarse t3 when Resource Timing cannot say better). */
 export function headers(r: Rec, status?: number): void {
-  if (r.h === undefined) r.h = now();
-  if (status !== undefined) r.e.status = status;
+  r.h ||= now();
+  if (status! >= 0) r.e.status = status!;
 }
 
 export function end(r: Rec, error?: string, t = now()): void {
-  if (r.x !== undefined || r.d) return;
+  if (r.x || r.d) return;
   r.x = t;
   if (error) r.e.error = error;
   if (!check(r)) setTimeout(() => emit(r), WAIT_MS);
 }
 
-function check(r: Rec): boolean {
-  if (!r.d && r.x !== undefined && (r.t || !r.n) && !r.w) emit(r);
-  return !!r.d;
+function check(r: Rec): boolean | undefined {
+  if (r.x && (r.t || !r.n) && !r.w) emit(r);
+  return r.d;
 }
 
 export function emit(r: Rec): void {
@@ -133,19 +142,17 @@ export function emit(r: Rec): void {
   live.delete(r);
   const e = r.e;
   const t = r.t;
-  if (t && t.requestStart > 0) {
-    e.request_start_ms = r1(t.requestStart);
-    e.response_start_ms = r1(t.responseStart);
-    // Zero when the connection was reused: only new connections report these.
-    for (const [k, a, b] of PHASES) if (t[a] > 0 && t[b] > t[a]) e[k] = r1(t[b] - t[a]);
-  } else {
+  if (!(t?.requestStart! > 0)) {
     // Cross-origin without Timing-Allow-Origin (requestStart is 0), or no entry at all.
     e.coarse = true;
     e.request_start_ms = e.start_ms;
-    if (r.h !== undefined) e.response_start_ms = r.h;
+    if (r.h) e.response_start_ms = r.h;
   }
   if (t) {
-    if (t.responseEnd > 0) e.response_end_ms = r1(t.responseEnd);
+    for (const [k, b, a] of TIMES) {
+      const s = a ? t[a] : 0;
+      if (t[a || b] > 0 && t[b] > s) e[k] = r1(t[b] - s);
+    }
     if (t.transferSize) e.transfer_size = t.transferSize;
     if (t.nextHopProtocol) e.protocol = t.nextHopProtocol.slice(0, 16);
     const st = (t.serverTiming || []).slice(0, 16).map((s) => {
@@ -156,9 +163,9 @@ export function emit(r: Rec): void {
     });
     if (st.length) e.server_timing = st;
     const status = (t as { responseStatus?: number }).responseStatus;
-    if (e.status === undefined && status) e.status = status;
+    if (status) e.status ??= status;
   }
-  if (e.response_end_ms === undefined && r.x !== undefined && !e.error) e.response_end_ms = r.x;
+  if (!e.response_end_ms && r.x && !e.error) e.response_end_ms = r.x;
   try {
     cfg.sink(e);
   } catch {
@@ -191,7 +198,7 @@ export function paint(rs: Rec[]): void {
       const t = now();
       for (const r of rs) {
         // rAF stops in hidden pages; a frame that comes after a hide is not the paint.
-        if (!isHidden() && !r.e.hidden && !r.d && r.e.rendered_ms === undefined) r.e.rendered_ms = t;
+        if (!isHidden() && !r.e.hidden && !r.d && !r.e.rendered_ms) r.e.rendered_ms = t;
         r.w = false;
         check(r);
       }
@@ -207,8 +214,7 @@ export function mutated(): void {
 export function markRendered(traceId?: string): void {
   cfg.render = true; // from now on, wait for the paint before sending
   const rs: Rec[] = [];
-  for (const r of live)
-    if ((traceId ? r.e.trace_id === traceId : r.e.chunk_ms) && r.e.rendered_ms === undefined) rs.push(r);
+  for (const r of live) if ((traceId ? r.e.trace_id == traceId : r.e.chunk_ms) && !r.e.rendered_ms) rs.push(r);
   paint(rs);
 }
 
@@ -217,11 +223,11 @@ export function markRendered(traceId?: string): void {
  *  WebSocket exchange ends with its last message. */
 export function hide(all: boolean): void {
   awaiting.length = 0;
-  for (const r of [...live]) {
+  for (const r of live) {
     // `hidden` says why a request has no render sample; one painted before stays valid.
-    if ((r.x === undefined || r.w) && r.e.rendered_ms === undefined) r.e.hidden = true;
+    if ((!r.x || r.w) && !r.e.rendered_ms) r.e.hidden = true;
     r.w = false;
-    if (all && r.e.seq && r.l) end(r, undefined, r.l);
-    if (all || r.x !== undefined) emit(r);
+    if (all && r.e.seq && r.l) end(r, "", r.l);
+    if (all || r.x) emit(r);
   }
 }

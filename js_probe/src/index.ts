@@ -1,13 +1,13 @@
 // Parallax browser probe: `Parallax.init({...})` once, from a <script> tag or a bundler.
-import { cfg, hide, markRendered as mark, mutated, onResource } from "./core";
-import { hookEventSource, hookFetch, hookWebSocket, hookXhr, type Policy } from "./instrument";
+import { cfg, hide, isHidden, markRendered as mark, mutated, onResource } from "./core";
+import { hook, type Trace } from "./instrument";
 import { navigation } from "./navigation";
 import { session } from "./session";
 import { generateTraceContext, parseTraceparent } from "./traceContext";
-import { transport as makeTransport, type Transport } from "./transport";
+import { transport as makeTransport, VERSION, type Transport } from "./transport";
 
 export { parseTraceparent, formatTraceparent, generateTraceContext } from "./traceContext";
-export const version = "0.1.0";
+export const version = VERSION;
 
 export interface Options {
   /** Beacon URL, e.g. https://collector.example.com/v1/beacons. */
@@ -35,131 +35,105 @@ type W = typeof globalThis & Record<string, unknown>;
 const MARK = "__parallax";
 let transport: Transport | undefined;
 
+/** `f`, except that it never throws (into the page). */
+const guard =
+  <A extends unknown[]>(f: (...a: A) => void) =>
+  (...a: A): void => {
+    try {
+      f(...a);
+    } catch {
+      // never into the page
+    }
+  };
+
 /** Start the probe. Idempotent; a no-op where the browser lacks what it needs; never throws. */
-export function init(o: Options): void {
+export const init = guard((o: Options): void => {
+  const w = globalThis as W;
+  const doc = w.document;
+  // What every browser since 2018 has; elsewhere (old browsers, server-side rendering,
+  // workers) the probe stays out of the way.
+  if (w[MARK] || !o?.endpoint || !doc || !performance.timeOrigin || !w.crypto || !w.Proxy) return;
+  w[MARK] = 1;
+  const rate = o.sampleRate ?? 1; // below 0 is 0, above 1 is 1: Math.random() < rate
+  const idle = o.sessionIdleMs ?? 1800000;
+  const sess = () => session(rate, idle);
+  const to = o.propagateTo || [];
+  const ep = new URL(o.endpoint, location.href);
+  const epPath = ep.origin + ep.pathname;
+  const trace: Trace = (u, tp, fixed) => {
+    const had = parseTraceparent(tp);
+    const origin = u.protocol.replace(/^ws/, "http") + "//" + u.host;
+    // A string is an origin or a URL prefix, matched at a "/" boundary so that
+    // https://api.example.com never matches https://api.example.com.evil.net.
+    const path = origin + u.pathname + "/";
+    if (
+      had ||
+      (!fixed &&
+        u.origin + u.pathname != epPath && // never the probe's own beacons
+        (origin == location.origin ||
+          to.some((p) => (typeof p == "string" ? path.startsWith(p.replace(/\/?$/, "/")) : p.test(u.href)))))
+    ) {
+      const s = sess();
+      return [had || generateTraceContext(s.sampled), s.sampled, !!had];
+    }
+  };
+  const site = String(o.site).replace(/[^\w.-]/g, "_").slice(0, 64) || "_";
+  const nav = w.navigator;
+  const t = (transport = makeTransport({
+    to: ep.href,
+    head: () => ({
+      site,
+      session: sess().id,
+      page: location.pathname.slice(0, 2048),
+    }),
+    batch: Math.min(500, Math.max(1, o.maxBatch ?? 50)),
+    bound: Math.max(1, o.maxQueue ?? 500),
+    interval: Math.max(100, o.flushIntervalMs ?? 5000),
+    post: w.fetch?.bind(w),
+    beacon: nav.sendBeacon?.bind(nav),
+  }));
+  cfg.sink = (e) => t.push(e);
+  hook(w, trace, () => location.href);
+
   try {
-    const w = globalThis as W;
-    const doc = w.document;
-    // What every browser since 2018 has; elsewhere (old browsers, server-side rendering,
-    // workers) the probe stays out of the way.
-    if (w[MARK] || !o || !o.endpoint || !doc || !performance.timeOrigin || !w.crypto || !w.Proxy) return;
-    w[MARK] = 1;
-    const rate = Math.min(1, Math.max(0, o.sampleRate ?? 1));
-    const idle = o.sessionIdleMs ?? 1800000;
-    const href = (): string => location.href;
-    const sess = () => session(rate, idle);
-    const to = o.propagateTo || [];
-    const policy: Policy = {
-      ctx(existing) {
-        const s = sess();
-        const had = parseTraceparent(existing);
-        return { tc: had || generateTraceContext(s.sampled), record: s.sampled };
-      },
-      allowed(u) {
-        const origin = u.protocol.replace(/^ws/, "http") + "//" + u.host;
-        // A string is an origin or a URL prefix, matched at a "/" boundary so that
-        // https://api.example.com never matches https://api.example.com.evil.net.
-        const path = origin + u.pathname + "/";
-        return (
-          origin === location.origin ||
-          to.some((p) => (typeof p === "string" ? path.startsWith(p.replace(/\/?$/, "/")) : p.test(u.href)))
-        );
-      },
-    };
-    const ep = new URL(o.endpoint, href());
-    const origFetch = typeof w.fetch === "function" ? (w.fetch as typeof fetch).bind(w) : undefined;
-    const nav = w.navigator as Navigator | undefined;
-    const sb = nav && typeof nav.sendBeacon === "function" ? nav.sendBeacon.bind(nav) : undefined;
-    const t = (transport = makeTransport({
-      endpoint: ep.href,
-      site: String(o.site).replace(/[^A-Za-z0-9._-]/g, "_").slice(0, 64) || "_",
-      page: () => location.pathname.slice(0, 2048),
-      maxBatch: Math.min(500, Math.max(1, o.maxBatch ?? 50)),
-      maxQueue: Math.max(1, o.maxQueue ?? 500),
-      flushIntervalMs: Math.max(100, o.flushIntervalMs ?? 5000),
-      session: () => sess().id,
-      fetch: origFetch,
-      sendBeacon: sb,
-    }));
-    cfg.sink = (e) => t.push(e);
-
-    // Never trace the probe's own beacons (they go through the saved original fetch anyway).
-    const allowed = policy.allowed;
-    policy.allowed = (u) => u.origin + u.pathname !== ep.origin + ep.pathname && allowed(u);
-    hookFetch(w, policy, href);
-    hookXhr(w, policy, href);
-    hookEventSource(w, policy, href);
-    hookWebSocket(w, policy, href);
-
-    const guard =
-      <A extends unknown[]>(f: (...a: A) => void) =>
-      (...a: A): void => {
-        try {
-          f(...a);
-        } catch {
-          // never into the page
-        }
-      };
-    if (typeof PerformanceObserver === "function")
-      try {
-        new PerformanceObserver(guard(onResource)).observe({ type: "resource" });
-      } catch {
-        // no Resource Timing: every entry is coarse
-      }
-    const rt = o.renderTarget;
-    if (rt && typeof MutationObserver === "function" && typeof requestAnimationFrame === "function") {
-      cfg.render = true;
-      const inside = (n: Node): boolean => {
-        const el = n.nodeType === 1 ? (n as Element) : n.parentElement;
-        return !!el && (typeof rt === "string" ? !!el.closest(rt) : rt.contains(el));
-      };
+    new PerformanceObserver(guard(onResource)).observe({ type: "resource" });
+  } catch {
+    // no Resource Timing: every entry is coarse
+  }
+  const rt = o.renderTarget;
+  if (rt)
+    try {
+      // An element: every mutation it reports is inside. A selector: the nearest element of
+      // each mutation, matched (the element may come and go).
+      const sel = typeof rt == "string";
       new MutationObserver(
         guard((ms: MutationRecord[]) => {
-          if (ms.some((m) => inside(m.target))) mutated();
+          if (!sel || ms.some(({ target: n }) => (n.nodeType == 1 ? (n as Element) : n.parentElement)?.closest(rt)))
+            mutated();
         }),
-      ).observe(typeof rt === "string" ? doc : rt, { childList: true, subtree: true, characterData: true });
+      ).observe(sel ? doc : rt, { childList: true, subtree: true, characterData: true });
+      cfg.render = !!requestAnimationFrame;
+    } catch {
+      // no paint timing
     }
-    doc.addEventListener(
-      "visibilitychange",
-      guard(() => {
-        if (doc.visibilityState === "hidden") {
-          hide(false);
-          t.flush(true);
-        }
-      }),
-    );
-    w.addEventListener(
-      "pagehide",
-      guard(() => {
-        hide(true);
+  const bye = (all: boolean) =>
+    guard(() => {
+      if (all || isHidden()) {
+        hide(all);
         t.flush(true);
-      }),
-    );
-    const navNow = guard(() => navigation(sess().sampled));
-    if (doc.readyState === "complete") setTimeout(navNow);
-    else w.addEventListener("load", () => setTimeout(navNow));
-  } catch {
-    // a probe that cannot start must not break the page
-  }
-}
+      }
+    });
+  doc.addEventListener("visibilitychange", bye(false));
+  w.addEventListener("pagehide", bye(true));
+  const navNow = guard(() => navigation(sess().sampled));
+  if (doc.readyState == "complete") setTimeout(navNow);
+  else w.addEventListener("load", () => setTimeout(navNow));
+});
 
 /** The app tells the probe it has shown the first chunk of the request with this trace id —
  *  or, without an id, of every request whose first chunk has arrived and is not yet painted
  *  (for pages where renderTarget cannot say where answers appear). */
-export function markRendered(traceId?: string): void {
-  try {
-    mark(traceId);
-  } catch {
-    // never into the page
-  }
-}
+export const markRendered: (traceId?: string) => void = guard(mark);
 
 /** Send what is queued now (e.g. before a single-page app navigates away). */
-export function flush(): void {
-  try {
-    transport?.flush();
-  } catch {
-    // never into the page
-  }
-}
-
+export const flush = guard((): void => transport?.flush());

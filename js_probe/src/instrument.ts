@@ -2,88 +2,266 @@
 // it would see without the probe: the same Response object, events and errors. The probe
 // adds listeners; it never wraps the app's handlers, so an error thrown there stays the app's.
 import { now } from "./clock";
-import { begin, chunk, end, headers, type Kind, type Rec } from "./core";
+import { begin, chunk, end, headers, ids, type Kind, type Rec } from "./core";
 import { formatTraceparent, parseTraceparent, type TraceContext } from "./traceContext";
 
 type W = typeof globalThis & Record<string, unknown>;
-export interface Policy {
-  /** The trace context: a valid one the app (or OpenTelemetry) already set, else a new one;
-   *  `record`: this session is sampled. */
-  ctx(existing?: string | null): { tc: TraceContext; record: boolean };
-  /** May traceparent go to this URL (same origin, or listed in propagateTo)? */
-  allowed(u: URL): boolean;
+
+/** Whether and how to trace a request to `url` whose own traceparent (header or query
+ *  parameter) is `tp`: [the context to send, record it (a sampled session), `tp` is valid and
+ *  kept]; nothing when the request must go untouched (another origin, or `fixed`: an invalid
+ *  `tp` that cannot be replaced). */
+export type Trace = (url: URL, tp?: string | null, fixed?: boolean) => [TraceContext, boolean, boolean] | undefined;
+
+interface XhrState {
+  m: string; // method
+  u: string; // URL
+  tp?: string | undefined; // the app's own traceparent header
+  r?: Rec | undefined; // the current send's record
+}
+/** An EventSource's or WebSocket's record; a WebSocket's exchanges: the last number, the
+ *  current one. */
+interface StreamState {
+  r: Rec;
+  tc: TraceContext;
+  n: number;
+  cur?: Rec | undefined;
 }
 
-const failure = (err: unknown): string => (err && (err as Error).name === "AbortError" ? "abort" : "network");
-const def = (o: object, k: string, v: PropertyDescriptor): void => {
-  Object.defineProperty(o, k, { configurable: true, ...v });
-};
-const noHash = (u: URL): string => u.href.split("#")[0] as string;
+const failure = (err: unknown): string => ((err as Error)?.name == "AbortError" ? "abort" : "network");
+const TP = "traceparent";
 
-export function hookFetch(w: W, p: Policy, href: () => string): void {
-  const orig = w.fetch as typeof fetch;
+/** Wrap fetch, XMLHttpRequest, EventSource and WebSocket of `w` (those it has). `base`: the
+ *  URL relative request URLs resolve against. */
+export function hook(w: W, trace: Trace, base: () => string): void {
+  // One map for the state the probe keeps per XHR, EventSource (its record) and WebSocket.
+  const st = new WeakMap<object, unknown>();
+
+  const orig = w.fetch as typeof fetch | undefined;
   const nativeBody = Object.getOwnPropertyDescriptor(Response.prototype, "body")?.get;
-  if (typeof orig !== "function" || !nativeBody) return;
-  w.fetch = function (this: unknown, input: RequestInfo | URL, init?: RequestInit): Promise<Response> {
-    let r: Rec | undefined;
-    let args: unknown[] = [input, init];
-    let sent: RequestInit | Request | undefined;
-    try {
-      const req = input instanceof Request ? input : undefined;
-      const url = new URL(req ? req.url : String(input), href());
-      const h = new Headers(init?.headers ?? req?.headers);
-      const had = h.get("traceparent");
-      if ((parseTraceparent(had) || p.allowed(url)) && (init?.mode ?? req?.mode) !== "no-cors") {
-        const { tc, record } = p.ctx(had);
-        const tp = formatTraceparent(tc);
-        if (tp !== had) {
-          // A plain object, not a Headers: OpenTelemetry's fetch instrumentation, when it runs
-          // inside us, merges its header *under* a plain object's (ours wins). A Request it
-          // overwrites: that case is read back below.
-          const o: Record<string, string> = {};
-          h.forEach((v, k) => (o[k] = v));
-          o.traceparent = tp;
-          const i2 = { ...init, headers: o };
-          args = req ? [(sent = new Request(req, i2))] : [input, (sent = i2)];
+  if (orig && nativeBody)
+    w.fetch = function (this: unknown, input: RequestInfo | URL, init?: RequestInit): Promise<Response> {
+      let r: Rec | undefined;
+      let args: unknown[] = [input, init];
+      let sent: RequestInit | Request | undefined;
+      try {
+        const req = input instanceof Request ? input : undefined;
+        // What the request will have: init's, else the Request's.
+        const get = (k: "headers" | "mode" | "method"): unknown => init?.[k] ?? req?.[k];
+        const url = new URL(req ? req.url : String(input), base());
+        const h = new Headers(get("headers") as HeadersInit);
+        const had = h.get(TP);
+        const t = get("mode") != "no-cors" && trace(url, had);
+        if (t) {
+          const tp = formatTraceparent(t[0]);
+          if (tp != had) {
+            // A plain object, not a Headers: OpenTelemetry's fetch instrumentation, when it
+            // runs inside us, merges its header *under* a plain object's (ours wins). A Request
+            // it overwrites: that case is read back below.
+            const i2 = { ...init, headers: { ...Object.fromEntries(h), [TP]: tp } };
+            args = req ? [(sent = new Request(req, i2))] : [input, (sent = i2)];
+          }
+          if (t[1]) r = begin("fetch", url, t[0], (get("method") as string) || "GET");
         }
-        if (record) r = begin("fetch", url, tc, init?.method ?? req?.method ?? "GET", noHash(url));
+      } catch {
+        // untraced (args is only ever set to a complete, valid call)
       }
-    } catch {
-      args = [input, init];
-    }
-    const res = orig.apply(this, args as Parameters<typeof fetch>);
-    try {
-      // Instrumentation inside us may have replaced the header (synchronously, before the
-      // request left): report the id that went on the wire.
-      const got = r && sent && parseTraceparent(new Headers(sent.headers).get("traceparent"));
-      if (r && got) {
-        r.e.trace_id = got.traceId;
-        r.e.span_id = got.spanId;
-        r.e.sampled = (got.flags & 1) === 1;
+      const res = orig.apply(this, args as Parameters<typeof fetch>);
+      try {
+        // Instrumentation inside us may have replaced the header (synchronously, before the
+        // request left): report the id that went on the wire.
+        const got = r && sent && parseTraceparent(new Headers(sent.headers).get(TP));
+        if (got) Object.assign(r!.e, ids(got));
+      } catch {
+        // keep ours
       }
-    } catch {
-      // keep ours
-    }
-    const rec = r;
-    return rec
-      ? res.then(
-          (resp) => {
-            try {
-              headers(rec, resp.status);
-              if (nativeBody.call(resp)) streamBody(resp, rec, nativeBody);
-              else end(rec);
-            } catch {
-              // the app gets its response regardless
+      const rec = r!; // set only before the call
+      return r
+        ? res.then(
+            (resp) => {
+              try {
+                headers(rec, resp.status);
+                if (nativeBody.call(resp)) timeBody(resp, rec, nativeBody);
+                else end(rec);
+              } catch {
+                // the app gets its response regardless
+              }
+              return resp;
+            },
+            (err: unknown) => {
+              end(rec, failure(err));
+              throw err; // the very rejection the app would have had
+            },
+          )
+        : res;
+    } as typeof fetch;
+
+  const X = w.XMLHttpRequest as typeof XMLHttpRequest | undefined;
+  if (X) {
+    const P = X.prototype;
+    const { open, send, setRequestHeader: set } = P;
+    const get = (x: XMLHttpRequest) => st.get(x) as XhrState | undefined;
+    P.open = function (this: XMLHttpRequest, m: string, u: string | URL) {
+      let s = get(this);
+      if (!s) {
+        st.set(this, (s = {} as XhrState));
+        // Listeners once per object, pointing at the current send. An event seen while the
+        // object is open again (the app's own handler for it ran first and called open())
+        // is the previous request's: open() has ended that one.
+        const on = (ev: Event): void => {
+          try {
+            const r = s!.r;
+            const ty = ev.type;
+            if (!r || this.readyState < 2) return;
+            if (ty == "progress") chunk(r); // throttled by the browser (~50 ms)
+            else if (ty[0] == "r") this.readyState == 2 && headers(r, this.status);
+            else if (ty[0] != "l") r.e.error = ty == "error" ? "network" : ty;
+            else {
+              r.e.status = this.status;
+              end(r, r.e.error);
             }
-            return resp;
-          },
-          (err: unknown) => {
-            end(rec, failure(err));
-            throw err; // the very rejection the app would have had
-          },
-        )
-      : res;
-  } as typeof fetch;
+          } catch {
+            // never into the page
+          }
+        };
+        for (const ty of ["readystatechange", "progress", "error", "abort", "timeout", "loadend"])
+          this.addEventListener(ty, on);
+      }
+      // Opened again: the previous request has ended (its loadend not seen yet; its status
+      // came with its headers) or is aborted by this open(). (Nothing here can throw.)
+      if (s.r) end(s.r, this.readyState == 4 ? s.r.e.error : "abort");
+      s.m = String(m);
+      s.u = String(u);
+      s.tp = s.r = undefined; // a new request: no header set yet, no record
+      // eslint-disable-next-line prefer-rest-params
+      return open.apply(this, arguments as unknown as Parameters<typeof open>);
+    } as typeof open;
+    P.setRequestHeader = function (this: XMLHttpRequest, k: string, v: string) {
+      const s = get(this);
+      if (s && String(k).toLowerCase() == TP) s.tp = v;
+      return set.call(this, k, v);
+    };
+    P.send = function (this: XMLHttpRequest, body?: Document | XMLHttpRequestBodyInit | null) {
+      try {
+        const s = get(this);
+        if (s && this.readyState == 1) {
+          const url = new URL(s.u, base());
+          // An app's own unparseable traceparent cannot be replaced (XHR headers append: the
+          // server would get "theirs, ours", invalid too): leave that request alone.
+          const t = trace(url, s.tp, s.tp !== undefined);
+          if (t) {
+            if (!t[2]) set.call(this, TP, formatTraceparent(t[0]));
+            if (t[1]) {
+              const r = (s.r = begin("xhr", url, t[0], s.m));
+              r.e.chunks_coarse = true; // progress events are throttled (~50 ms)
+              r.b = true; // it ends at loadend, not at its Resource Timing entry
+            }
+          }
+        }
+      } catch {
+        // untraced
+      }
+      return send.call(this, body);
+    };
+  }
+
+  const finish = (s: StreamState): void => {
+    if (s.cur) end(s.cur, "", s.cur.l || now());
+    s.cur = undefined;
+  };
+
+  /** EventSource and WebSocket cannot send headers: the trace context rides in the query.
+   *  Each constructor becomes a Proxy (statics, prototype and instanceof unchanged), and the
+   *  instance's `url` reads back what the app passed. */
+  const ctor = (C: new (...a: never[]) => EventTarget, name: string, kind: Kind): void => {
+    const ws = kind == "websocket";
+    w[name] = new Proxy(C, {
+      construct(target, a: unknown[], nt) {
+        let t: [TraceContext, boolean, boolean] | undefined;
+        let u: URL | undefined;
+        let orig: string | undefined;
+        try {
+          u = new URL(String(a[0]), base());
+          orig = u.href;
+          const q = u.searchParams.get(TP);
+          t = trace(u, q);
+          if (t) {
+            if (!t[2]) u.searchParams.set(TP, formatTraceparent(t[0]));
+            a[0] = u.href;
+          }
+        } catch {
+          // untraced (nothing after trace() can throw)
+        }
+        const o = Reflect.construct(target, a, nt) as EventTarget;
+        try {
+          if (t) {
+            Object.defineProperty(o, "url", { configurable: true, value: orig });
+            if (t[1]) {
+              const r = begin(kind, u!, t[0], "GET");
+              const s: StreamState = { r, tc: t[0], n: 0 };
+              st.set(o, s);
+              if (ws) r.e.seq = 0; // the handshake
+              o.addEventListener("open", () => {
+                headers(r, ws ? 101 : 200);
+                if (ws) end(r); // the handshake's entry; exchanges follow
+              });
+              o.addEventListener("message", () => {
+                // A WebSocket message belongs to the current exchange: none before the page's
+                // first send. An exchange ends with its last message (Rec.l), not at the next send.
+                const c = ws ? s.cur : r;
+                if (c) {
+                  headers(c);
+                  chunk(c);
+                }
+              });
+              // After an EventSource's last event the server closes and the browser would
+              // reconnect: that 'error' is the stream's end. Before 'open' (no headers seen):
+              // a failure.
+              o.addEventListener(ws ? "close" : "error", () => {
+                end(r, r.h ? "" : "network");
+                finish(s);
+              });
+            }
+          }
+        } catch {
+          // untraced
+        }
+        return o;
+      },
+    });
+  };
+
+  const ES = w.EventSource as typeof EventSource | undefined;
+  if (ES) {
+    const close = ES.prototype.close;
+    ES.prototype.close = function (this: EventSource) {
+      const s = st.get(this) as StreamState | undefined;
+      if (s) end(s.r);
+      return close.call(this);
+    };
+    ctor(ES, "EventSource", "eventsource");
+  }
+
+  const WS = w.WebSocket as typeof WebSocket | undefined;
+  if (WS) {
+    const send = WS.prototype.send;
+    WS.prototype.send = function (this: WebSocket, data: string | ArrayBufferLike | Blob | ArrayBufferView) {
+      try {
+        const s = st.get(this) as StreamState | undefined;
+        if (s && this.readyState == 1) {
+          // Each message the page sends starts exchange n (1, 2, 3, … as the agent numbers
+          // them); the server's messages until the next send belong to it.
+          finish(s);
+          s.cur = begin("websocket", new URL(s.r.e.url!), s.tc);
+          s.cur.e.seq = ++s.n;
+        }
+      } catch {
+        // untraced
+      }
+      return send.call(this, data);
+    };
+    ctor(WS, "WebSocket", "websocket");
+  }
 }
 
 /** Time each chunk as the app reads `response.body`, through a pass-through stream over the
@@ -91,7 +269,7 @@ export function hookFetch(w: W, p: Policy, href: () => string): void {
  *  nothing. The native body is locked only when the app first reads the wrapper, so code that
  *  merely looks at `res.body` and then calls json(), text() or clone() works as without the
  *  probe. (After a clone() the native getter returns a tee branch.) */
-function streamBody(resp: Response, r: Rec, nativeBody: (this: Response) => ReadableStream | null): void {
+function timeBody(resp: Response, r: Rec, nativeBody: (this: Response) => ReadableStream | null): void {
   let s: ReadableStream | undefined;
   const body = (): ReadableStream | null => {
     if (s) return s;
@@ -133,192 +311,5 @@ function streamBody(resp: Response, r: Rec, nativeBody: (this: Response) => Read
   };
   // Only the stream is timed: text()/json()/… read the native body (the app's own code path
   // stays native), and their end comes from Resource Timing.
-  def(resp, "body", { get: body });
-}
-
-interface XhrState {
-  m: string;
-  u: string;
-  tp?: string;
-  r?: Rec | undefined;
-  l?: boolean; // listeners attached
-}
-
-export function hookXhr(w: W, p: Policy, href: () => string): void {
-  const X = w.XMLHttpRequest as typeof XMLHttpRequest | undefined;
-  if (!X) return;
-  const P = X.prototype;
-  const { open, send, setRequestHeader: set } = P;
-  const st = new WeakMap<XMLHttpRequest, XhrState>();
-  P.open = function (this: XMLHttpRequest, m: string, u: string | URL) {
-    st.set(this, { m: String(m), u: String(u) });
-    // eslint-disable-next-line prefer-rest-params
-    return open.apply(this, arguments as unknown as Parameters<typeof open>);
-  } as typeof open;
-  P.setRequestHeader = function (this: XMLHttpRequest, k: string, v: string) {
-    const s = st.get(this);
-    if (s && String(k).toLowerCase() === "traceparent") s.tp = v;
-    return set.call(this, k, v);
-  };
-  P.send = function (this: XMLHttpRequest, body?: Document | XMLHttpRequestBodyInit | null) {
-    try {
-      const s = st.get(this);
-      if (s && this.readyState === 1) {
-        const url = new URL(s.u, href());
-        const had = parseTraceparent(s.tp);
-        if (!s.l) {
-          s.l = true;
-          // First send on this object: listeners once, pointing at whichever send is current.
-          const on = (ev: string, f: (r: Rec, x: XMLHttpRequest) => void): void =>
-            this.addEventListener(ev, () => {
-              try {
-                if (s.r) f(s.r, this);
-              } catch {
-                // never into the page
-              }
-            });
-          on("readystatechange", (r, x) => x.readyState === 2 && headers(r, x.status));
-          on("progress", (r) => chunk(r));
-          for (const e of ["error", "abort", "timeout"]) on(e, (r) => (r.e.error = e === "error" ? "network" : e));
-          on("loadend", (r, x) => {
-            r.e.status = x.status;
-            end(r, r.e.error);
-          });
-        }
-        s.r = undefined;
-        // An app's own unparseable traceparent cannot be replaced (XHR headers append: the
-        // server would get "theirs, ours", invalid too): leave that request alone.
-        if (had || (s.tp === undefined && p.allowed(url))) {
-          const { tc, record } = p.ctx(s.tp);
-          if (!had) set.call(this, "traceparent", formatTraceparent(tc));
-          if (record) {
-            const r = (s.r = begin("xhr", url, tc, s.m, noHash(url)));
-            r.e.chunks_coarse = true; // progress events are throttled (~50 ms)
-            r.b = true; // it ends at loadend, not at its Resource Timing entry
-          }
-        }
-      }
-    } catch {
-      // untraced
-    }
-    return send.call(this, body);
-  };
-}
-
-/** EventSource and WebSocket cannot send headers: the trace context rides in the query.
- *  Each constructor becomes a Proxy (statics, prototype and instanceof unchanged), and the
- *  instance's `url` reads back what the app passed. */
-function hookCtor<T extends EventTarget>(
-  w: W,
-  name: string,
-  p: Policy,
-  href: () => string,
-  kind: Kind,
-  started: (o: T, r: Rec, tc: TraceContext) => void,
-): void {
-  const C = w[name] as (new (...a: unknown[]) => T) | undefined;
-  if (!C) return;
-  w[name] = new Proxy(C, {
-    construct(target, a: unknown[], nt) {
-      let t: { u: URL; tc: TraceContext; record: boolean; orig: string } | undefined;
-      try {
-        const url = new URL(String(a[0]), href());
-        const q = url.searchParams.get("traceparent");
-        const had = parseTraceparent(q);
-        if (had || p.allowed(url)) {
-          t = { u: new URL(url.href), orig: url.href, ...p.ctx(q) };
-          if (!had) t.u.searchParams.set("traceparent", formatTraceparent(t.tc));
-          a = [t.u.href, ...a.slice(1)];
-        }
-      } catch {
-        t = undefined;
-      }
-      const o = Reflect.construct(target, a, nt) as T;
-      try {
-        if (t) {
-          def(o, "url", { value: t.orig });
-          if (t.record) started(o, begin(kind, t.u, t.tc, "GET", kind === "websocket" ? undefined : t.u.href), t.tc);
-        }
-      } catch {
-        // untraced
-      }
-      return o;
-    },
-  });
-}
-
-export function hookEventSource(w: W, p: Policy, href: () => string): void {
-  const ES = w.EventSource as typeof EventSource | undefined;
-  if (!ES) return;
-  const recs = new WeakMap<EventSource, Rec>();
-  const close = ES.prototype.close;
-  ES.prototype.close = function (this: EventSource) {
-    const r = recs.get(this);
-    if (r) end(r);
-    return close.call(this);
-  };
-  hookCtor<EventSource>(w, "EventSource", p, href, "eventsource", (es, r) => {
-    let opened = false;
-    recs.set(es, r);
-    es.addEventListener("open", () => {
-      opened = true;
-      headers(r, 200);
-    });
-    es.addEventListener("message", () => chunk(r));
-    // After the last event the server closes and the browser would reconnect: that 'error'
-    // is the stream's end; before 'open' it is a failure.
-    es.addEventListener("error", () => end(r, opened ? undefined : "network"));
-  });
-}
-
-interface WsState {
-  r: Rec;
-  tc: TraceContext;
-  n: number;
-  cur?: Rec | undefined;
-}
-
-export function hookWebSocket(w: W, p: Policy, href: () => string): void {
-  const WS = w.WebSocket as typeof WebSocket | undefined;
-  if (!WS) return;
-  const sockets = new WeakMap<WebSocket, WsState>();
-  const send = WS.prototype.send;
-  const finish = (s: WsState): void => {
-    if (s.cur) end(s.cur, undefined, s.cur.l ?? now());
-    s.cur = undefined;
-  };
-  WS.prototype.send = function (this: WebSocket, data: string | ArrayBufferLike | Blob | ArrayBufferView) {
-    try {
-      const s = sockets.get(this);
-      if (s && this.readyState === 1) {
-        // Each message the page sends starts exchange n (1, 2, 3, … as the agent numbers
-        // them); the server's messages until the next send belong to it.
-        finish(s);
-        s.cur = begin("websocket", new URL(s.r.e.url as string), s.tc);
-        s.cur.e.seq = ++s.n;
-      }
-    } catch {
-      // untraced
-    }
-    return send.call(this, data);
-  };
-  hookCtor<WebSocket>(w, "WebSocket", p, href, "websocket", (ws, r, tc) => {
-    r.e.seq = 0; // the handshake
-    const s: WsState = { r, tc, n: 0 };
-    sockets.set(ws, s);
-    ws.addEventListener("open", () => {
-      headers(r, 101);
-      end(r);
-    });
-    ws.addEventListener("message", () => {
-      const c = s.cur;
-      if (!c) return; // server pushes before the page's first message: no exchange
-      headers(c);
-      chunk(c); // an exchange ends with its last message (Rec.l), not at the next send
-    });
-    ws.addEventListener("close", () => {
-      end(r, "network"); // a no-op after a successful open
-      finish(s);
-    });
-  });
+  Object.defineProperty(resp, "body", { configurable: true, get: body });
 }

@@ -1,7 +1,7 @@
 // Per-session sampling: the decision is taken once per browser session and kept in
 // localStorage, so a sampled user's requests are all traced (a journey, not a scatter), and
 // a new session (new id, new draw) starts after `idleMs` without requests.
-import { newSpanId } from "./traceContext";
+import { randomHex } from "./traceContext";
 
 export interface Session {
   id: string;
@@ -12,31 +12,25 @@ export interface Session {
 const KEY = "parallax.session";
 let mem: Session | undefined;
 
-function load(): Session | undefined {
+/** The current session, rotated when idle longer than `idleMs`; touches it. */
+export function session(sampleRate: number, idleMs: number, t = Date.now()): Session {
+  let s = mem;
   try {
-    const s = JSON.parse(localStorage.getItem(KEY) || "null") as Session | null;
-    if (s && typeof s.id === "string" && /^[A-Za-z0-9_-]{8,64}$/.test(s.id)) return s;
+    const x = JSON.parse(localStorage.getItem(KEY)!) as Session; // null: throws below
+    if (typeof x.id == "string" && /^[\w-]{8,64}$/.test(x.id)) s = x;
   } catch {
     // no storage (privacy mode, sandboxed iframe): the session lives as long as the page
   }
-  return mem;
-}
-
-/** The current session, rotated when idle longer than `idleMs`; touches it. */
-export function session(sampleRate: number, idleMs: number, t = Date.now()): Session {
-  let s = load();
-  let write = !s || t - s.last > 5000; // localStorage writes are synchronous: not every request
-  if (!s || t - s.last > idleMs || t < s.last - idleMs) {
-    s = { id: newSpanId() + newSpanId(), sampled: Math.random() < sampleRate, last: t };
-    write = true;
-  }
+  if (!s || t - s.last > idleMs || t < s.last - idleMs)
+    s = { id: randomHex(16), sampled: Math.random() < sampleRate, last: 0 }; // last 0: written now
   mem = s;
-  if (write) {
+  // localStorage writes are synchronous: not on every request.
+  if (t - s.last > 5000) {
     s.last = t;
     try {
       localStorage.setItem(KEY, JSON.stringify(s));
     } catch {
-      // see load()
+      // see above
     }
   }
   return s;

@@ -7,36 +7,32 @@ export interface TraceContext {
   flags: number;
 }
 
-export const FLAG_SAMPLED = 0x01;
-export const FLAG_RANDOM = 0x02;
-// version-flags, then "-" and more only for a future version (checked below).
-const RE = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-|$)/;
-const ZERO = /^0+$/;
+// Optional blanks (OWS) around; version (never ff), trace id and span id (never all zero),
+// flags; then "-" and more only for a future version (checked below).
+const RE = /^[ \t]*(?!ff)([\da-f]{2})-(?!0{32})([\da-f]{32})-(?!0{16})([\da-f]{16})-([\da-f]{2})(?:(-)|[ \t]*$)/;
 
 export function parseTraceparent(value: string | null | undefined): TraceContext | null {
-  if (typeof value !== "string") return null;
-  const m = RE.exec(value.replace(/^[ \t]+|[ \t]+$/g, ""));
-  // ff is invalid; version 00 is exactly 55 characters; all-zero ids are invalid.
-  if (!m || m[1] === "ff" || (m[1] === "00" && m[5]) || ZERO.test(m[2] as string) || ZERO.test(m[3] as string))
-    return null;
-  return { traceId: m[2] as string, spanId: m[3] as string, flags: parseInt(m[4] as string, 16) };
+  const m = RE.exec(value as string); // null and undefined never match
+  // Version 00 is exactly 55 characters.
+  return m && !(m[1] == "00" && m[5]) ? { traceId: m[2]!, spanId: m[3]!, flags: parseInt(m[4]!, 16) } : null;
 }
 
-export function formatTraceparent(tc: TraceContext): string {
-  return `00-${tc.traceId}-${tc.spanId}-${(tc.flags & 0xff).toString(16).padStart(2, "0")}`;
-}
+/** Two lowercase hex digits. */
+const hex2 = (b: number): string => (b | 256).toString(16).slice(1);
 
-function randomHex(bytes: number): string {
+export const formatTraceparent = (tc: TraceContext): string => `00-${tc.traceId}-${tc.spanId}-${hex2(tc.flags)}`;
+
+/** `bytes` random bytes as lowercase hex, never all zero (all-zero ids are invalid). */
+export function randomHex(bytes: number): string {
   const a = new Uint8Array(bytes);
   do crypto.getRandomValues(a);
-  while (a.every((b) => !b)); // all-zero ids are invalid
-  return Array.from(a, (b) => (b < 16 ? "0" : "") + b.toString(16)).join("");
+  while (a.every((b) => !b));
+  return Array.from(a, hex2).join("");
 }
 
-export const newTraceId = (): string => randomHex(16);
-export const newSpanId = (): string => randomHex(8);
-
-/** A fresh root context; ids are random, so the level-2 random flag is set. */
-export function generateTraceContext(sampled: boolean): TraceContext {
-  return { traceId: newTraceId(), spanId: newSpanId(), flags: FLAG_RANDOM | (sampled ? FLAG_SAMPLED : 0) };
-}
+/** A fresh root context; ids are random, so the level-2 random flag (2) is set; sampled: 1. */
+export const generateTraceContext = (sampled: boolean): TraceContext => ({
+  traceId: randomHex(16),
+  spanId: randomHex(8),
+  flags: 2 | +sampled,
+});

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { begin, cfg, live, onResource, type Entry } from "../src/core";
-import { hookFetch, type Policy } from "../src/instrument";
+import { hook, type Trace } from "../src/instrument";
 import { session, resetSession } from "../src/session";
 import { generateTraceContext, parseTraceparent } from "../src/traceContext";
 import { beaconErrors } from "./schema";
@@ -42,12 +42,12 @@ before(async () => {
   const port = (server.address() as AddressInfo).port;
   origin = `http://127.0.0.1:${port}`;
   other = `http://localhost:${port}`;
-  const policy: Policy = {
-    ctx: (had) => ({ tc: parseTraceparent(had) || generateTraceContext(true), record: true }),
-    allowed: (u) => u.origin === origin,
+  const trace: Trace = (u, tp) => {
+    const had = parseTraceparent(tp);
+    if (had || u.origin === origin) return [had || generateTraceContext(true), true, !!had];
   };
   cfg.sink = (e) => emitted.push(e);
-  hookFetch(w, policy, () => origin + "/page");
+  hook(w, trace, () => origin + "/page");
   obs = new PerformanceObserver(onResource);
   obs.observe({ type: "resource" });
 });
@@ -162,7 +162,7 @@ test("a fetch that cannot connect rejects exactly as without the probe", async (
 test("Resource Timing: the latest request started before the entry wins", () => {
   const tc = () => generateTraceContext(true);
   const url = new URL("https://api.example/v1/chat");
-  const recs = [0, 1, 2].map(() => begin("fetch", url, tc(), "POST", url.href));
+  const recs = [0, 1, 2].map(() => begin("fetch", url, tc(), "POST"));
   recs.forEach((r, i) => {
     r.e.start_ms = 100 + i * 10;
     r.b = true; // still streaming: matched but not ended
@@ -201,8 +201,8 @@ test("Resource Timing fields: phases of new connections, Server-Timing, coarse w
   const sink = cfg.sink;
   cfg.sink = (e) => got.push(e);
   try {
-    const full = begin("fetch", url, generateTraceContext(true), "GET", url.href);
-    const hidden = begin("fetch", url, generateTraceContext(true), "GET", url.href);
+    const full = begin("fetch", url, generateTraceContext(true), "GET");
+    const hidden = begin("fetch", url, generateTraceContext(true), "GET");
     full.e.start_ms = 10;
     hidden.e.start_ms = 50;
     const rt = (o: Record<string, unknown>) =>

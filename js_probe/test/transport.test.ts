@@ -32,20 +32,18 @@ function entry(i: number, chunks = 0): Entry {
 function rig(o: Partial<TransportOptions> & { beaconOk?: () => boolean; hold?: boolean } = {}) {
   const sent: Sent[] = [];
   const t = transport({
-    endpoint: "https://collector.example/v1/beacons",
-    site: "test-site",
-    page: () => "/chat",
-    maxBatch: 50,
-    maxQueue: 500,
-    flushIntervalMs: 60_000,
-    session: () => "sess_0123456789",
-    fetch: (_url, init) => {
+    to: "https://collector.example/v1/beacons",
+    head: () => ({ site: "test-site", session: "sess_0123456789", page: "/chat" }),
+    batch: 50,
+    bound: 500,
+    interval: 60_000,
+    post: (_url, init) => {
       const s: Sent = { via: "fetch", body: String(init.body), keepalive: init.keepalive };
       sent.push(s);
       if (!o.hold) return Promise.resolve(new Response(null, { status: 204 }));
       return new Promise<Response>((res) => (s.resolve = res));
     },
-    sendBeacon: (_url, body) => {
+    beacon: (_url, body) => {
       const ok = o.beaconOk ? o.beaconOk() : true;
       if (ok) sent.push({ via: "beacon", body });
       return ok;
@@ -59,7 +57,7 @@ function rig(o: Partial<TransportOptions> & { beaconOk?: () => boolean; hold?: b
 const tick = () => new Promise((r) => setTimeout(r, 0));
 
 test("batches by maxBatch and every beacon conforms to the v1 schema", async () => {
-  const { t, sent, beacons } = rig({ maxBatch: 3 });
+  const { t, sent, beacons } = rig({ batch: 3 });
   for (let i = 0; i < 7; i++) t.push(entry(i, i));
   assert.equal(sent.length, 2, "two full batches go at once");
   t.flush();
@@ -75,7 +73,7 @@ test("batches by maxBatch and every beacon conforms to the v1 schema", async () 
 });
 
 test("the flush interval sends a partial batch", async () => {
-  const { t, sent } = rig({ flushIntervalMs: 100 });
+  const { t, sent } = rig({ interval: 100 });
   t.push(entry(0));
   assert.equal(sent.length, 0);
   await new Promise((r) => setTimeout(r, 250));
@@ -84,7 +82,7 @@ test("the flush interval sends a partial batch", async () => {
 
 test("a bounded queue drops the oldest and reports the count once", async () => {
   let ok = false;
-  const { t, sent, beacons } = rig({ maxQueue: 5, fetch: undefined, beaconOk: () => ok });
+  const { t, sent, beacons } = rig({ bound: 5, post: undefined, beaconOk: () => ok });
   for (let i = 0; i < 8; i++) t.push(entry(i));
   t.flush(true);
   assert.equal(sent.length, 0, "sendBeacon refused: nothing sent, nothing lost beyond the bound");
@@ -112,7 +110,7 @@ test("hidden: sendBeacon first, and fetch keepalive when it returns false", () =
 });
 
 test("at most 32 KB of beacons in flight; the rest waits for the quota", async () => {
-  const { t, sent } = rig({ hold: true, maxBatch: 500 });
+  const { t, sent } = rig({ hold: true, batch: 500 });
   for (let i = 0; i < 60; i++) t.push(entry(i, 256)); // ~3 KB each
   t.flush();
   const bytes = (ss: Sent[]) => ss.reduce((n, s) => n + Buffer.byteLength(s.body), 0);
@@ -138,18 +136,16 @@ test("429/503: keeps the entries, backs off while visible, sends on hide", async
   let status = 429;
   const sent: string[] = [];
   const t = transport({
-    endpoint: "https://collector.example/v1/beacons",
-    site: "s",
-    page: () => "/",
-    maxBatch: 50,
-    maxQueue: 500,
-    flushIntervalMs: 60_000,
-    session: () => "sess_0123456789",
-    fetch: (_u, init) => {
+    to: "https://collector.example/v1/beacons",
+    head: () => ({ site: "s", session: "sess_0123456789", page: "/" }),
+    batch: 50,
+    bound: 500,
+    interval: 60_000,
+    post: (_u, init) => {
       sent.push(String(init.body));
       return Promise.resolve(new Response(null, { status, headers: { "retry-after": "1" } }));
     },
-    sendBeacon: (_u, body) => (sent.push("beacon:" + body), true),
+    beacon: (_u, body) => (sent.push("beacon:" + body), true),
   });
   t.push(entry(0));
   t.flush();
@@ -189,18 +185,16 @@ test("clock drift: a jump splits the batch; each beacon carries the drift of its
 test("clock drift: entries queued while sending is blocked keep their own drift", async () => {
   const sent: string[] = [];
   const t = transport({
-    endpoint: "https://collector.example/v1/beacons",
-    site: "s",
-    page: () => "/",
-    maxBatch: 50,
-    maxQueue: 500,
-    flushIntervalMs: 60_000,
-    session: () => "sess_0123456789",
-    fetch: (_u, init) => {
+    to: "https://collector.example/v1/beacons",
+    head: () => ({ site: "s", session: "sess_0123456789", page: "/" }),
+    batch: 50,
+    bound: 500,
+    interval: 60_000,
+    post: (_u, init) => {
       sent.push(String(init.body));
       return Promise.resolve(new Response(null, { status: 429, headers: { "retry-after": "60" } }));
     },
-    sendBeacon: (_u, body) => (sent.push(body), true),
+    beacon: (_u, body) => (sent.push(body), true),
   });
   const realNow = Date.now;
   try {

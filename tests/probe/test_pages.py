@@ -122,6 +122,42 @@ def test_cross_origin_propagation_and_coarse_timing(
         aux.close()
 
 
+def test_xhr_object_reused(browser: Browser, llm: LlmServer, sink: Sink) -> None:
+    # One XMLHttpRequest opened and sent again (from the app's own loadend handler, which
+    # runs before the probe's): each send is its own entry, and the second request's events
+    # do not touch the first's (still queued) entry.
+    ep = sink.url + "/v1/beacons"
+    sink.pages["/xr.html"] = SinkPage(
+        probe_page(ep, "", propagateTo=[llm.url], flushIntervalMs=300)
+    )
+    page = _open(browser, sink.url + "/xr.html")
+    q = "?tokens=2&first_token_ms=0&token_gap_ms=0"
+    page.evaluate(
+        """([a, b]) => new Promise(ok => { const x = new XMLHttpRequest();
+             x.onloadend = () => {
+               if (x.responseURL === b) ok(); else { x.open('GET', b); x.send(); } };
+             x.open('GET', a); x.send(); })""",
+        [llm.url + "/v1/complete" + q, llm.url + "/missing"],
+    )
+    # Opened again while the first request is still waiting: open() aborts it.
+    slow = "?tokens=2&first_token_ms=2000&token_gap_ms=0"
+    page.evaluate(
+        """([a, b]) => new Promise(ok => { const x = new XMLHttpRequest();
+             x.open('GET', a); x.send();
+             setTimeout(() => { x.open('GET', b); x.onloadend = ok; x.send(); }, 100); })""",
+        [llm.url + "/v1/stream" + slow, llm.url + "/v1/complete" + q],
+    )
+    xs = sink.wait_entry_list(lambda e: e["kind"] == "xhr", 4)
+    assert len(xs) == 4, xs
+    assert len({e["trace_id"] for e in xs}) == 4
+    assert [e["status"] for e in xs if e["url"] == llm.url + "/missing"] == [404]
+    aborted = next(e for e in xs if e["url"] == llm.url + "/v1/stream")
+    assert aborted["error"] == "abort" and "chunks" not in aborted, aborted
+    assert [e["status"] for e in xs if e["url"] == llm.url + "/v1/complete"] == [200, 200]
+    page.close()
+    assert sink.invalid() == []
+
+
 def _by_trace(llm: LlmServer, trace_id: str) -> dict[str, Any]:
     def pred(r: dict[str, Any]) -> bool:
         tc = parse(r.get("traceparent") or "")

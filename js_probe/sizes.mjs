@@ -1,0 +1,126 @@
+// What each feature of the probe costs in the <script> build: the build of src/ as it is,
+// then once per feature with that feature cut out of a copy of src/ (exact text patches
+// below), each through the same pipeline as dist/parallax.min.js (iife.mjs). Prints a
+// Markdown table: feature → gzip bytes it costs (and raw bytes).
+//
+//   node sizes.mjs            (docs/probe.md "Size" holds its output)
+//   node sizes.mjs --cut XMLHttpRequest --cut "transport: clock"
+//                             the size with those rows (name prefixes) cut together
+//
+// A patch whose text is no longer in src/ fails loudly: update it with the code.
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { gzipBytes, iife } from "./iife.mjs";
+
+/** [feature, [file, text, replacement][]] — each cut leaves a probe that builds. */
+const FEATURES = [
+  ["fetch (wrapper, header, Response kept, errors)", [
+    ["instrument.ts", "if (orig && nativeBody)\n    w.fetch =", "if (0)\n    w.fetch ="],
+  ]],
+  ["… its stream pass-through (per-chunk times of fetch bodies)", [
+    ["instrument.ts", "if (nativeBody.call(resp)) timeBody(resp, rec, nativeBody);\n                else end(rec);", "end(rec);"],
+  ]],
+  ["… reading back the header OpenTelemetry set (loaded before the probe)", [
+    ["instrument.ts", "const got = r && sent && parseTraceparent(new Headers(sent.headers).get(TP));\n        if (got) Object.assign(r!.e, ids(got));", ""],
+  ]],
+  ["XMLHttpRequest", [["instrument.ts", "if (X) {", "if (0) {"]]],
+  ["EventSource", [["instrument.ts", "if (ES) {", "if (0) {"]]],
+  ["WebSocket (handshake and exchanges)", [["instrument.ts", "if (WS) {", "if (0) {"]]],
+  ["EventSource and WebSocket both (adds their shared Proxy constructor)", [
+    ["instrument.ts", "if (ES) {", "if (0) {"], ["instrument.ts", "if (WS) {", "if (0) {"],
+  ]],
+  ["… WebSocket exchanges (seq 1, 2, …; the handshake entry stays)", [
+    ["instrument.ts", "    WS.prototype.send = function", "    0 && function"],
+    ["instrument.ts", "const c = ws ? s.cur : r;", "const c = ws ? undefined : r;"],
+  ]],
+  ["Resource Timing for requests (observer, matching)", [
+    ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
+  ]],
+  ["… Resource Timing as a whole: also the entry's t0, t3, end, phases, size, protocol, status (the navigation entry's too)", [
+    ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
+    ["core.ts", "  const t = r.t;", "  const t = undefined as PerformanceResourceTiming | undefined;"],
+  ]],
+  ["… Server-Timing entries (server_timing)", [
+    ["core.ts", "    const st = (t.serverTiming || []).slice(0, 16).map((s) => {\n      const o: ServerTiming = { name: s.name.slice(0, 64) };\n      if (s.duration > 0) o.dur_ms = s.duration;\n      if (s.description) o.desc = s.description.slice(0, 256);\n      return o;\n    });\n    if (st.length) e.server_timing = st;", ""],
+  ]],
+  ["render timing (renderTarget, markRendered, paint)", [
+    ["index.ts", "  if (rt)\n    try {", "  if (0)\n    try {"],
+    ["global.ts", "{ init, markRendered, flush, version }", "{ init, flush, version }"],
+    ["core.ts", "if (cfg.render && !e.hidden && !isHidden()) {", "if (0) {"],
+  ]],
+  ["navigation entry (Server-Timing / <meta> traceparent)", [
+    ["index.ts", "const navNow = guard(() => navigation(sess().sampled));\n  if (doc.readyState == \"complete\") setTimeout(navNow);\n  else w.addEventListener(\"load\", () => setTimeout(navNow));", ""],
+  ]],
+  ["session kept in localStorage (else: per page)", [
+    ["session.ts", "  try {\n    const x = JSON.parse(localStorage.getItem(KEY)!)", "  if (0) {\n    const x = JSON.parse(localStorage.getItem(KEY)!)"],
+    ["session.ts", "  } catch {\n    // no storage (privacy mode, sandboxed iframe): the session lives as long as the page\n  }", "  }"],
+    ["session.ts", "    try {\n      localStorage.setItem(KEY, JSON.stringify(s));\n    } catch {\n      // see above\n    }", ""],
+  ]],
+  ["propagateTo (other origins)", [
+    ["index.ts", "(origin == location.origin ||\n          to.some((p) => (typeof p == \"string\" ? path.startsWith(p.replace(/\\/?$/, \"/\")) : p.test(u.href))))", "origin == location.origin"],
+  ]],
+  ["page hide: hidden flags, open streams sent, sendBeacon flush", [
+    ["index.ts", "doc.addEventListener(\"visibilitychange\", bye(false));\n  w.addEventListener(\"pagehide\", bye(true));", ""],
+  ]],
+  ["transport: 32 KB in flight, batches halved to fit", [
+    ["transport.ts", "      while (\n        (size", "      if (\n        (size"],
+    ["transport.ts", "        n = Math.ceil(n / 2);", "        n = 1;"],
+    ["transport.ts", "      if (size > LIMIT) {", "      if (0) {"],
+    ["transport.ts", "      if (inflight + size > LIMIT) break;", ""],
+    ["transport.ts", "if ((ok = o.beacon(o.to, body))) setTimeout(() => (inflight -= size), 2000);", "ok = o.beacon(o.to, body);"],
+    ["transport.ts", "    if (ok) inflight += size;\n", ""],
+    ["transport.ts", "            inflight -= size;\n            if (res", "            if (res"],
+    ["transport.ts", "            inflight -= size;\n            backOff(0);", "            backOff(0);"],
+  ]],
+  ["transport: 429/503 back-off (Retry-After, doubling)", [
+    ["transport.ts", "            if (res.status == 429 || res.status == 503) {", "            if (0) {"],
+    ["transport.ts", "            backOff(0);", ""],
+  ]],
+  ["transport: clock-drift split (sleep/resume)", [
+    ["transport.ts", "const k = q.findIndex((x) => x[1] != q[0]![1]);", "const k = 0;"],
+    ["transport.ts", "const jumped = Math.abs(d - last) > 25;", "const jumped = false;"],
+  ]],
+];
+
+async function measure(patches) {
+  const dir = mkdtempSync(join(tmpdir(), "parallax-size-"));
+  try {
+    cpSync("src", dir, { recursive: true });
+    for (const [file, text, repl] of patches) {
+      const f = join(dir, file);
+      const s = readFileSync(f, "utf8");
+      if (!s.includes(text)) throw new Error(`sizes.mjs: src/${file} no longer has ${JSON.stringify(text.slice(0, 80))}`);
+      writeFileSync(f, s.replace(text, repl));
+    }
+    const code = await iife(join(dir, "global.ts"));
+    return { gz: gzipBytes(code), raw: code.length };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const all = await measure([]);
+const dedupe = (ps) => {
+  const seen = new Set();
+  return ps.filter(([f, t]) => !seen.has(f + t) && seen.add(f + t));
+};
+const cuts = process.argv.flatMap((a, i, v) => (v[i - 1] === "--cut" ? [a] : []));
+if (cuts.length) {
+  const rows = cuts.map((c) => FEATURES.find(([n]) => n.replace(/^… /, "").startsWith(c)) ?? c);
+  const unknown = rows.filter((r) => typeof r == "string");
+  if (unknown.length) throw new Error(`sizes.mjs: no feature named ${unknown.join(", ")}`);
+  const m = await measure(dedupe(rows.flatMap(([, ps]) => ps)));
+  console.log(`${rows.map(([n]) => n).join(" + ")}: ${m.gz} B gzip (saves ${all.gz - m.gz}), ${m.raw} B raw`);
+  process.exit(0);
+}
+console.log(`| Feature | gzip B | raw B |\n|---|---:|---:|`);
+for (const [name, patches] of FEATURES) {
+  const m = await measure(patches);
+  console.log(`| ${name} | ${all.gz - m.gz} | ${all.raw - m.raw} |`);
+}
+// Everything above cut at once: what every feature stands on (init and its options, trace
+// context, sessions and sampling, records and entries, the batching transport).
+const base = await measure(dedupe(FEATURES.flatMap(([, ps]) => ps)));
+console.log(`| the base all of them stand on (init, trace context, sessions, entries, batching) | ${base.gz} | ${base.raw} |`);
+console.log(`| **whole probe** | **${all.gz}** | **${all.raw}** |`);
