@@ -2,8 +2,8 @@
 
 Twenty minutes from ``anchor``:
 
-- ``llm`` ``/v1/chat``: streamed answers on a GPU. Minutes 0–9 calm, every request traced;
-  minutes 10–19 overloaded — longer queues and prefill, the GPU at 95 % and power-capped
+- ``llm`` ``/v1/chat``: streamed answers on a GPU. Minutes 0–10 calm, every request traced;
+  from minute 10.5 to 20 overloaded — longer queues and prefill, the GPU at 95 % and power-capped
   (its clock at 55 % of max) — and the agent keeping each request with p = 1/4 by the trace
   id's randomness (consistent sampling), so those pairs weigh 4. Every fifth request crosses
   an nginx edge that buffers the stream (it forwards the origin's writes four at a time).
@@ -306,9 +306,10 @@ def build(anchor: datetime, seed: int = 11) -> Scenario:
     reqs: list[Request] = []
     n = 0
     for minute in range(20):
-        overloaded = minute >= 10
-        per_minute = 80 if overloaded else 30
+        per_minute = 80 if minute >= 10 else 30
         for k in range(per_minute):
+            # the overload starts half-way through minute 10: that minute mixes weights
+            overloaded = minute > 10 or (minute == 10 and k >= per_minute // 2)
             t0 = anchor + timedelta(minutes=minute, seconds=(k + 0.5) * 60 / per_minute)
             r = _llm_request(rng, t0, overloaded, via_edge=n % 5 == 4, session=sessions[n % 3])
             n += 1

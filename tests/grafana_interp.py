@@ -93,7 +93,9 @@ def _js_replacement(repl: str, match: str, before: str, after: str) -> str:
 def conditional_all(sql: str, variables: Mapping[str, Variable]) -> str:
     macro = "$__conditionalAll("
     at = sql.rfind(macro)
-    while at != -1:
+    for _ in range(1000):
+        if at == -1:
+            return sql
         params = _macro_args(sql, at + len(macro) - 1)
         if len(params) != 2:
             return sql
@@ -113,7 +115,8 @@ def conditional_all(sql: str, variables: Mapping[str, Variable]) -> str:
             + sql[i + len(target) :]
         )
         at = sql.rfind(macro)
-    return sql
+    # a condition whose replacement brings the macro back ($&): the plugin loops for ever
+    raise ValueError("$__conditionalAll does not terminate")
 
 
 # -- 2. Grafana's template service --------------------------------------------------------
