@@ -114,19 +114,24 @@ def table(
     return p
 
 
-def _link(title: str, url: str) -> db.DashboardLink:
+def _link(title: str, url: str, tooltip: str = "", keep_time: bool = False) -> db.DashboardLink:
     return (
         db.DashboardLink(title)
         .type(dm.DashboardLinkType.LINK)
         .url(url)
-        .icon("external link")
-        .tooltip(title)
+        .icon("dashboard" if keep_time else "external link")
+        .tooltip(tooltip or title)
         .tags([])
         .as_dropdown(False)
         .target_blank(False)
         .include_vars(False)
-        .keep_time(False)
+        .keep_time(keep_time)
     )
+
+
+def nav_link(title: str, uid: str, tooltip: str) -> db.DashboardLink:
+    """A link in the dashboard's header to another one, keeping the time range."""
+    return _link(title, f"/d/{uid}", tooltip, keep_time=True)
 
 
 def heatmap(

@@ -12,7 +12,6 @@ reported drift + relative time). Times below are ms since the browser's t0 on th
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.models import dashboard as dm
 
 from collector.sla import schema as sla_schema
 from dashboards import panels as pn
@@ -305,16 +304,5 @@ def build() -> db.Dashboard:
                 (0, 27, 24, 12),
             )
         )
-        .link(
-            db.DashboardLink("Route")
-            .type(dm.DashboardLinkType.LINK)
-            .url("/d/parallax-route")
-            .icon("dashboard")
-            .tooltip("the route's dashboard")
-            .tags([])
-            .as_dropdown(False)
-            .target_blank(False)
-            .include_vars(False)
-            .keep_time(True)
-        )
+        .link(pn.nav_link("Route", "parallax-route", "the route's dashboard"))
     )

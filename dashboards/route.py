@@ -269,18 +269,7 @@ def build() -> db.Dashboard:
         .refresh("1m")
         .readonly()
         .variables(variables())  # type: ignore[arg-type]
-        .link(
-            db.DashboardLink("All routes")
-            .type(dm.DashboardLinkType.LINK)
-            .url("/d/parallax-sla")
-            .icon("dashboard")
-            .tooltip("user vs server latency, every route")
-            .tags([])
-            .as_dropdown(False)
-            .target_blank(False)
-            .include_vars(False)
-            .keep_time(True)
-        )
+        .link(pn.nav_link("All routes", "parallax-sla", "user vs server latency, every route"))
         .with_row(pn.row(1, "Is it the users or the app? ($metric)", 0))
         .with_panel(
             pn.timeseries(

@@ -395,7 +395,8 @@ def test_slowest_five_percent_part_by_part(results: dict[str, Any]) -> None:
         "decode_ms": lambda p: max(p["server_duration_ms"] - p["server_ttft_ms"], 0.0),
         "render_delay_ms": lambda p: p["render_delay_ms"],
     }
-    overload_prefill, calm_prefill = [], []
+    overload_prefill: list[float] = []
+    calm_prefill: list[float] = []
     for t, in_minute in by_minute(pairs_of("/v1/chat")).items():
         ps = [
             p
@@ -506,10 +507,10 @@ def test_gpu_state_of_the_route(results: dict[str, Any]) -> None:
     hot_from = ANCHOR.timestamp() * 1000 + 10 * MIN
     # per minute: busy weighted by window length × adjusted count (docs/sla.md)
     sums: dict[float, np.ndarray] = defaultdict(lambda: np.zeros(6))
-    for r in SC.requests:
-        if r.service != "llm":
+    for req in SC.requests:
+        if req.service != "llm":
             continue
-        o = r.hops[-1]
+        o = req.hops[-1]
         a = 1 / sampling_probability(o["sample_th"])
         pre, dec, dur = o["ttft_us"], o["duration_us"] - o["ttft_us"], o["duration_us"]
         sums[float(o["time"] // (60 * 10**9) * 60_000)] += [
@@ -520,19 +521,19 @@ def test_gpu_state_of_the_route(results: dict[str, Any]) -> None:
     busy = {r["t"]: r for r in rows(results, "route-ttft/16/A")}
     assert sorted(busy) == sorted(sums)
     for t, x in sums.items():
-        r = busy[t]
-        assert (r["prefill_busy_pct"], r["decode_busy_pct"], r["inflight_mean"]) == (
+        b = busy[t]
+        assert (b["prefill_busy_pct"], b["decode_busy_pct"], b["inflight_mean"]) == (
             pytest.approx(x[0] / x[1]), pytest.approx(x[2] / x[3]), pytest.approx(x[4] / x[5])
         )  # fmt: skip
     assert busy[hot_from - MIN]["prefill_busy_pct"] == pytest.approx(60.0)
     assert busy[hot_from + MIN]["prefill_busy_pct"] == pytest.approx(95.0)
     assert 60 < busy[hot_from]["prefill_busy_pct"] < 95  # the minute the overload began
     clock = rows(results, "route-ttft/17/A")
-    assert {r["gpu"] for r in clock} == {scen.GPU}  # not the GPU the route never ran on
-    for r in clock:
-        hot = r["t"] >= hot_from
-        assert r["sm_clock_pct_of_max"] == pytest.approx(55.0 if hot else 100.0)
-        assert r["power_pct_of_limit"] == pytest.approx(100.0 if hot else 400 / 7)
+    assert {c["gpu"] for c in clock} == {scen.GPU}  # not the GPU the route never ran on
+    for c in clock:
+        hot = c["t"] >= hot_from
+        assert c["sm_clock_pct_of_max"] == pytest.approx(55.0 if hot else 100.0)
+        assert c["power_pct_of_limit"] == pytest.approx(100.0 if hot else 400 / 7)
     (why,) = rows(results, "route-ttft/18/A")
     readings = 151  # every 10 s from the range's start (k = −30) to the scenario's end
     assert why["gpu"] == scen.GPU and why["readings"] == readings
@@ -595,9 +596,9 @@ def test_one_request_through_a_buffering_edge_on_one_clock(results: dict[str, An
     chunks = rows(results, "request-edge/4/A")
     assert [c["chunk"] for c in chunks] == list(range(1, scen.CHUNKS + 1))
     writes = [(origin["time"] + o * 1000 - r.t0_ns) / 1e6 for o in origin["chunk_offsets_us"]]
-    for c, w, a in zip(chunks, writes, r.arrivals_ms, strict=True):
-        assert c["written_ms"] == pytest.approx(w - err, abs=1e-3)
-        assert c["delivery_ms"] == pytest.approx(a - w + err, abs=2e-3)
+    for c, wr, ar in zip(chunks, writes, r.arrivals_ms, strict=True):
+        assert c["written_ms"] == pytest.approx(wr - err, abs=1e-3)
+        assert c["delivery_ms"] == pytest.approx(ar - wr + err, abs=2e-3)
     # buffered four at a time: the first of a group waits three gaps longer than the last
     d = [c["delivery_ms"] for c in chunks]
     assert d[0] - d[3] > 50 and [c["browser_gap_ms"] for c in chunks][1:4] == [0.0] * 3
@@ -615,13 +616,13 @@ def test_one_request_through_a_buffering_edge_on_one_clock(results: dict[str, An
         assert {p["operationName"].split(" ")[0] for p in phases} == {"kernel", "prefill", "decode"}
     assert list(rows(results, "request-edge/2/A")[0]) == [c for c, _ in _trace_columns()]
     # chunks over time: the origin's writes and the browser's arrivals, twelve each
-    w, a = rows(results, "request-edge/3/A"), rows(results, "request-edge/3/B")
+    written, arrived = rows(results, "request-edge/3/A"), rows(results, "request-edge/3/B")
     assert (
-        [x["written_at_origin"] for x in w]
-        == [x["arrived_in_browser"] for x in a]
+        [x["written_at_origin"] for x in written]
+        == [x["arrived_in_browser"] for x in arrived]
         == [float(i) for i in range(1, scen.CHUNKS + 1)]
     )
-    assert a[0]["time"] == pytest.approx((r.t0_ns / 1e6) + err + r.arrivals_ms[0], abs=1e-2)
+    assert arrived[0]["time"] == pytest.approx((r.t0_ns / 1e6) + err + r.arrivals_ms[0], abs=1e-2)
 
 
 def _trace_columns() -> tuple[tuple[str, str], ...]:
