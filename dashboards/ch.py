@@ -52,7 +52,8 @@ class Query(cogvariants.Dataquery):
             "datasource": DS,
             "editorType": "sql",
             "format": self.fmt,
-            "queryType": "traces" if self.fmt == TRACE else "sql",
+            # the plugin's display type (QueryType); the backend goes by `format`
+            "queryType": {TIME_SERIES: "timeseries", TABLE: "table", TRACE: "traces"}[self.fmt],
             "rawSql": self.sql,
             "refId": self.ref_id,
         }
