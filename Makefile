@@ -24,7 +24,7 @@ test-js:
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check agent collector parallax_contracts demo tests bench
+	$(VENV)/bin/ruff format --check agent collector parallax_contracts demo tests bench dashboards
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 

@@ -24,6 +24,8 @@ names the key, e.g. ``routes[1].metrics.ttfb.band_ms: must be ≥ 0, got -3``. E
     webhook:
       url: https://hooks.example/sla
       headers: {Authorization: Bearer x}
+    grafana:
+      url: https://grafana.example   # alerts link to its route dashboard; absent: no link
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class SlaConfig:
     window_s: float = 300.0
     alertmanager: Receiver | None = None
     webhook: Receiver | None = None
+    grafana_url: str = ""  # base URL of the Grafana holding dashboards/*.json; '' = no link
 
     def thresholds(self, service: str, route: str, metric: str) -> Thresholds:
         """Defaults < metric override < route override < route+metric override."""
@@ -115,8 +118,17 @@ class SlaConfig:
 
 
 _THRESHOLD_KEYS = {"band_ms", "min_samples", "for", "hysteresis_ms"}
-_TOP_KEYS = _THRESHOLD_KEYS | {"interval", "window", "metrics", "routes", "alertmanager", "webhook"}
+_TOP_KEYS = _THRESHOLD_KEYS | {
+    "interval",
+    "window",
+    "metrics",
+    "routes",
+    "alertmanager",
+    "webhook",
+    "grafana",
+}
 _RECEIVER_KEYS = {"url", "headers", "timeout", "resend"}
+_URL = re.compile(r"^https?://[^\s/]+")
 
 
 def _mapping(v: Any, key: str) -> dict[str, Any]:
@@ -163,7 +175,7 @@ def _receiver(v: Any, key: str) -> Receiver:
     d = _mapping(v, key)
     _unknown(d, _RECEIVER_KEYS, key)
     url = d.get("url")
-    if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
+    if not isinstance(url, str) or not _URL.match(url):
         raise ConfigError(f"{key}.url: expected an http(s) URL, got {url!r}")
     headers = _mapping(d.get("headers", {}), f"{key}.headers")
     for hk, hv in headers.items():
@@ -175,6 +187,16 @@ def _receiver(v: Any, key: str) -> Receiver:
         timeout_s=parse_duration(d["timeout"], f"{key}.timeout") if "timeout" in d else 5.0,
         resend_s=parse_duration(d["resend"], f"{key}.resend") if "resend" in d else 60.0,
     )
+
+
+def _grafana(v: Any) -> str:
+    """``grafana: {url: …}``: the base URL alerts link to (a sub-path like /grafana kept)."""
+    d = _mapping(v, "grafana")
+    _unknown(d, {"url"}, "grafana")
+    url = d.get("url")
+    if not isinstance(url, str) or not _URL.match(url) or any(c in url for c in "?#"):
+        raise ConfigError(f"grafana.url: expected an http(s) base URL, got {url!r}")
+    return url.rstrip("/")
 
 
 def from_mapping(raw: Any) -> SlaConfig:
@@ -220,6 +242,7 @@ def from_mapping(raw: Any) -> SlaConfig:
         window_s=parse_duration(d["window"], "window") if "window" in d else 300.0,
         alertmanager=_receiver(d["alertmanager"], "alertmanager") if "alertmanager" in d else None,
         webhook=_receiver(d["webhook"], "webhook") if "webhook" in d else None,
+        grafana_url=_grafana(d["grafana"]) if "grafana" in d else "",
     )
 
 

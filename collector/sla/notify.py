@@ -4,6 +4,12 @@ Off the evaluation path: ``submit`` only queues; a worker thread sends with retr
 exponential backoff, so a slow or failing receiver never delays or stops evaluation. While
 an alert fires it is re-sent every ``resend`` (Alertmanager forgets alerts whose ``endsAt``
 passes; ours is set a few resends ahead); on resolve it is sent once with ``endsAt`` = now.
+
+With a Grafana base URL configured (``grafana: {url: …}``), every alert carries the link to
+its route's dashboard (annotation ``dashboard``, and ``generatorURL`` unless one is given):
+the route, the metric and the band selected, the time range from an hour before it fired to
+now (to ten minutes after the resolve, once resolved). The dashboard's uid and variable names
+below are the contract with dashboards/route.py, which builds the dashboard from them.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from collector.sla.alerts import FIRING, RESOLVED, AlertState
 from collector.sla.config import Receiver
@@ -24,10 +31,39 @@ from collector.sla.config import Receiver
 log = logging.getLogger("parallax.sla")
 
 ALERTNAME = "ParallaxSLADivergence"
+# The route dashboard (dashboards/parallax-route.json) and the variables a link sets.
+ROUTE_DASHBOARD_UID = "parallax-route"
+LINK_VARS = ("service", "route", "metric", "band")
+LINK_BEFORE = timedelta(hours=1)  # context before the alert fired: the baseline it left
+LINK_AFTER_RESOLVE = timedelta(minutes=10)
+
+
+def _ms(t: datetime) -> str:
+    return str(int(t.timestamp() * 1000))
+
+
+def dashboard_link(grafana_url: str, st: AlertState, now: datetime) -> str:
+    """The route dashboard for this alert: its route and metric, its band, its time range."""
+    service, route, metric = st.key
+    m = st.last
+    params = {
+        "from": _ms((st.started or st.since) - LINK_BEFORE),
+        "to": _ms(now + LINK_AFTER_RESOLVE) if st.state == RESOLVED else "now",
+        "var-service": service,
+        "var-route": route,
+        "var-metric": metric,
+    }
+    if m is not None:
+        params["var-band"] = f"{m.band_ms:g}"
+    return f"{grafana_url}/d/{ROUTE_DASHBOARD_UID}?{urlencode(params)}"
 
 
 def alert_object(
-    st: AlertState, now: datetime, resend_s: float, generator_url: str = ""
+    st: AlertState,
+    now: datetime,
+    resend_s: float,
+    generator_url: str = "",
+    grafana_url: str = "",
 ) -> dict[str, Any]:
     m = st.last
     service, route, metric = st.key
@@ -50,6 +86,9 @@ def alert_object(
         )
         ann["user_p95_ms"] = f"{(m.user['p95'] or 0):.1f}"
         ann["server_p95_ms"] = f"{(m.server['p95'] or 0):.1f}"
+    if grafana_url:
+        ann["dashboard"] = dashboard_link(grafana_url, st, now)
+        generator_url = generator_url or ann["dashboard"]
     obj: dict[str, Any] = {
         "labels": {
             "alertname": ALERTNAME,
@@ -75,10 +114,12 @@ class Notifier:
         max_attempts: int = 5,
         first_backoff_s: float = 0.5,
         generator_url: str = "",
+        grafana_url: str = "",
     ) -> None:
         self.am, self.hook = alertmanager, webhook
         self.max_attempts, self.first_backoff_s = max_attempts, first_backoff_s
         self.generator_url = generator_url
+        self.grafana_url = grafana_url
         self._q: queue.Queue[tuple[Receiver, str, bytes] | None] = queue.Queue(maxsize=1000)
         self._last_sent: dict[tuple[str, str, str], float] = {}
         self._thread: threading.Thread | None = None
@@ -111,7 +152,7 @@ class Notifier:
             last = self._last_sent.get(st.key)
             if st.state == FIRING and last is not None and mono - last < resend:
                 continue
-            due.append(alert_object(st, now, resend, self.generator_url))
+            due.append(alert_object(st, now, resend, self.generator_url, self.grafana_url))
             self._last_sent[st.key] = mono
             if st.state == RESOLVED:
                 self._last_sent.pop(st.key, None)

@@ -53,7 +53,9 @@ class SlaService:
         self.cfg, self.clock, self._get, self.db = cfg, clock, get_client, db
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.source = SlaSource(get_client, db)
-        self.notifier = notifier or Notifier(cfg.alertmanager, cfg.webhook)
+        self.notifier = notifier or Notifier(
+            cfg.alertmanager, cfg.webhook, grafana_url=cfg.grafana_url
+        )
         self.alerts = alerts_mod.Alerts(
             cfg,
             record=alerts_mod.store_recorder(get_client, db),

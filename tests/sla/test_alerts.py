@@ -188,6 +188,30 @@ def test_webhook_gets_the_same_alert_objects(am: _Receiver) -> None:
     assert calls[0][1]["alerts"][0]["labels"]["metric"] == "ttft"
 
 
+def test_alerts_link_the_route_dashboard_when_grafana_is_configured(am: _Receiver) -> None:
+    """Alertmanager and the webhook both get the annotation (the webhook's objects are the
+    same); Alertmanager's generatorURL points there too (its UI's "Source" link)."""
+    cfg = SlaConfig(
+        defaults=Thresholds(for_s=0),
+        alertmanager=Receiver(am.url),
+        webhook=Receiver(am.url + "/hook"),
+        grafana_url="https://ops.example/grafana",
+    )
+    notifier = Notifier(cfg.alertmanager, cfg.webhook, grafana_url=cfg.grafana_url)
+    notifier.start()
+    Alerts(cfg, notify=notifier.submit).update(_ev(*OUT, T0), T0)
+    calls = am.wait(2)
+    notifier.stop()
+    by_path = {path: body for path, body in calls}
+    sent = [by_path["/api/v2/alerts"][0], by_path["/hook"]["alerts"][0]]
+    for a in sent:
+        link = a["annotations"]["dashboard"]
+        assert link.startswith("https://ops.example/grafana/d/parallax-route?")
+        assert "var-route=%2Fv1%2Fchat" in link and "var-metric=ttft" in link
+        assert "var-band=15" in link and "to=now" in link
+        assert a["generatorURL"] == link
+
+
 def test_firing_alert_is_re_sent_until_resolved(am: _Receiver) -> None:
     cfg = SlaConfig(defaults=Thresholds(for_s=0), alertmanager=Receiver(am.url, resend_s=0.2))
     notifier = Notifier(cfg.alertmanager, None)

@@ -68,6 +68,9 @@ def test_toml(tmp_path: Path) -> None:
         ("alertmanager: {url: 'ftp://x'}\n", "alertmanager.url: expected an http(s) URL"),
         ("webhook: {url: 'http://x', retries: 3}\n", "webhook.retries: unknown key"),
         ("min_samples: 0\n", "min_samples: must be ≥ 1"),
+        ("grafana: {url: 'grafana.example'}\n", "grafana.url: expected an http(s) base URL"),
+        ("grafana: {url: 'https://g/d/x?orgId=1'}\n", "grafana.url: expected an http(s) base"),
+        ("grafana: {uri: 'https://g'}\n", "grafana.uri: unknown key"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -93,3 +96,11 @@ def test_locate_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert locate("given.toml", data) == Path("given.toml")  # an explicit file beats all
     monkeypatch.delenv(CONFIG_ENV)
     assert load(locate(None, data)).defaults.band_ms == 20  # type: ignore[arg-type]
+
+
+def test_grafana_base_url_is_optional(tmp_path: Path) -> None:
+    """Absent: alerts carry no dashboard link. A sub-path (Grafana behind /grafana) is kept,
+    its trailing slash dropped (the link appends /d/<uid>)."""
+    assert load(_write(tmp_path, "a.yaml", "band_ms: 15\n")).grafana_url == ""
+    cfg = load(_write(tmp_path, "b.yaml", "grafana: {url: 'https://ops.example/grafana/'}\n"))
+    assert cfg.grafana_url == "https://ops.example/grafana"

@@ -101,8 +101,13 @@ def test_one_evaluator_per_store(
 ) -> None:
     client = scenario_store[0]
     other = SlaService(
-        lambda: client, "parallax", SlaConfig(), clock=lambda: scenario.NOW, holder="test-b"
+        lambda: client,
+        "parallax",
+        SlaConfig(grafana_url="https://g.example"),
+        clock=lambda: scenario.NOW,
+        holder="test-b",
     )
+    assert other.notifier.grafana_url == "https://g.example"  # the alerts' dashboard link
     other.prepare()
     other.tick()
     assert other.is_evaluator is False  # test-a holds the lease
