@@ -18,6 +18,7 @@ diverges from the server's.
 Store: one DSN from --store or PARALLAX_STORE, read by clickhouse-connect:
   chdb:///path            embedded (default: chdb in --data-dir; one process per directory)
   http(s)://user:pass@host:8123/db   a ClickHouse server (production)
+  --cluster NAME (or PARALLAX_STORE_CLUSTER) with a server DSN: that server's cluster NAME
 """
 
 
@@ -44,6 +45,14 @@ def _add_serve(sub: Any) -> None:
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--store", help="store DSN (default: $PARALLAX_STORE, else chdb in --data-dir)")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        default=None,
+        help="the server store is this ClickHouse cluster: tables created ON CLUSTER, "
+        "replicated and sharded by trace id behind Distributed tables "
+        "(env PARALLAX_STORE_CLUSTER; docs/store.md)",
+    )
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -133,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         listen=args.listen,
         admin_listen=args.admin_listen,
         store=args.store,
+        store_cluster=args.cluster,
         data_dir=args.data_dir,
         retention_days=args.retention_days,
         otlp_token=args.otlp_token or None,
