@@ -23,6 +23,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -82,7 +83,7 @@ def main(config: str, path: str) -> dict[str, Any]:
     def get_client(**kw: Any) -> Any:
         return real(chdb_options={"config-file": config}, **kw)
 
-    clickhouse_connect.get_client = get_client  # type: ignore[assignment]
+    clickhouse_connect.get_client = get_client
 
     from collector.store.client import Store
 
@@ -265,10 +266,11 @@ def two_shards(st: Any, plain: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, store in (("cluster_settings", st), ("no_settings", plain)):
         res: dict[str, Any] = {}
-        for what, fn in (
-            ("sweep", lambda s: Pairer(s, Metrics(), exclusive=False).sweep()),
-            ("coverage", lambda s: coverage.compute(s)[2]),
-        ):
+        calls: dict[str, Callable[[Any], int]] = {
+            "sweep": lambda s: Pairer(s, Metrics(), exclusive=False).sweep(),
+            "coverage": lambda s: coverage.compute(s)[2],
+        }
+        for what, fn in calls.items():
             try:
                 res[what] = fn(store)
             except Exception as e:  # noqa: BLE001 — the error is the result

@@ -141,8 +141,8 @@ def test_the_one_server_migrations_are_the_ones_shipped() -> None:
 
 def test_every_statement_parses_one_server_and_cluster() -> None:
     for cluster in (None, CLUSTER):
-        for p in parsed(cluster):
-            assert "error" not in p, (p["sql"][:200], p.get("error"))
+        for one in parsed(cluster):
+            assert "error" not in one, (one["sql"][:200], one.get("error"))
     # the parser is not a rubber stamp: a broken statement is refused
     spans = next(s for s in sent(CLUSTER) if "server_spans_local" in s.splitlines()[0])
     broken = spans.replace("ORDER BY (", "ORDER BY ((")
