@@ -276,6 +276,48 @@ def _lookups(data_dir: Path, windows: list[int]) -> list[dict[str, Any]]:
     return out
 
 
+def _reads(data_dir: Path, windows: list[int]) -> list[dict[str, Any]]:
+    """(in a child) read_traces() — the found traces' spans read back, 256 ids a query through
+    the bloom filter — against ``server_spans`` holding the window's rows (the key and id
+    columns random, the rest defaults), merged."""
+    from collector.pairing.lookups import read_traces
+    from collector.store.client import Store
+
+    st = Store(f"chdb://{data_dir}")
+    st.migrate(7)
+    c = st.client()
+    out = []
+    inserted = 0
+    for w in windows:
+        while inserted < w:
+            k = min(100_000, w - inserted)
+            c.command(
+                "INSERT INTO parallax.server_spans (time, end_time, received, trace_id, span_id, "  # noqa: S608
+                "parent_span_id, service, route, duration_us) SELECT t, t, t, "
+                "lower(hex(randomFixedString(16))), lower(hex(randomFixedString(8))), "
+                "lower(hex(randomFixedString(8))), 'chat-api', ['/v1/chat', '/v1/complete', "
+                "'/api/items/{id}'][rand() % 3 + 1], rand() % 100000 FROM (SELECT now64(9) - "
+                f"toIntervalMillisecond(rand() % 800000) AS t FROM numbers({k}))"
+            )
+            inserted += k
+        c.command("OPTIMIZE TABLE parallax.server_spans FINAL")
+        ids = [
+            r[0]
+            for r in c.query(
+                "SELECT trace_id FROM parallax.server_spans ORDER BY rand() LIMIT 256"
+            ).result_rows
+        ]
+        cpu, wall = [], []
+        for _ in range(3):
+            t0, w0 = _cpu(), time.perf_counter()
+            spans, _ = read_traces(st, ids, 900, (True, False))
+            cpu.append(_cpu() - t0)
+            wall.append(time.perf_counter() - w0)
+        assert len(spans) == 256, len(spans)
+        out.append({"window_rows": w, "cpu_s": sorted(cpu)[1], "wall_s": sorted(wall)[1]})
+    return out
+
+
 def _store_pairing(data_dir: Path, n: int) -> dict[str, float]:
     """(in a child) CPU per pair: both sides in memory, against the span only in the store."""
     from collector.ingest import beacons, otlp
@@ -327,7 +369,10 @@ def _mib(b: float) -> str:
 
 
 def render(
-    disk: list[dict[str, Any]], lookups: list[dict[str, Any]], pairing: dict[str, float]
+    disk: list[dict[str, Any]],
+    lookups: list[dict[str, Any]],
+    reads: list[dict[str, Any]],
+    pairing: dict[str, float],
 ) -> str:
     lines = [
         "## Store: bytes per request, the pairer's look-ups (`make bench-store`)",
@@ -378,6 +423,19 @@ def render(
         )
     lines += [
         "",
+        "Reading found traces back (`pairing.lookups.read_traces`, 256 ids a query, spans "
+        "only: the bloom filter on `trace_id` picks the granules) from `server_spans` holding "
+        "the window's rows (ids and key columns random, the rest defaults; merged), median of "
+        "3:",
+        "",
+        "| rows in the window | CPU per query | wall per query | CPU per id |",
+        "|---|---|---|---|",
+        *(
+            f"| {r['window_rows']:,} | {r['cpu_s'] * 1e3:,.0f} ms | {r['wall_s'] * 1e3:,.0f} ms "
+            f"| {r['cpu_s'] / 256 * 1e6:,.0f} µs |"
+            for r in reads
+        ),
+        "",
         "Pairing, per pair (one-hop traces, 8 body writes): both sides in the pairer's memory "
         f"(one collector saw both) **{pairing['memory_process_us']:.1f} µs** of process CPU "
         f"({pairing['memory_thread_us']:.1f} µs on the pairing thread); the span only in the "
@@ -404,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             res: Any = _disk(d, int(rest[1]), int(rest[2]))
         elif fn == "lookups":
             res = _lookups(d, [int(x) for x in rest[1].split(",")])
+        elif fn == "reads":
+            res = _reads(d, [int(x) for x in rest[1].split(",")])
         else:
             res = _store_pairing(d, int(rest[1]))
         print(json.dumps(res))
@@ -415,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             _child("disk", str(t / "stream"), str(a.stream_requests), "200"),
         ]
         lookups = _child("lookups", str(t / "lookups"), a.windows)
+        reads = _child("reads", str(t / "reads"), a.windows)
         pairing = _child("pairing", str(t / "pairing"), "20000")
-    md = render(disk, lookups, pairing)
+    md = render(disk, lookups, reads, pairing)
     print(md)
     if not a.no_write:
         report.write_section("store", md)
