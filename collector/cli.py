@@ -29,6 +29,13 @@ def _site(value: str) -> tuple[str, list[str]]:
     return key, [o.strip().rstrip("/") for o in origins.split(",") if o.strip()]
 
 
+def _positive(value: str) -> float:
+    v = float(value)
+    if not v > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return v
+
+
 def _add_serve(sub: Any) -> None:
     from collector.config import Settings  # noqa: PLC0415 — keep --help fast
 
@@ -115,6 +122,13 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--pairing-lookback", type=int, default=d.pairing_lookback_s, help="seconds")
     p.add_argument(
+        "--pairing-interval",
+        type=_positive,
+        default=d.pairing_interval_s,
+        help="seconds between pairing rounds; on a server store each round looks the "
+        "one-sided traces up in the store (docs/store.md, capacity) [%(default)s]",
+    )
+    p.add_argument(
         "--coverage-interval",
         type=float,
         default=d.coverage_interval_s,
@@ -161,6 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
         spool_max_bytes=args.spool_max_mb << 20,
         spool_fsync=args.spool_fsync,
         pairing_lookback_s=args.pairing_lookback,
+        pairing_interval_s=args.pairing_interval,
         coverage_interval_s=args.coverage_interval,
     )
     return run(settings, [] if args.no_plugins else None)

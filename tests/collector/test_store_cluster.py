@@ -115,3 +115,13 @@ def test_serve_refuses_a_cluster_it_cannot_serve(tmp_path: Path) -> None:
     assert "invalid cluster name 'c-1'" in line
     line = _serve(tmp_path, env={**env, "PARALLAX_STORE_CLUSTER": "c1"})
     assert "--cluster c1: a cluster is a ClickHouse server store" in line
+
+
+def test_the_pairing_interval_is_a_positive_flag() -> None:
+    """--pairing-interval: the lever on the store look-ups' CPU (docs/store.md, capacity)."""
+    from collector import cli
+
+    assert cli._parser().parse_args(["serve", "--pairing-interval", "2"]).pairing_interval == 2.0
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            cli._parser().parse_args(["serve", "--pairing-interval", bad])
