@@ -167,6 +167,15 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _store(data_dir: Path) -> Any:
+    """A migrated embedded store in ``data_dir`` (in a child: one chDB per process)."""
+    from collector.store.client import Store
+
+    st = Store(f"chdb://{data_dir}")
+    st.migrate(7)
+    return st
+
+
 _TABLES = ("server_spans", "browser_entries", "pairs", "span_traces", "entry_traces")
 
 
@@ -176,10 +185,8 @@ def _disk(data_dir: Path, n: int, chunks: int) -> dict[str, Any]:
     from collector.metrics import Metrics
     from collector.pairing.pairer import Pairer
     from collector.store import schema
-    from collector.store.client import Store
 
-    st = Store(f"chdb://{data_dir}")
-    st.migrate(7)
+    st = _store(data_dir)
     spans, bcs = bodies(n, chunks, seed=chunks)
     now = time.time_ns()
     sr = [r for b in spans for r in otlp.parse(b, False, now, 0, now).rows]
@@ -205,10 +212,8 @@ def _lookups(data_dir: Path, windows: list[int]) -> list[dict[str, Any]]:
     """(in a child) present() over a trace-id table holding ``w`` ids of the window."""
     from collector.pairing.lookups import present
     from collector.store import schema
-    from collector.store.client import Store
 
-    st = Store(f"chdb://{data_dir}")
-    st.migrate(7)
+    st = _store(data_dir)
     c = st.client()
     out = []
     inserted = 0
@@ -281,10 +286,8 @@ def _reads(data_dir: Path, windows: list[int]) -> list[dict[str, Any]]:
     the bloom filter — against ``server_spans`` holding the window's rows (the key and id
     columns random, the rest defaults), merged."""
     from collector.pairing.lookups import read_traces
-    from collector.store.client import Store
 
-    st = Store(f"chdb://{data_dir}")
-    st.migrate(7)
+    st = _store(data_dir)
     c = st.client()
     out = []
     inserted = 0
@@ -324,10 +327,8 @@ def _store_pairing(data_dir: Path, n: int) -> dict[str, float]:
     from collector.metrics import Metrics
     from collector.pairing.pairer import Pairer
     from collector.store import schema
-    from collector.store.client import Store
 
-    st = Store(f"chdb://{data_dir}")
-    st.migrate(7)
+    st = _store(data_dir)
     sn, en = schema.column_names(schema.SPAN_COLUMNS), schema.column_names(schema.ENTRY_COLUMNS)
     out = {}
     for mode, seed in (("memory", 1), ("store", 2)):
