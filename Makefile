@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint manifests bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling clean lock
+.PHONY: setup demo test test-py test-js lint manifests bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling
+bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store
 
 bench-agent: setup
 	$(PY) -m bench.agent
@@ -38,6 +38,11 @@ bench-collector: setup
 
 bench-sla: setup
 	$(PY) -m bench.sla
+
+# Bytes per request on disk, the pairer's store look-ups, pairing through the store: the
+# figures of docs/store.md's capacity arithmetic (a ClickHouse cluster).
+bench-store: setup
+	$(PY) -m bench.store
 
 # The GPU side on the C-ABI doubles (~2 min): CUDA uprobe cost per call, NVML poller CPU,
 # the export delay of a GPU service's records.

@@ -18,6 +18,7 @@ diverges from the server's.
 Store: one DSN from --store or PARALLAX_STORE, read by clickhouse-connect:
   chdb:///path            embedded (default: chdb in --data-dir; one process per directory)
   http(s)://user:pass@host:8123/db   a ClickHouse server (production)
+  --cluster NAME (or PARALLAX_STORE_CLUSTER) with a server DSN: that server's cluster NAME
 """
 
 
@@ -26,6 +27,13 @@ def _site(value: str) -> tuple[str, list[str]]:
     if not sep or not key:
         raise argparse.ArgumentTypeError("expected KEY=ORIGIN[,ORIGIN…]")
     return key, [o.strip().rstrip("/") for o in origins.split(",") if o.strip()]
+
+
+def _positive(value: str) -> float:
+    v = float(value)
+    if not v > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return v
 
 
 def _add_serve(sub: Any) -> None:
@@ -44,6 +52,14 @@ def _add_serve(sub: Any) -> None:
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--store", help="store DSN (default: $PARALLAX_STORE, else chdb in --data-dir)")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        default=None,
+        help="the server store is this ClickHouse cluster: tables created ON CLUSTER, "
+        "replicated and sharded by trace id behind Distributed tables "
+        "(env PARALLAX_STORE_CLUSTER; docs/store.md)",
+    )
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -106,6 +122,13 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--pairing-lookback", type=int, default=d.pairing_lookback_s, help="seconds")
     p.add_argument(
+        "--pairing-interval",
+        type=_positive,
+        default=d.pairing_interval_s,
+        help="seconds between pairing rounds; on a server store each round looks the "
+        "one-sided traces up in the store (docs/store.md, capacity) [%(default)s]",
+    )
+    p.add_argument(
         "--coverage-interval",
         type=float,
         default=d.coverage_interval_s,
@@ -133,6 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
         listen=args.listen,
         admin_listen=args.admin_listen,
         store=args.store,
+        store_cluster=args.cluster,
         data_dir=args.data_dir,
         retention_days=args.retention_days,
         otlp_token=args.otlp_token or None,
@@ -151,6 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
         spool_max_bytes=args.spool_max_mb << 20,
         spool_fsync=args.spool_fsync,
         pairing_lookback_s=args.pairing_lookback,
+        pairing_interval_s=args.pairing_interval,
         coverage_interval_s=args.coverage_interval,
     )
     return run(settings, [] if args.no_plugins else None)

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector.store.client import DSN_ENV, chdb_dsn
+from collector.store.client import CLUSTER_ENV, DSN_ENV, chdb_dsn
+from collector.store.layout import check_cluster_name
 from collector.store.schema import DEFAULT_RETENTION_DAYS
 
 
@@ -23,6 +24,9 @@ class Settings:
     listen: str = "0.0.0.0:4318"
     admin_listen: str = "127.0.0.1:4319"
     store: str | None = None  # DSN; None = chdb in data_dir
+    # --cluster: the ClickHouse cluster the store is; None = $PARALLAX_STORE_CLUSTER, else
+    # one server (docs/store.md, "A ClickHouse cluster")
+    store_cluster: str | None = None
     data_dir: Path = field(default_factory=lambda: Path("./.parallax/data"))
     retention_days: int = DEFAULT_RETENTION_DAYS
     otlp_token: str | None = None
@@ -55,3 +59,22 @@ class Settings:
 
     def store_dsn(self) -> str:
         return self.store or os.environ.get(DSN_ENV) or chdb_dsn(self.data_dir)
+
+    def cluster(self) -> str | None:
+        return self.store_cluster or os.environ.get(CLUSTER_ENV) or None
+
+    def store_error(self) -> str | None:
+        """Why the store settings cannot be served as given, or None."""
+        name = self.cluster()
+        if name is None:
+            return None
+        try:
+            check_cluster_name(name)
+        except ValueError as e:
+            return f"--cluster: {e}"
+        if self.store_dsn().startswith("chdb:"):
+            return (
+                f"--cluster {name}: a cluster is a ClickHouse server store "
+                "(--store / PARALLAX_STORE http(s)://…); the embedded store is one process"
+            )
+        return None

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import struct
 import threading
 import time
@@ -102,6 +103,35 @@ _CODE = re.compile(r"\bCode:\s*(\d+)")
 # Inserts one bisection may make: well inside the tables' deduplication window
 # (schema.DEDUP_WINDOW blocks), so a replay after a crash mid-bisection doubles nothing.
 BISECT_MAX_INSERTS = schema.DEDUP_WINDOW // 4
+
+
+IDENTITY = "identity"  # the spool's name in insert tokens, a file beside its segments
+
+
+def spool_identity(spool_dir: Path, last_segment: int) -> tuple[str, int]:
+    """This spool's name in insert tokens, and the newest segment made before it had one.
+
+    Segment ids are clock readings (ns), and a token stands for a block of the whole table
+    (on a cluster, shard by shard): two collectors writing one store that opened segments
+    in the same nanosecond would have the second's rows dropped as a repeat of the first's.
+    A random name kept beside the segments makes each spool's tokens its own and stays the
+    same across restarts (a replay must repeat the token). Segments a version without it
+    left keep the token they may already have been inserted with."""
+    path = spool_dir / IDENTITY
+    try:
+        name, _, upto = path.read_text().partition(" ")
+        if re.fullmatch(r"[0-9a-f]{16}", name):
+            return name, int(upto)
+    except (FileNotFoundError, ValueError):
+        pass
+    name = secrets.token_hex(8)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        f.write(f"{name} {last_segment}")
+        f.flush()
+        os.fsync(f.fileno())  # before any insert carries it
+    os.replace(tmp, path)
+    return name, last_segment
 
 
 def is_permanent(e: BaseException) -> bool:
@@ -209,6 +239,8 @@ class Pipeline:
         self.memory_pending_rows = 0
         self.last_error: str | None = None
         self.replayed_segments = 0
+        # start() reads the spool's name; until then tokens are the bare segment's
+        self._spool_name, self._unnamed_upto = "", 1 << 63
 
     # --- life cycle --------------------------------------------------------------
     def start(self) -> None:
@@ -230,6 +262,7 @@ class Pipeline:
             self.spool_bytes += size
             self._last_id = max(self._last_id, seg_id)
             self.replayed_segments += 1
+        self._spool_name, self._unnamed_upto = spool_identity(self.dir, self._last_id)
         if self.replayed_segments:
             log.info("spool: replaying %d segment(s) left by the previous run", len(self._pending))
         for target, name in ((self._writer, "writer"), (self._ticker, "flush-timer")):
@@ -429,7 +462,7 @@ class Pipeline:
             names = schema.column_names(cols)
             t = time.perf_counter()
             try:
-                self._insert_rows(table, names, batch, f"{seg_id}:{table}")
+                self._insert_rows(table, names, batch, self._token(seg_id, table))
             except Exception as e:
                 if not is_permanent(e):
                     raise
@@ -441,6 +474,16 @@ class Pipeline:
                 written[source] = [r for i, r in enumerate(batch) if i not in bad]
             self.hooks.written(source, len(written[source]), time.perf_counter() - t)
         return written
+
+    def _token(self, seg_id: int, table: str, lo: int = -1, hi: int = -1) -> str:
+        """The insert deduplication token of a segment's table (``<spool>:<segment>:<table>``),
+        of rows lo–hi of it for a bisection."""
+        base = (
+            f"{seg_id}:{table}"
+            if seg_id <= self._unnamed_upto
+            else f"{self._spool_name}:{seg_id}:{table}"
+        )
+        return base if lo < 0 else f"{base}:{lo}-{hi}"
 
     def _insert_rows(self, table: str, names: list[str], rows: Rows, token: str) -> None:
         self.store.insert(table, list(zip(*rows, strict=True)), names, token=token)
@@ -472,7 +515,7 @@ class Pipeline:
         for a, b in ((lo, mid), (mid, hi)):
             budget[0] -= 1
             try:
-                self._insert_rows(table, names, batch[a:b], f"{seg_id}:{table}:{a}-{b}")
+                self._insert_rows(table, names, batch[a:b], self._token(seg_id, table, a, b))
             except Exception as e:
                 if not is_permanent(e):
                     raise

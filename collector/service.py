@@ -75,7 +75,7 @@ class Collector:
         self.plugins = list(load_plugins() if plugins is None else plugins)
         self.metrics = _Hooks()
         self.dsn = settings.store_dsn()
-        self.store = Store(self.dsn)
+        self.store = Store(self.dsn, cluster=settings.cluster())
         self.ingest = Ingest(settings, self.metrics)
         self.pipeline = Pipeline(
             self.store,
@@ -359,7 +359,7 @@ def edge_settings_error(s: Settings) -> str | None:
 
 
 def run(settings: Settings, plugins: Sequence[Plugin] | None = None) -> int:
-    bad = edge_settings_error(settings)
+    bad = edge_settings_error(settings) or settings.store_error()
     if bad:
         log.error("%s", bad)
         return 2

@@ -83,3 +83,30 @@ def test_demo_plot_without_a_store_says_so_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "make demo" in err[0], err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_store_bench_requests_are_stored_whole() -> None:
+    """bench.store's generated requests go through the collector's parsers with nothing
+    rejected or cut: the bytes it measures are those of real rows, span and entry alike."""
+    import time
+
+    from bench import store
+    from collector.ingest import beacons, otlp
+    from collector.store import schema
+
+    spans, bodies = store.bodies(60, 200, 1)
+    now = time.time_ns()
+    sp = [otlp.parse(b, False, now, 0, now) for b in spans]
+    en = [beacons.parse(beacons.read(b), now, 0, now) for b in bodies]
+    assert sum(p.rejected_total for p in sp + en) == 0
+    srows = [r for p in sp for r in p.rows]
+    erows = [r for p in en for r in p.rows]
+    assert len(srows) == len(erows) == 60
+    s_names = schema.column_names(schema.SPAN_COLUMNS)
+    e_names = schema.column_names(schema.ENTRY_COLUMNS)
+    offs = {len(r[s_names.index("chunk_offsets_us")]) for r in srows}
+    chunks = {len(r[e_names.index("chunk_ms")]) for r in erows}
+    assert offs == chunks == {200}
+    # each entry is the parent of its span: every one pairs
+    parents = {(r[s_names.index("trace_id")], r[s_names.index("parent_span_id")]) for r in srows}
+    assert parents == {(r[e_names.index("trace_id")], r[e_names.index("span_id")]) for r in erows}

@@ -234,20 +234,27 @@ def test_spool_must_fit_its_volume_twice() -> None:
     assert "--spool-max-mb=512" in container(docs, "Deployment")["args"]
 
 
-def test_cluster_hook_waits_for_the_collectors_flag() -> None:
-    """collector.store.cluster is reserved for `serve --cluster NAME` (issue 19, ClickHouse
-    cluster): the collector has no such flag yet, so the chart refuses a value rather than
-    start collectors that exit. When the flag lands, this test says to wire it."""
-    try:
-        collector_cli._parser().parse_args(["serve", "--cluster=c1"])
-    except SystemExit:
-        pass
-    else:
-        pytest.fail(
-            "serve has --cluster now: pass collector.store.cluster as --cluster in "
-            "collector-deployment.yaml, drop the refusal in _helpers.tpl, update docs/deploy.md"
-        )
-    assert "has no --cluster flag yet" in refused("--set", "collector.store.cluster=c1")
+def test_cluster_value_becomes_the_collectors_cluster_flag() -> None:
+    """collector.store.cluster is passed as `serve --cluster NAME` (a ClickHouse cluster:
+    docs/store.md), read back by the collector's own parser; empty, no flag (the default
+    render and the plain manifests are one server's); refused with the embedded store and
+    for a name the collector would refuse."""
+    docs = render("default", *sets("collector.store.cluster=parallax"))
+    args = collector_cli._parser().parse_args(container(docs, "Deployment")["args"])
+    assert args.cluster == "parallax"
+    env = {e["name"] for e in container(docs, "Deployment")["env"]}
+    assert "PARALLAX_STORE" in env  # the DSN of a node of that cluster
+    plain = collector_cli._parser().parse_args(container(render("default"), "Deployment")["args"])
+    assert plain.cluster is None
+    example = collector_cli._parser().parse_args(
+        container(render("clickhouse-cluster"), "Deployment")["args"]
+    )
+    assert example.cluster == "parallax"
+    err = refused(
+        *sets("collector.store.cluster=c1", "collector.store.type=embedded", "collector.replicas=1")
+    )
+    assert "a ClickHouse cluster is a server store" in err
+    assert "/collector/store/cluster" in refused(*sets("collector.store.cluster=c-1"))
 
 
 def test_an_agent_without_a_collector_needs_an_endpoint() -> None:

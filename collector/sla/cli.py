@@ -37,6 +37,12 @@ def add_cli(subparsers: Any) -> None:
     g.add_argument("--store", default=None, help="store DSN (chdb:///path or http(s)://…)")
     g.add_argument("--data-dir", default=None, help="a stopped collector's data directory")
     p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="the store is this ClickHouse cluster, as for serve (env PARALLAX_STORE_CLUSTER)",
+    )
+    p.add_argument(
         "--config",
         default=None,
         help="SLA config file, YAML or TOML (default: $PARALLAX_SLA_CONFIG, else sla.yaml "
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from collector.sla.evaluate import evaluate  # noqa: PLC0415
     from collector.sla.service import utcnow  # noqa: PLC0415
     from collector.sla.source import SlaSource  # noqa: PLC0415
-    from collector.store.client import DSN_ENV, Store, chdb_dsn  # noqa: PLC0415
+    from collector.store.client import CLUSTER_ENV, DSN_ENV, Store, chdb_dsn  # noqa: PLC0415
 
     if not args.once:
         print("sla: only --once is supported here; `serve` runs the evaluator", file=sys.stderr)
@@ -104,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         dsn = os.environ.get(DSN_ENV) or chdb_dsn(Path("./.parallax/data"))
     try:
-        store = Store(dsn)
+        store = Store(dsn, cluster=args.cluster or os.environ.get(CLUSTER_ENV) or None)
         db = store.database
         have = store.rows(
             "SELECT count() AS c FROM system.tables "
@@ -127,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        source = SlaSource(store.client, db)
+        source = SlaSource(store.client, db, cluster=store.cluster)
         source.ensure_schema()
         states = alerts_mod.Alerts(cfg)
         states.load(alerts_mod.load_states(store.client, db))

@@ -32,7 +32,13 @@ def config_from_env(data_dir: Path | None = None) -> SlaConfig:
 @asynccontextmanager
 async def lifespan(ctx: Context) -> AsyncIterator[None]:
     cfg = config_from_env(ctx.settings.data_dir)
-    svc = SlaService(ctx.store.client, ctx.store.database, cfg, registry=ctx.registry)
+    svc = SlaService(
+        ctx.store.client,
+        ctx.store.database,
+        cfg,
+        registry=ctx.registry,
+        cluster=ctx.store.cluster,
+    )
     svc.start()
     ctx.extra["sla"] = svc
     try:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from collector.store.layout import Layout
+
 MINUTES = "sla_minutes"
 BLOCKS = "sla_blocks"
 SESSIONS = "sla_sessions"
@@ -54,27 +56,48 @@ class Commander(Protocol):
     def command(self, cmd: str) -> object: ...
 
 
-def statements(db: str) -> list[str]:
+# On a cluster (collector/store/layout.py): the browser sessions, one row each, grow with the
+# traffic and are sharded by session (a session's versions meet under FINAL on its shard);
+# the rest is small and held whole on every node — read where the query lands, written by
+# the one evaluator (the lease) and copied to every node by replication.
+SHARD_BY: dict[str, str | None] = {
+    MINUTES: None,
+    BLOCKS: None,
+    SESSIONS: "cityHash64(session)",
+    ALERTS: None,
+    LEASE: None,
+    STATE: None,
+}
+
+
+def statements(db: str, cluster: str | None = None) -> list[str]:
+    lay = Layout(cluster)
+
+    def table(name: str, body: str, engine: str, rest: str) -> list[str]:
+        return lay.table(db, name, body, engine, rest, SHARD_BY[name])
+
     return [
-        f"CREATE DATABASE IF NOT EXISTS {db}",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{MINUTES}
-(
-    minute DateTime('UTC'),
+        lay.database(db),
+        *table(
+            MINUTES,
+            f"""    minute DateTime('UTC'),
     service LowCardinality(String),
     route LowCardinality(String),
     series LowCardinality(String),
     n UInt64,
     cells Array(Int32) CODEC(ZSTD(1)),
     counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
-    version UInt64
-) ENGINE = ReplacingMergeTree(version)
+    version UInt64""",
+            "ReplacingMergeTree(version)",
+            f"""
 PARTITION BY toDate(minute)
 ORDER BY (minute, service, route, series)
 TTL minute + toIntervalDay({RETENTION_DAYS})
 SETTINGS ttl_only_drop_parts = 1""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{BLOCKS}
-(
-    start_minute DateTime('UTC'),
+        ),
+        *table(
+            BLOCKS,
+            f"""    start_minute DateTime('UTC'),
     end_minute DateTime('UTC'),
     service LowCardinality(String),
     route LowCardinality(String),
@@ -82,15 +105,17 @@ SETTINGS ttl_only_drop_parts = 1""",
     n UInt64,
     cells Array(Int32) CODEC(ZSTD(1)),
     counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
-    version UInt64
-) ENGINE = ReplacingMergeTree(version)
+    version UInt64""",
+            "ReplacingMergeTree(version)",
+            f"""
 PARTITION BY toDate(end_minute)
 ORDER BY (end_minute, start_minute, service, route, series)
 TTL end_minute + toIntervalDay({BLOCK_TTL_DAYS})
 SETTINGS ttl_only_drop_parts = 1""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{SESSIONS}
-(
-    session String,
+        ),
+        *table(
+            SESSIONS,
+            """    session String,
     site LowCardinality(String),
     routes Array(Tuple(String, String)),
     best Array(Tuple(Float64, Float64, String)),
@@ -99,19 +124,29 @@ SETTINGS ttl_only_drop_parts = 1""",
     delay_ms Float64,
     used UInt8,
     last_seen DateTime64(3, 'UTC'),
-    version UInt64
-) ENGINE = ReplacingMergeTree(version)
+    version UInt64""",
+            "ReplacingMergeTree(version)",
+            f"""
 ORDER BY session
 TTL toDateTime(last_seen) + toIntervalDay({RETENTION_DAYS})""",
+        ),
         *(
-            f"ALTER TABLE {db}.{t} ADD COLUMN IF NOT EXISTS {name} {ddl} AFTER {prev}"
+            stmt
             for t in (MINUTES, BLOCKS)
             for (name, ddl), prev in zip(_WEIGHTS, ("counts", "w", "w2", "weights"), strict=True)
+            for stmt in lay.alter(
+                db, t, f"ADD COLUMN IF NOT EXISTS {name} {ddl} AFTER {prev}", SHARD_BY[t]
+            )
         ),
-        f"ALTER TABLE {db}.{SESSIONS} ADD COLUMN IF NOT EXISTS best_ms Array(Int64) AFTER best",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{ALERTS}
-(
-    time DateTime64(3, 'UTC'),
+        *lay.alter(
+            db,
+            SESSIONS,
+            "ADD COLUMN IF NOT EXISTS best_ms Array(Int64) AFTER best",
+            SHARD_BY[SESSIONS],
+        ),
+        *table(
+            ALERTS,
+            """    time DateTime64(3, 'UTC'),
     service LowCardinality(String),
     route LowCardinality(String),
     metric LowCardinality(String),
@@ -128,29 +163,33 @@ TTL toDateTime(last_seen) + toIntervalDay({RETENTION_DAYS})""",
     user_p95_ms Nullable(Float64),
     server_p95_ms Nullable(Float64),
     sentence String,
-    evaluator String
-) ENGINE = MergeTree
+    evaluator String""",
+            "MergeTree",
+            """
 PARTITION BY toDate(time)
 ORDER BY (service, route, metric, time)
 TTL toDateTime(time) + toIntervalDay(30)""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{LEASE}
-(
-    name String,
+        ),
+        *table(
+            LEASE,
+            """    name String,
     holder String,
     expires DateTime64(3, 'UTC'),
-    version UInt64
-) ENGINE = ReplacingMergeTree(version)
-ORDER BY name""",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{STATE}
-(
-    key String,
+    version UInt64""",
+            "ReplacingMergeTree(version)",
+            "\nORDER BY name",
+        ),
+        *table(
+            STATE,
+            """    key String,
     value String,
-    version UInt64
-) ENGINE = ReplacingMergeTree(version)
-ORDER BY key""",
+    version UInt64""",
+            "ReplacingMergeTree(version)",
+            "\nORDER BY key",
+        ),
     ]
 
 
-def ensure(client: Commander, db: str) -> None:
-    for stmt in statements(db):
+def ensure(client: Commander, db: str, cluster: str | None = None) -> None:
+    for stmt in statements(db, cluster):
         client.command(stmt)

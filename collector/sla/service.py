@@ -49,10 +49,11 @@ class SlaService:
         clock: Clock = utcnow,
         holder: str | None = None,
         notifier: Notifier | None = None,
+        cluster: str | None = None,
     ) -> None:
         self.cfg, self.clock, self._get, self.db = cfg, clock, get_client, db
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.source = SlaSource(get_client, db)
+        self.source = SlaSource(get_client, db, cluster=cluster)
         self.notifier = notifier or Notifier(
             cfg.alertmanager, cfg.webhook, grafana_url=cfg.grafana_url
         )

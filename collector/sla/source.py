@@ -145,9 +145,9 @@ class SlaSource:
         get_client: Callable[[], Any],
         db: str,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        cluster: str | None = None,
     ) -> None:
-        self._get = get_client
-        self.db = db
+        self._get, self.db, self.cluster = get_client, db, cluster  # cluster: DDL ON CLUSTER
         self._wall = wall  # the real time: what the store's TTLs are measured against
         self._marks: dict[datetime, tuple[int, datetime]] | None = None
         self._parts_sig: tuple[str, ...] | None = None
@@ -163,7 +163,7 @@ class SlaSource:
         return list(self._get().query(sql).result_rows)
 
     def ensure_schema(self) -> None:
-        schema.ensure(self._get(), self.db)
+        schema.ensure(self._get(), self.db, self.cluster)
 
     # -- change detection -------------------------------------------------------------
     def _load_marks(self) -> dict[datetime, tuple[int, datetime]]:

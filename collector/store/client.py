@@ -17,8 +17,25 @@ from urllib.parse import unquote, urlparse
 import clickhouse_connect
 
 from collector.store import native, schema
+from collector.store.layout import check_cluster_name
 
 DSN_ENV = "PARALLAX_STORE"
+CLUSTER_ENV = "PARALLAX_STORE_CLUSTER"
+# Every query and insert of a collector on a cluster store (docs/store.md, "A ClickHouse
+# cluster"). Both settings exist under these names from 22.3 on.
+CLUSTER_SETTINGS: dict[str, Any] = {
+    # An insert into a Distributed table returns once every shard it touches has its rows
+    # (on one replica), not once they are queued on the node the client reached: the spool
+    # keeps the segment until then (its 200 stays a promise), and a collector looking for the
+    # other side of a trace finds what another collector's insert returned. (Named
+    # distributed_foreground_insert since 23.x, this name kept as its alias.)
+    "insert_distributed_sync": 1,
+    # A subquery over a Distributed table inside a query over another one (the pairer's
+    # sweep, the pairing coverage) reads each shard's local table on that shard: correct,
+    # because every table pairing reads is sharded by trace id (a trace's spans, entries and
+    # pairs are on one shard). The default, 'deny', refuses such queries.
+    "distributed_product_mode": "local",
+}
 
 
 def chdb_dsn(data_dir: Path) -> str:
@@ -45,9 +62,18 @@ def redact(dsn: str) -> str:
 class Store:
     """Thread-safe access to the store for one DSN (a client per thread)."""
 
-    def __init__(self, dsn: str, connect_timeout_s: float = 3.0, send_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        dsn: str,
+        connect_timeout_s: float = 3.0,
+        send_timeout_s: float = 30.0,
+        cluster: str | None = None,
+    ):
         self.dsn = dsn
         self.database = database_of(dsn)
+        # The ClickHouse cluster the store is (migrations ON CLUSTER, CLUSTER_SETTINGS), or
+        # None: one server (or the embedded store).
+        self.cluster = check_cluster_name(cluster) if cluster else None
         self.is_embedded = dsn.startswith("chdb:")
         self._timeouts = (connect_timeout_s, send_timeout_s)
         self._local = threading.local()
@@ -67,6 +93,8 @@ class Store:
                     "autogenerate_session_id": False,
                     "database": "default",
                 }
+            if self.cluster:
+                kw["settings"] = dict(CLUSTER_SETTINGS)
             c = clickhouse_connect.get_client(dsn=self.dsn, **kw)
             self._local.client = c
             with self._lock:
@@ -82,7 +110,7 @@ class Store:
                 c.close()
 
     def migrate(self, retention_days: int) -> list[int]:
-        return schema.migrate(self.client(), self.database, retention_days)
+        return schema.migrate(self.client(), self.database, retention_days, self.cluster)
 
     def insert(
         self,

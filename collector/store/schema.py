@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from collector.store.layout import Layout
+
 DEFAULT_DATABASE = "parallax"
 DEFAULT_RETENTION_DAYS = 7
 # Oldest ClickHouse server the DDL and the insert settings are written for (by feature
@@ -284,65 +286,117 @@ REQUEST_COUNT_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def _table(name: str, cols: tuple[Column, ...], engine: str, tail: str) -> str:
+# How each table is spread over a cluster's shards (collector/store/layout.py): by trace id
+# for everything pairing reads — a trace's spans, entries, pairs and trace-id rows land on
+# one shard, so a subquery joining them stays on its shard (distributed_product_mode =
+# 'local') and the copies a ReplacingMergeTree collapses (a retried span, a rewritten pair)
+# meet under FINAL; by host for the metric points, whose identity includes the host (an
+# exporter's retry lands beside the original); None: held whole on every node.
+TRACE_KEY = "cityHash64(trace_id)"
+HOST_KEY = "cityHash64(host)"
+SHARD_BY: dict[str, str | None] = {
+    MIGRATIONS: None,
+    SPANS: TRACE_KEY,
+    ENTRIES: TRACE_KEY,
+    PAIRS: TRACE_KEY,
+    SPAN_TRACES: TRACE_KEY,
+    ENTRY_TRACES: TRACE_KEY,
+    GPU_SAMPLES: HOST_KEY,
+    REQUEST_COUNTS: HOST_KEY,
+}
+# The tables holding data (TTL, merge settings): all but the bookkeeping.
+DATA_TABLES = (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES, GPU_SAMPLES, REQUEST_COUNTS)
+
+
+def _table(
+    lay: Layout, db: str, name: str, cols: tuple[Column, ...], engine: str, tail: str, rest: str
+) -> list[str]:
     body = ",\n    ".join(c.ddl() for c in cols)
-    return f"CREATE TABLE IF NOT EXISTS {{db}}.{name}\n(\n    {body}{tail}\n) ENGINE = {engine}"
+    return lay.table(db, name, f"    {body}{tail}", engine, rest, SHARD_BY[name])
 
 
 def _ttl(days: int, col: str = "time") -> str:
     return f"TTL toDateTime({col}) + toIntervalDay({days})"
 
 
-_SETTINGS = (
-    "SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, "
-    f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
-)
+def _settings(lay: Layout) -> str:
+    dedup = lay.dedup_settings(DEDUP_WINDOW)
+    return f"SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}"
+
+
 _TRACE_INDEX = ",\n    INDEX idx_trace_id trace_id TYPE bloom_filter(0.001) GRANULARITY 1"
 
 
-def migrations(db: str, retention_days: int) -> list[tuple[int, str, list[str]]]:
-    """(version, name, statements) in order. Never edit a shipped version: add a new one."""
+def migrations(
+    db: str, retention_days: int, cluster: str | None = None
+) -> list[tuple[int, str, list[str]]]:
+    """(version, name, statements) in order. Never edit a shipped version: add a new one.
+    ``cluster``: the same versions rendered ON CLUSTER (collector/store/layout.py)."""
     r = retention_days
+    lay = Layout(cluster)
+    daily = "\nPARTITION BY toDate(time)"
     v1 = [
-        f"CREATE DATABASE IF NOT EXISTS {db}",
-        f"""CREATE TABLE IF NOT EXISTS {db}.{MIGRATIONS}
-(
-    version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
-) ENGINE = ReplacingMergeTree ORDER BY version""",
-        _table(SPANS, _SPAN_COLUMNS_V1, "ReplacingMergeTree", _TRACE_INDEX).format(db=db)
-        + "\nPARTITION BY toDate(time)"
-        + "\nORDER BY (service, route, toDateTime(time), trace_id, span_id)"
-        + f"\n{_ttl(r)}\n{_SETTINGS}",
-        _table(ENTRIES, ENTRY_COLUMNS, "ReplacingMergeTree", _TRACE_INDEX).format(db=db)
-        + "\nPARTITION BY toDate(time)"
-        + "\nORDER BY (site, route, toDateTime(time), trace_id, span_id, seq)"
-        + f"\n{_ttl(r)}\n{_SETTINGS}",
-        _table(
+        lay.database(db),
+        *lay.table(
+            db,
+            MIGRATIONS,
+            "    version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)",
+            "ReplacingMergeTree",
+            " ORDER BY version",
+            SHARD_BY[MIGRATIONS],
+        ),
+        *_table(
+            lay,
+            db,
+            SPANS,
+            _SPAN_COLUMNS_V1,
+            "ReplacingMergeTree",
+            _TRACE_INDEX,
+            f"{daily}\nORDER BY (service, route, toDateTime(time), trace_id, span_id)"
+            f"\n{_ttl(r)}\n{_settings(lay)}",
+        ),
+        *_table(
+            lay,
+            db,
+            ENTRIES,
+            ENTRY_COLUMNS,
+            "ReplacingMergeTree",
+            _TRACE_INDEX,
+            f"{daily}\nORDER BY (site, route, toDateTime(time), trace_id, span_id, seq)"
+            f"\n{_ttl(r)}\n{_settings(lay)}",
+        ),
+        *_table(
+            lay,
+            db,
             PAIRS,
             _PAIR_COLUMNS_V1,
             "ReplacingMergeTree(version)",
             _TRACE_INDEX + ",\n    INDEX idx_route route TYPE set(1000) GRANULARITY 4",
-        ).format(db=db)
-        + "\nPARTITION BY toDate(time)"
-        + "\nORDER BY (site, time, trace_id, span_id, seq)"
-        + f"\n{_ttl(r)}\n{_SETTINGS}",
-        f"CREATE VIEW IF NOT EXISTS {db}.pairs_final AS SELECT * FROM {db}.{PAIRS} FINAL",  # noqa: S608
+            f"{daily}\nORDER BY (site, time, trace_id, span_id, seq)\n{_ttl(r)}\n{_settings(lay)}",
+        ),
+        lay.view(db, "pairs_final", f"SELECT * FROM {db}.{PAIRS} FINAL"),  # noqa: S608
     ]
     v2 = [
         stmt
         for name, source in ((SPAN_TRACES, SPANS), (ENTRY_TRACES, ENTRIES))
         for stmt in (
-            f"""CREATE TABLE IF NOT EXISTS {db}.{name}
-(
-    `trace_id` String CODEC(ZSTD(1)),
-    `time` DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
-) ENGINE = MergeTree
-PARTITION BY toDate(time)
-ORDER BY trace_id
-{_ttl(r)}
-SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
-            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv TO {db}.{name} "  # noqa: S608
-            f"AS SELECT trace_id, time FROM {db}.{source}",
+            *lay.table(
+                db,
+                name,
+                "    `trace_id` String CODEC(ZSTD(1)),\n"
+                "    `time` DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))",
+                "MergeTree",
+                f"{daily}\nORDER BY trace_id\n{_ttl(r)}"
+                "\nSETTINGS index_granularity = 8192, ttl_only_drop_parts = 1",
+                SHARD_BY[name],
+            ),
+            lay.materialized_view(
+                db,
+                f"{name}_mv",
+                (name, SHARD_BY[name]),
+                "trace_id, time",
+                (source, SHARD_BY[source]),
+            ),
             # Rows written before this version (a repeat after a crash only adds duplicates,
             # harmless for an existence lookup).
             f"INSERT INTO {db}.{name} SELECT trace_id, time FROM {db}.{source} "  # noqa: S608
@@ -350,28 +404,43 @@ SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
         )
     ]
     v3 = [
-        *(f"ALTER TABLE {db}.{SPANS} ADD COLUMN IF NOT EXISTS {c.ddl()}" for c in SPAN_GPU_COLUMNS),
+        *(
+            stmt
+            for c in SPAN_GPU_COLUMNS
+            for stmt in lay.alter(db, SPANS, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[SPANS])
+        ),
         # The clock join (collector/sla/gpu_source.py) reads one GPU's clock series over a
         # time range: (hw_id, metric) first. The key ends with the point's identity, so an
         # exporter's retry of the same points collapses (ReplacingMergeTree).
-        _table(GPU_SAMPLES, GPU_SAMPLE_COLUMNS, "ReplacingMergeTree", "").format(db=db)
-        + "\nPARTITION BY toDate(time)"
-        + "\nORDER BY (hw_id, metric, host, pid, time)"
-        + f"\n{_ttl(r)}\n{_SETTINGS}",
+        *_table(
+            lay,
+            db,
+            GPU_SAMPLES,
+            GPU_SAMPLE_COLUMNS,
+            "ReplacingMergeTree",
+            "",
+            f"{daily}\nORDER BY (hw_id, metric, host, pid, time)\n{_ttl(r)}\n{_settings(lay)}",
+        ),
     ]
     v4 = [
         *(
-            f"ALTER TABLE {db}.{t} ADD COLUMN IF NOT EXISTS {c.ddl()}"
+            stmt
             for t, cols in ((SPANS, SPAN_SAMPLING_COLUMNS), (PAIRS, PAIR_SAMPLING_COLUMNS))
             for c in cols
+            for stmt in lay.alter(db, t, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[t])
         ),
         # "Traced X % of a service's requests": one service's ports over a time range, so
         # (service, port) first; the key ends with the point's identity (host, metric, time),
         # so an exporter's retry collapses — and two ports' points of one export do not.
-        _table(REQUEST_COUNTS, REQUEST_COUNT_COLUMNS, "ReplacingMergeTree", "").format(db=db)
-        + "\nPARTITION BY toDate(time)"
-        + "\nORDER BY (service, port, host, metric, time)"
-        + f"\n{_ttl(r)}\n{_SETTINGS}",
+        *_table(
+            lay,
+            db,
+            REQUEST_COUNTS,
+            REQUEST_COUNT_COLUMNS,
+            "ReplacingMergeTree",
+            "",
+            f"{daily}\nORDER BY (service, port, host, metric, time)\n{_ttl(r)}\n{_settings(lay)}",
+        ),
     ]
     return [
         (1, "spans, browser entries, pairs", v1),
@@ -399,12 +468,19 @@ def applied_versions(client: Executor, db: str) -> set[int]:
     return {int(str(r[0])) for r in rows}
 
 
-def migrate(client: Executor, db: str, retention_days: int = DEFAULT_RETENTION_DAYS) -> list[int]:
-    """Apply the missing migrations in order and align the TTL; returns the versions applied."""
+def migrate(
+    client: Executor,
+    db: str,
+    retention_days: int = DEFAULT_RETENTION_DAYS,
+    cluster: str | None = None,
+) -> list[int]:
+    """Apply the missing migrations in order and align the TTL; returns the versions applied.
+    ``cluster``: the store is that ClickHouse cluster (every statement ON CLUSTER)."""
     check_database_name(db)
     if retention_days < 1:
         raise ValueError("retention must be at least 1 day")
-    steps = migrations(db, retention_days)
+    lay = Layout(cluster)
+    steps = migrations(db, retention_days, cluster)
     # The first statements of v1 create the bookkeeping table itself (idempotent).
     for stmt in steps[0][2][:2]:
         client.command(stmt)
@@ -420,15 +496,15 @@ def migrate(client: Executor, db: str, retention_days: int = DEFAULT_RETENTION_D
             f"INSERT INTO {db}.{MIGRATIONS} (version, name) VALUES ({version}, '{name}')"  # noqa: S608
         )
         applied.append(version)
-    _align_ttl(client, db, retention_days)
-    _tune_merges(client, db)
+    _align_ttl(client, db, retention_days, lay)
+    _tune_merges(client, db, lay)
     return applied
 
 
 MERGE_SELECTOR_BASE = 10
 
 
-def _tune_merges(client: Executor, db: str) -> None:
+def _tune_merges(client: Executor, db: str, lay: Layout) -> None:
     """Fewer, wider background merges: ``merge_selector_base`` 10 (ClickHouse's default 5).
 
     Every row is rewritten once per merge level; a wider base means fewer levels, so about
@@ -444,15 +520,17 @@ def _tune_merges(client: Executor, db: str) -> None:
     if not known or not int(str(known[0][0])):
         return
     want = f"merge_selector_base = {MERGE_SELECTOR_BASE}"
-    for table, ddl in _data_table_ddl(client, db).items():
+    for table, ddl in _data_table_ddl(client, db, lay).items():
         if want not in ddl:
-            client.command(f"ALTER TABLE {db}.{table} MODIFY SETTING {want}")
+            client.command(f"ALTER TABLE {db}.{table}{lay.on} MODIFY SETTING {want}")
 
 
-def _data_table_ddl(client: Executor, db: str) -> dict[str, str]:
-    """The CREATE statement of each data table that exists, as the server shows it now."""
+def _data_table_ddl(client: Executor, db: str, lay: Layout) -> dict[str, str]:
+    """The CREATE statement of each table holding data that exists (on a cluster: the local
+    table, as the node the client reached shows it), by that table's name."""
     out: dict[str, str] = {}
-    for table in (SPANS, ENTRIES, PAIRS, SPAN_TRACES, ENTRY_TRACES, GPU_SAMPLES, REQUEST_COUNTS):
+    for name in DATA_TABLES:
+        table = lay.local(name, SHARD_BY[name])
         rows = _scalar_rows(
             client,
             f"SELECT create_table_query FROM system.tables "  # noqa: S608
@@ -463,13 +541,13 @@ def _data_table_ddl(client: Executor, db: str) -> dict[str, str]:
     return out
 
 
-def _align_ttl(client: Executor, db: str, days: int) -> None:
+def _align_ttl(client: Executor, db: str, days: int, lay: Layout) -> None:
     """A changed retention setting rewrites the TTL; old parts are not rewritten (cheap)."""
     want = f"toIntervalDay({days})"
-    for table, ddl in _data_table_ddl(client, db).items():
+    for table, ddl in _data_table_ddl(client, db, lay).items():
         if want not in ddl:
             client.command(
-                f"ALTER TABLE {db}.{table} MODIFY TTL toDateTime(time) + {want} "
+                f"ALTER TABLE {db}.{table}{lay.on} MODIFY TTL toDateTime(time) + {want} "
                 "SETTINGS materialize_ttl_after_modify = 0"
             )
 

@@ -89,8 +89,8 @@ helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version }}
 {{- end -}}
 {{- end -}}
 {{- $c := .Values.collector -}}
-{{- if and $c.enabled $c.store.cluster -}}
-{{- fail "collector.store.cluster: this collector version has no --cluster flag yet (docs/deploy.md); leave it empty" -}}
+{{- if and $c.enabled $c.store.cluster (eq $c.store.type "embedded") -}}
+{{- fail "collector.store.cluster: a ClickHouse cluster is a server store; set collector.store.type=server and the Secret's DSN to one of its nodes (the embedded store is one process, not a cluster)" -}}
 {{- end -}}
 {{- if $c.enabled -}}
 {{- $volume := ternary $c.persistence.size $c.persistence.emptyDirSizeLimit $c.persistence.enabled -}}
