@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -209,6 +210,32 @@ def http_request(
     sock.settimeout(timeout)
     sock.sendall(raw)
     return read_response(sock)
+
+
+def tls_cert(tmp: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made now (``openssl req``; the
+    ``cryptography`` package is not installed here). Skips without openssl."""
+    if not shutil.which("openssl"):
+        pytest.skip("needs openssl to make a certificate")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]
+    ip = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run(
+        ["openssl", "req", "-x509", *ec, *ip, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return cert, key
+
+
+def tls_connect(port: int, timeout: float = 5.0) -> ssl.SSLSocket:
+    """A TLS client connection to 127.0.0.1:port (the test servers' self-signed certificate
+    is not verified), handshake done."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout))
 
 
 def read_response(s: socket.socket) -> bytes:
