@@ -87,7 +87,9 @@ class Processes:
             self.accept_probes = uprobes.AcceptProbes(bpf)
             self.accept_probes.add(servers)
         self.tls_probes = TlsProbes(bpf, tls)
-        self.tls_probes.add(servers)
+        # per process, and only the traced ones: a --port without its server yet probes
+        # nobody (the rescan that finds the server does)
+        self.tls_probes.add(servers if not (self.ports or self.explicit_pids) else self.pids)
         self._seed(servers)
 
     def tls_recheck(self, pid: int) -> None:
