@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import socketserver
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -30,9 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 LOCK = threading.Lock()
 LOG: Any = None
 ACCEPT_DELAY_S = 0.0
-# --tls-cert/--tls-key (an ssl.SSLContext). The ssl module is imported only then: a Python
-# process that imports it maps libssl and gets the agent's TLS probes
-TLS: Any = None
+TLS: ssl.SSLContext | None = None  # --tls-cert/--tls-key
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -104,8 +103,6 @@ class Handler(BaseHTTPRequestHandler):
             with socket.create_connection(("127.0.0.1", int(q["port"])), 5) as raw:
                 up = raw
                 if q.get("tls"):  # the app's own HTTPS call (a client SSL object)
-                    import ssl
-
                     client = ssl.create_default_context()
                     client.check_hostname = False
                     client.verify_mode = ssl.CERT_NONE
@@ -115,7 +112,7 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     while d := up.recv(65536):
                         got += d
-                except OSError:  # (ssl.SSLEOFError: a peer that closes without close_notify)
+                except ssl.SSLEOFError:  # a peer that closes without close_notify
                     pass
             body = got.partition(b"\r\n\r\n")[2]
             self._headers(200, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
@@ -179,8 +176,6 @@ def main() -> None:
     ap.add_argument("--tls-key")
     a = ap.parse_args()
     if a.tls_cert:
-        import ssl
-
         TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         TLS.load_cert_chain(a.tls_cert, a.tls_key)
     Handler.disable_nagle_algorithm = a.nodelay

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import ssl
 import time
 
 
@@ -27,9 +28,7 @@ def main() -> None:
     ap.add_argument("--tls-key")
     a = ap.parse_args()
     ctx = None
-    if a.tls_cert:  # (ssl imported only then: a process mapping libssl gets TLS probes)
-        import ssl
-
+    if a.tls_cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(a.tls_cert, a.tls_key)
     ls = socket.socket()
@@ -44,7 +43,7 @@ def main() -> None:
         if ctx is not None:
             try:
                 c = ctx.wrap_socket(c, server_side=True)  # (the handshake, at once)
-            except OSError:  # (ssl.SSLError is one)
+            except (OSError, ssl.SSLError):
                 c.close()
                 continue
         time.sleep(a.read_delay_ms / 1000)
