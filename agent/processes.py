@@ -50,7 +50,6 @@ class Processes:
         self.bpf: Any = None  # set by attach()
         self.accept_probes: uprobes.AcceptProbes | None = None  # socket hooks only
         self.tls_probes: TlsProbes | None = None
-        self._tls_recheck: set[int] = set()  # serve TLS without probes: look again
         self._pid_start: dict[int, int | None] = {}  # pid → start time (reuse detection)
         # pid → (comm, service, start time, when checked): see SVC_CHECK_S
         self._svc: dict[int, tuple[str, str, int | None, float]] = {}
@@ -75,8 +74,9 @@ class Processes:
 
     def attach(self, bpf: Any, socket_hooks: bool, tls: str = "auto") -> None:
         """The programs are loaded: seed the kernel's per-port listener counts, attach the
-        accept probes (socket hooks) and the TLS probes (``tls``: auto | off), seed the
-        connections older than the agent."""
+        accept probes (socket hooks), set up the TLS probes (``tls``: auto | off; each
+        process gets them at its first TLS connection), seed the connections older than
+        the agent."""
         self.bpf = bpf
         # the kernel counts listeners per port over every namespace: seeded the same way
         listen = procinfo.listen_counts(procinfo.all_pids())
@@ -87,16 +87,7 @@ class Processes:
             self.accept_probes = uprobes.AcceptProbes(bpf)
             self.accept_probes.add(servers)
         self.tls_probes = TlsProbes(bpf, tls)
-        # per process, and only the traced ones: a --port without its server yet probes
-        # nobody (the rescan that finds the server does)
-        self.tls_probes.add(servers if not (self.ports or self.explicit_pids) else self.pids)
         self._seed(servers)
-
-    def tls_recheck(self, pid: int) -> None:
-        """A process without TLS probes served a TLS connection: looked at again at the
-        next rescan (it may have loaded libssl since it was first seen)."""
-        if len(self._tls_recheck) < 1024:
-            self._tls_recheck.add(pid)
 
     def _track(self, pids: set[int]) -> None:
         for p in pids:
@@ -118,9 +109,6 @@ class Processes:
             self.accept_probes.sweep()
         if self.tls_probes is not None:
             self.tls_probes.sweep()
-            for pid in self._tls_recheck:
-                self.tls_probes.recheck(pid)
-            self._tls_recheck.clear()
         gone = [p for p, st in self._pid_start.items() if procinfo.start_time(p) != st]
         if gone:
             loader.remove_pids(self.bpf, gone)
@@ -128,8 +116,7 @@ class Processes:
                 self.pids.discard(p)
                 del self._pid_start[p]
                 self._svc.pop(p, None)
-        probes = [x for x in (self.accept_probes, self.tls_probes) if x is not None and x.enabled]
-        if not self.ports and (not probes or self.explicit_pids):
+        if not self.ports and (self.accept_probes is None or self.explicit_pids):
             return
         # The owners of the listeners: a walk of /proc/net/tcp (the kernel walks its whole
         # connection hash for it: milliseconds) and of every process's fds, when a listening
@@ -138,14 +125,11 @@ class Processes:
         changes = counters["listen_changes"]
         now = time.monotonic()
         if not self.ports:
-            # Every process is traced: a new server's libc gets the accept probe, its
-            # libssl the TLS probes. Only on a listener change (a forked worker maps its
-            # parent's libc, already probed; its TLS probes wait for the next change).
-            if changes != self._listen_changes:
+            # Every process is traced: a new server's libc gets the accept probe. Only on a
+            # listener change (a forked worker maps its parent's libc, already probed).
+            if changes != self._listen_changes and self.accept_probes is not None:
                 self._listen_changes = changes
-                servers = procinfo.listeners(None)  # one read of the tables
-                for x in probes:
-                    x.add(servers)
+                self.accept_probes.add(procinfo.listeners(None))  # one read of the tables
             return
         if changes != self._listen_changes or now - self._last_full_scan >= FULL_SCAN_S:
             self._listen_changes, self._last_full_scan = changes, now
@@ -172,8 +156,6 @@ class Processes:
             self._track(new)
             loader.set_pids(self.bpf, sorted(new))
             self.pids |= new
-            if self.tls_probes is not None:  # (after set_pids: it adds a bit to the pid's)
-                self.tls_probes.add(new)
             self._seed(new)
 
     # -- identity -------------------------------------------------------------------

@@ -232,11 +232,11 @@ class Agent:
         )
 
     def _on_tls(self, pid: int, lport: int) -> None:
-        """A TLS connection (the kernel saw a TLS record): if its process carries no TLS
-        probes its requests go unseen — counted per executable, logged once each, and the
-        process looked at again at the next rescan."""
+        """A TLS connection (the kernel saw a TLS record): its process gets the TLS probes
+        now if it has none (agent.tls: at its first TLS connection); where none can go, its
+        requests go unseen — counted per executable and logged once each."""
         tls = self.procs.tls_probes
-        if tls is not None and tls.probed(pid):
+        if tls is not None and tls.on_tls(pid):
             return
         comm = self.procs.identity(pid, lport)[0]
         label = comm if comm in self._tls_unprobed or len(self._tls_unprobed) < 64 else "other"
@@ -251,7 +251,6 @@ class Agent:
                 why,
             )
         self.m.tls_unprobed.labels(label).inc()
-        self.procs.tls_recheck(pid)
 
     # -- the main loop ----------------------------------------------------------------
     def _main_loop(self) -> None:

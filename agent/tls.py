@@ -14,15 +14,29 @@ bytes (bpf/agent/tls_uprobes.h). Where the probes go, per traced process:
   exports ``SSL_read``/``SSL_write`` (checked here: NodeSource's node 20.20.2 on Debian 12,
   OpenSSL 3.0.19, all five in ``nm -D``);
 * else nothing: Go's crypto/tls, rustls, a stripped static OpenSSL or BoringSSL. Their TLS
-  connections are counted per executable (``parallax_agent_tls_unprobed_total{comm}``) and
-  the process is looked at again (a Python app may import ``ssl`` late).
+  connections are counted per executable (``parallax_agent_tls_unprobed_total{comm}``).
+
+When: at a process's first TLS connection, not when it is first traced. The kernel marks a
+connection TLS at its first bytes and tells user space (EV_TLS, at the next drain); the
+probes are attached then, synchronously. Most Python processes map libssl whether or not
+they serve TLS (http.server imports http.client, which imports ssl; uvicorn, requests and
+the LLM SDKs do too), and a probe hit costs the process a trap — measured here, on this
+Firecracker VM, ~15-30 µs per probed call, most of it the single-step of the probed
+instruction (a probe on an emulated instruction costs ~1-3 µs; docs/benchmarks.md). An
+app behind a TLS-terminating ingress whose own HTTPS calls to its model API read a
+streamed answer in hundreds of SSL_read calls must not pay that. The price: the requests of
+a process's first TLS connection that arrive before its probes are attached (tens to a few
+hundred ms after the agent saw the connection) are not recorded; that connection's later
+requests are (the SSL object is linked to its socket at its next read). A process without
+probes is looked at again at a later TLS connection, at most every RECHECK_S (a Python app
+may import ssl late).
 
 Unlike libc's accept probe (agent.uprobes, one probe per library *file*), these probes are
 per *process* (a pid-filtered perf event): SSL_read runs for every request of every TLS
 client and server on the node, and a probe on the host's libssl file would trap in all of
-them. With a pid the kernel puts the breakpoint in that process's memory only. A worker
-forked later is probed at the rescan that finds it (the breakpoint a child inherits is
-removed at its first hit).
+them. With a pid the kernel puts the breakpoint in that process's memory only (a forked
+child's inherited breakpoint is removed at its first hit; the child is probed at its own
+first TLS connection).
 
 Closing a uprobe's perf event costs the kernel ~100 ms (an RCU grace period per probe,
 measured here): probes of exited processes are closed on short-lived threads, in parallel,
@@ -37,7 +51,6 @@ import platform
 import re
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +68,6 @@ PROBES = (
     ("SSL_write", "px_ssl_write_enter", "px_ssl_write_ret", True),
     ("SSL_write_ex", "px_ssl_write_ex_enter", "px_ssl_write_ret", False),
 )
-PID_TLS = 2  # px_pids bit (bpf/agent/defs.h PX_PID_TLS): the process carries the probes
 RECHECK_S = 5.0  # a process without probes is looked at again at most this often
 _KPROBE = 2  # BPF_PROG_TYPE_KPROBE (uprobes)
 
@@ -73,9 +85,8 @@ class _Proc:
 
 
 class TlsProbes:
-    """The TLS uprobes of the traced processes: :meth:`add` at start and for new pids,
-    :meth:`recheck` when a process without probes serves TLS, :meth:`sweep` once a second,
-    :meth:`close` at exit."""
+    """The TLS uprobes of the traced processes: :meth:`on_tls` at each TLS connection the
+    kernel reports, :meth:`sweep` once a second, :meth:`close` at exit."""
 
     def __init__(self, bpf: Any, mode: str = "auto") -> None:
         self._b = bpf
@@ -115,23 +126,18 @@ class TlsProbes:
         p = self._procs.get(pid)
         return p is not None and bool(p.perf_fds)
 
-    def add(self, pids: Iterable[int]) -> None:
-        """Processes not seen before: probe each where its TLS library is found."""
+    def on_tls(self, pid: int) -> bool:
+        """The kernel saw a TLS connection of ``pid``: probe the process now if it has no
+        probes (looked at again at most every RECHECK_S). Whether it carries them now."""
         if not self.enabled:
-            return
-        for pid in pids:
-            if pid not in self._procs:
-                self._look(pid)
-
-    def recheck(self, pid: int) -> None:
-        """A process without probes serves a TLS connection: look again (it may have
-        loaded libssl since), at most every RECHECK_S."""
+            return False
         p = self._procs.get(pid)
-        if not self.enabled or (p is not None and p.perf_fds):
-            return
+        if p is not None and p.perf_fds:
+            return True
         if p is None or time.monotonic() - p.looked >= RECHECK_S:
             self._procs.pop(pid, None)
             self._look(pid)
+        return self.probed(pid)
 
     def _look(self, pid: int) -> None:
         proc = self._procs[pid] = _Proc(procinfo.start_time(pid), time.monotonic())
@@ -150,7 +156,7 @@ class TlsProbes:
             proc.fd, proc.key, proc.name = fd, key, os.path.basename(path)
             proc.perf_fds = self._attach(pid, fd, offsets)
             if proc.perf_fds:
-                _set_pid_tls(self._b, pid, True)
+                log.info("TLS: probes on pid %d in %s (%s)", pid, proc.name, path)
                 return
             os.close(fd)
             proc.fd, proc.key = -1, None
@@ -269,26 +275,17 @@ class TlsProbes:
         """The attach line's TLS part."""
         if not self.enabled:
             return f"TLS: {self.why}"
+        return (
+            "TLS: SSL_read/SSL_write probes on each traced process at its first TLS"
+            " connection (the libssl it maps, or its executable's OpenSSL symbols)"
+        )
+
+    def summary(self) -> str:
+        """What is probed now: files and processes (logs, tests)."""
         probed = [p for p in self._procs.values() if p.perf_fds]
-        if not probed:
-            return (
-                "TLS: no traced process maps libssl or carries OpenSSL's symbols (each is"
-                " looked at again when it serves a TLS connection)"
-            )
         names = sorted({p.name for p in probed})
         files = len({p.key for p in probed})
         return (
-            f"TLS: probes on {files} libssl file{'s' if files != 1 else ''}"
-            f" ({', '.join(names)}) in {len(probed)} process{'es' if len(probed) != 1 else ''}"
+            f"probes on {files} file{'s' if files != 1 else ''} ({', '.join(names) or '-'})"
+            f" in {len(probed)} process{'es' if len(probed) != 1 else ''}"
         )
-
-
-def _set_pid_tls(b: Any, pid: int, on: bool) -> None:
-    """The px_pids bit the socket hooks read: this process's socket reads are noted for
-    the SSL calls (bpf/agent/tls.h px_tls_note)."""
-    t = b["px_pids"]
-    if not 0 <= pid < len(t):
-        return
-    k = t.Key(pid)
-    v = int(t[k].value)
-    t[k] = t.Leaf((v | PID_TLS) if on else (v & ~PID_TLS & 0xFF))
