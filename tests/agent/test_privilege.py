@@ -22,6 +22,9 @@ from tests.agent.helpers import (
     netns_ask,
     netns_client,
     netns_server,
+    tls_cert,
+    tls_connect,
+    wait_log,
 )
 
 pytestmark = pytest.mark.ebpf
@@ -92,5 +95,32 @@ def test_a_pods_server_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
             client.kill()
             client.wait(5)
         rc = agent.stop() if agent is not None else 0
+        srv.stop()
+    assert rc == 0
+
+
+def test_tls_probes_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
+    """The TLS probes (pid-filtered uprobes on the libssl a server maps, opened by the agent
+    through /proc/<pid>/root) attach with only the DaemonSet's capabilities: a TLS server's
+    requests are recorded from their plaintext."""
+    cert, key = tls_cert(tmp_path)
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    srv = Proc(
+        [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t"), *tls]
+    )
+    port = srv.port()
+    agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
+    try:
+        with tls_connect(port) as c:  # the first TLS connection: the probes go on now
+            http_request(0, b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n", sock=c)
+        wait_log(agent, f"TLS: probes on pid {srv.p.pid} in libssl.so.3")
+        ctx = trace_context.generate()
+        with tls_connect(port) as c:
+            head = f"GET /tls HTTP/1.1\r\nHost: x\r\ntraceparent: {ctx.header()}\r\n\r\n"
+            assert http_request(0, head.encode(), sock=c).startswith(b"HTTP/1.1 200")
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        assert r["path"] == "/tls" and r["tls"] is True and r["ttfb_us"] is not None
+    finally:
+        rc = agent.stop()
         srv.stop()
     assert rc == 0
