@@ -69,6 +69,7 @@ PROBES = (
     ("SSL_write_ex", "px_ssl_write_ex_enter", "px_ssl_write_ret", False),
 )
 RECHECK_S = 5.0  # a process without probes is looked at again at most this often
+PID_TLS = 2  # px_pids bit (bpf/agent/defs.h PX_PID_TLS): the process carries the probes
 _KPROBE = 2  # BPF_PROG_TYPE_KPROBE (uprobes)
 
 FileKey = tuple[int, int, int]  # inode, size, mtime: overlay mounts vary st_dev
@@ -156,6 +157,7 @@ class TlsProbes:
             proc.fd, proc.key, proc.name = fd, key, os.path.basename(path)
             proc.perf_fds = self._attach(pid, fd, offsets)
             if proc.perf_fds:
+                _set_pid_tls(self._b, pid)
                 log.info("TLS: probes on pid %d in %s (%s)", pid, proc.name, path)
                 return
             os.close(fd)
@@ -289,3 +291,13 @@ class TlsProbes:
             f"probes on {files} file{'s' if files != 1 else ''} ({', '.join(names) or '-'})"
             f" in {len(probed)} process{'es' if len(probed) != 1 else ''}"
         )
+
+
+def _set_pid_tls(b: Any, pid: int) -> None:
+    """The px_pids bit the socket hooks read: from now on the process's socket reads and
+    writes are noted for its SSL calls (bpf/agent/tls.h px_tls_note). Cleared with the pid
+    (agent.loader.remove_pids) when the process is gone."""
+    t = b["px_pids"]
+    if 0 <= pid < len(t):
+        k = t.Key(pid)
+        t[k] = t.Leaf(int(t[k].value) | PID_TLS)

@@ -71,12 +71,17 @@ def _unit_us(v: str) -> float:
     return float(m.group(1)) * {"us": 1, "ms": 1000, "s": 1e6}[m.group(2)]
 
 
-def wrk(port: int, seconds: float, conns: int, lua: Path | None) -> dict[str, float]:
+def wrk(
+    port: int, seconds: float, conns: int, lua: Path | None, url: str | None = None
+) -> dict[str, float]:
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{int(seconds)}s", "--latency"]
     if lua:
         argv += ["-s", str(lua)]
     p = subprocess.run(
-        [*argv, f"http://127.0.0.1:{port}/"], capture_output=True, text=True, timeout=seconds + 30
+        [*argv, url or f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
     )
     out = p.stdout
     res: dict[str, float] = {}

@@ -26,7 +26,7 @@
 
 #define PX_TLS_SEEN 1  // px_conn.tls: its first read with data was looked at
 #define PX_TLS_ON 2    // ... and began with a TLS record: the socket carries ciphertext
-#define PX_PID_TLS 2   // px_pids bit: the process serves TLS (set by tls.h px_tls_mark)
+#define PX_PID_TLS 2   // px_pids bit: the process carries the TLS probes (agent/tls.py)
 
 #define WAGG_END 1      // chunked terminator seen: the response is complete
 #define WAGG_PARTIAL 2  // stream-length limit reached: more follows

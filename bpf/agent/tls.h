@@ -36,8 +36,8 @@ static __always_inline int px_tls_pid(u32 tgid) {
     return v && (*v & PX_PID_TLS);
 }
 
-// Every socket read or write of a process serving TLS, followed connection or not (its own
-// outbound TLS must be told apart): noted on the thread.
+// Every socket read or write of a process with the TLS probes, followed connection or not
+// (its own outbound TLS must be told apart): noted on the thread.
 static __always_inline void px_tls_note(u64 id, u64 sk, int is_read) {
     if (!px_tls_pid(id >> 32))
         return;
@@ -63,15 +63,10 @@ struct px_ev_tls {
 };
 
 // The connection carries TLS: from now on its socket bytes are not copied. User space is
-// told once (EV_TLS: the record's `tls` field; a process without probes is counted). Its
-// process serves TLS: from now on its socket reads and writes are noted for the SSL calls
-// (px_tls_note; a process that maps libssl only for calls of its own never pays for that).
+// told once (EV_TLS: the record's `tls` field; the process gets the TLS probes then, and
+// its PX_PID_TLS bit with them; a process where none can go is counted).
 static __always_inline void px_tls_mark(u64 id, u64 sk, struct px_conn *c) {
     c->tls |= PX_TLS_SEEN | PX_TLS_ON;
-    u32 tgid = id >> 32;
-    u8 *pv = px_pids.lookup(&tgid);
-    if (pv && !(*pv & PX_PID_TLS))
-        *pv |= PX_PID_TLS;  // (user space writes 0/1 only at a rescan: a race costs a note)
     struct px_ev_tls *e = px_events.ringbuf_reserve(sizeof(struct px_ev_tls));
     if (!e) {
         px_lost(c);
