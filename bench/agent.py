@@ -49,7 +49,7 @@ http {{
   client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
   uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
   server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }}
-}}
+{servers}}}
 """
 PACED_LUA = "function delay() return {delay_ms} end\n"
 
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-"))
     port = free_port()
-    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port))
+    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
     ngx = subprocess.Popen(
         ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
         stdout=subprocess.DEVNULL,

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from bench import report
 from bench.agent import (
+    NGINX_CONF,
     PACED_LUA,
     AgentProc,
     _bpf_stats,
@@ -52,24 +53,12 @@ from bench.agent import (
 from demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-NGINX_CONF = """
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  keepalive_requests 1000000;
-  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
-  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
-  server {{ listen 127.0.0.1:{http}; location / {{ return 200 "ok\\n"; }} }}
-  server {{
+# nginx's second server: the same route over TLS (bench.agent's configuration has the first)
+TLS_SERVER = """  server {{
     listen 127.0.0.1:{https} ssl;
     ssl_certificate {cert}; ssl_certificate_key {key};
     location / {{ return 200 "ok\\n"; }}
   }}
-}}
 """
 # uvicorn on both ports at once: the same process serves plaintext and TLS
 UVICORN = """
@@ -213,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         capture_output=True,
     )
     ports = {k: free_port() for k in ("nginx", "nginx_tls", "uv", "uv_tls")}
-    conf = NGINX_CONF.format(
-        tmp=tmp, http=ports["nginx"], https=ports["nginx_tls"], cert=cert, key=key
-    )
+    tls = TLS_SERVER.format(https=ports["nginx_tls"], cert=cert, key=key)
+    conf = NGINX_CONF.format(tmp=tmp, port=ports["nginx"], servers=tls)
     (tmp / "nginx.conf").write_text(conf)
     procs = [
         subprocess.Popen(

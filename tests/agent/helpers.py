@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import shutil
@@ -210,6 +211,23 @@ def http_request(
     sock.settimeout(timeout)
     sock.sendall(raw)
     return read_response(sock)
+
+
+def get_head(path: str, tp: str | None = None, extra: str = "") -> bytes:
+    """A GET request head, with a traceparent header when ``tp`` is given."""
+    h = f"GET {path} HTTP/1.1\r\nHost: t\r\n"
+    if tp:
+        h += f"traceparent: {tp}\r\n"
+    return (h + extra + "\r\n").encode()
+
+
+def gaps(xs: list[int]) -> list[int]:
+    return [b - a for a, b in itertools.pairwise(xs)]
+
+
+def leaks(exits: dict[str, bytes], secrets: dict[str, str]) -> list[tuple[str, str]]:
+    """(exit, secret name) for each secret found in an exit's bytes."""
+    return [(w, k) for w, text in exits.items() for k, v in secrets.items() if v.encode() in text]
 
 
 def tls_cert(tmp: Path) -> tuple[Path, Path]:

@@ -13,7 +13,6 @@ One agent for the module, with an OTLP receiver (the privacy test reads every ex
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import time
 import urllib.request
@@ -30,7 +29,10 @@ from tests.agent.helpers import (
     OtlpReceiver,
     Proc,
     attempts,
+    gaps,
+    get_head,
     http_request,
+    leaks,
     perf_links,
     timing_log,
     tls_cert,
@@ -103,19 +105,8 @@ def warm_up(e: Env, agent: Agent, name: str) -> None:
     so that the servers' clocks measure steady state as the kernel does."""
     path = "/v1/complete?first_token_ms=1&tokens=1" if name == "uv" else "/plain"
     with tls_connect(e.ports[name]) as c:
-        http_request(0, _get(path), sock=c)
+        http_request(0, get_head(path), sock=c)
     wait_log(agent, f"TLS: probes on pid {e.procs[name].p.pid} ")
-
-
-def _get(path: str, tp: str | None = None, extra: str = "") -> bytes:
-    h = f"GET {path} HTTP/1.1\r\nHost: t\r\n"
-    if tp:
-        h += f"traceparent: {tp}\r\n"
-    return (h + extra + "\r\n").encode()
-
-
-def _gaps(xs: list[int]) -> list[int]:
-    return [b - a for a, b in itertools.pairwise(xs)]
 
 
 def _server_rec(log: Path, tp: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -154,7 +145,9 @@ def test_a_process_serving_no_tls_gets_no_probes(env: Env, tmp_path: Path) -> No
     agent = Agent(tmp_path, [port], NO_BUDGET)
     try:
         ctx = trace_context.generate()
-        req = _get(f"/fetch?port={env.ports['up']}&tls=1", ctx.header(), "Connection: close\r\n")
+        req = get_head(
+            f"/fetch?port={env.ports['up']}&tls=1", ctx.header(), "Connection: close\r\n"
+        )
         assert http_request(port, req).startswith(b"HTTP/1.1 200")
         r = _one(agent, ctx)
         assert r["path"] == "/fetch" and r["tls"] is False and r["bytes_in"] == len(req)
@@ -174,7 +167,7 @@ def test_uvicorn_sse_over_tls(env: Env) -> None:
 
     def check() -> None:
         ctx = trace_context.generate()
-        req = _get("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n")
+        req = get_head("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n")
         with tls_connect(env.ports["uv"]) as c:
             resp = http_request(0, req, sock=c)
         assert b"text/event-stream" in resp and resp.endswith(b"0\r\n\r\n")
@@ -189,7 +182,7 @@ def test_uvicorn_sse_over_tls(env: Env) -> None:
         writes = srv["t_writes_ns"]
         assert abs(r["ttft_us"] - (writes[0] - srv["t_start_ns"]) / 1000) <= TOL_US
         assert r["chunks"] >= len(writes) == 9  # 8 tokens and the done event
-        for g, w in zip(_gaps(r["chunk_offsets_us"][: len(writes)]), _gaps(writes), strict=True):
+        for g, w in zip(gaps(r["chunk_offsets_us"][: len(writes)]), gaps(writes), strict=True):
             assert abs(g - w / 1000) <= TOL_US
         assert r["ttft_us"] >= 55_000  # the 60 ms first-token wait shows
         assert r["recv_queue_us"] is not None and r["arrival_unix_ns"]
@@ -206,7 +199,9 @@ def test_uvicorn_keepalive_on_one_tls_connection(env: Env) -> None:
         with tls_connect(env.ports["uv"]) as c:
             for ctx in ctxs:
                 q = "/v1/complete?first_token_ms=5&token_gap_ms=1&tokens=2"
-                assert http_request(0, _get(q, ctx.header()), sock=c).startswith(b"HTTP/1.1 200")
+                assert http_request(0, get_head(q, ctx.header()), sock=c).startswith(
+                    b"HTTP/1.1 200"
+                )
         recs = [_one(env.agent, ctx) for ctx in ctxs]
         assert len({(r["peer_port"], r["local_port"]) for r in recs}) == 1  # one connection
         for r, ctx in zip(recs, ctxs, strict=True):
@@ -231,8 +226,8 @@ def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
         port = env.ports["node"]
         a, b = trace_context.generate(), trace_context.generate()
         with tls_connect(port) as c:
-            http_request(0, _get("/plain?n=300", a.header()), sock=c)
-            http_request(0, _get("/stream?n=5&gap_ms=30", b.header()), sock=c)
+            http_request(0, get_head("/plain?n=300", a.header()), sock=c)
+            http_request(0, get_head("/stream?n=5&gap_ms=30", b.header()), sock=c)
         for ctx, path in ((a, "/plain"), (b, "/stream")):
             r = _one(env.agent, ctx)
             assert r["path"] == path and r["comm"] == "node" and r["tls"] is True
@@ -242,7 +237,7 @@ def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
             assert r["ttft_us"] == r["ttfb_us"]
             if path == "/stream":
                 assert r["chunks"] == len(writes) == 5
-                for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(writes), strict=True):
+                for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(writes), strict=True):
                     assert abs(got - want / 1000) <= TOL_US
 
     attempts(check)
@@ -256,9 +251,9 @@ def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
         port = env.ports["py"]
         a, b = trace_context.generate(), trace_context.generate()
         with tls_connect(port) as c:
-            resp = http_request(0, _get("/stream?n=6&gap_ms=40", a.header()), sock=c)
+            resp = http_request(0, get_head("/stream?n=6&gap_ms=40", a.header()), sock=c)
             assert resp.endswith(b"0\r\n\r\n")
-            http_request(0, _get("/plain?n=100", b.header()), sock=c)
+            http_request(0, get_head("/plain?n=100", b.header()), sock=c)
         r = _one(env.agent, a)
         srv = _server_rec(env.logs["py"], a.header())
         t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
@@ -267,7 +262,7 @@ def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
         body = writes[1:]  # the head write carries no body here
         assert r["chunks"] == len(body) == 6
         assert abs(r["ttft_us"] - (body[0] - t_read) / 1000) <= TOL_US
-        for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(body), strict=True):
+        for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(body), strict=True):
             assert abs(got - want / 1000) <= TOL_US
         r2 = _one(env.agent, b)
         srv2 = _server_rec(env.logs["py"], b.header())
@@ -285,7 +280,7 @@ def test_receive_queue_wait_under_tls(env: Env) -> None:
         port = env.ports["rcv"]
         path = "/rcv-" + trace_context.new_span_id()
         with tls_connect(port) as c:
-            assert http_request(0, _get(path), sock=c).startswith(b"HTTP/1.1 200")
+            assert http_request(0, get_head(path), sock=c).startswith(b"HTTP/1.1 200")
         [r] = env.agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
         assert r["recv_queue_us"] >= 250_000, r
         assert r["ttfb_us"] < 50_000 and r["tls"] is True
@@ -303,7 +298,7 @@ def test_the_servers_own_https_calls_are_not_theirs_to_serve(env: Env) -> None:
     up = env.ports["up"]
     for name, path in (("uv", f"/upstream?port={up}"), ("py", f"/fetch?port={up}&tls=1")):
         ctx = trace_context.generate()
-        req = _get(path, ctx.header())
+        req = get_head(path, ctx.header())
         with tls_connect(env.ports[name]) as c:
             resp = http_request(0, req, sock=c)
         assert resp.startswith(b"HTTP/1.1 200"), resp[:200]
@@ -336,7 +331,7 @@ def test_sampling_decides_on_the_plaintext(env: Env, tmp_path: Path) -> None:
         with tls_connect(env.ports["uv"]) as c:
             for ctx in [*lo, *hi]:
                 q = "/v1/complete?first_token_ms=1&tokens=1"
-                assert http_request(0, _get(q, ctx.header()), sock=c).startswith(b"HTTP/1.1")
+                assert http_request(0, get_head(q, ctx.header()), sock=c).startswith(b"HTTP/1.1")
         ids = {c.trace_id for c in [*lo, *hi]}
         agent.wait_for(lambda r: r["trace_id"] in ids, len(hi))
         time.sleep(0.5)  # (a dropped one would have come by now)
@@ -361,7 +356,7 @@ def test_syscall_hooks_path(env: Env, tmp_path: Path) -> None:
             ctxs = [trace_context.generate() for _ in range(2)]
             with tls_connect(env.ports[name]) as c:
                 for ctx in ctxs:
-                    http_request(0, _get(path, ctx.header()), sock=c)
+                    http_request(0, get_head(path, ctx.header()), sock=c)
             for ctx in ctxs:
                 [r] = agent.wait_for(lambda r, c=ctx: r["trace_id"] == c.trace_id)  # type: ignore[misc]
                 assert r["tls"] is True and r["status"] == 200
@@ -380,7 +375,7 @@ def test_without_probes_tls_is_counted_not_guessed(env: Env, tmp_path: Path) -> 
         assert "TLS: off (--tls off)" in line, line
         ctx = trace_context.generate()
         with tls_connect(env.ports["py"]) as c:
-            assert http_request(0, _get("/plain", ctx.header()), sock=c).startswith(b"HTTP/1.1")
+            assert http_request(0, get_head("/plain", ctx.header()), sock=c).startswith(b"HTTP/1.1")
         comm = Path(f"/proc/{env.procs['py'].p.pid}/comm").read_text().strip()
         name = f'parallax_agent_tls_unprobed_total{{comm="{comm}"}}'
         assert agent.wait_metric(name, lambda v: v >= 1) == 1
@@ -429,8 +424,8 @@ def test_privacy_on_tls(env: Env) -> None:
         "metrics": metrics,
         "otlp": otlp,
     }
-    leaks = [(w, k) for w, text in exits.items() for k, s in secrets.items() if s.encode() in text]
-    assert not leaks, leaks
+    found = leaks(exits, secrets)
+    assert not found, found
     # ciphertext in the cutter would have made the connection count as unparsed
     assert env.agent.metrics().get(unparsed, 0.0) == before
     assert b"parallax_agent_tls_unprobed_total{" not in metrics
