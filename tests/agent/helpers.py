@@ -225,6 +225,18 @@ def gaps(xs: list[int]) -> list[int]:
     return [b - a for a, b in itertools.pairwise(xs)]
 
 
+def check_node_timing(r: dict[str, Any], srv: dict[str, Any], tol_us: float) -> None:
+    """A record of tests/agent/servers/node_server.mjs against the server's own clock. Node
+    sends the head together with the first body bytes: t2 = t_tok; a /stream's every chunk."""
+    writes = srv["t_writes_ns"]
+    assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= tol_us, (r, srv)
+    assert r["ttft_us"] == r["ttfb_us"]
+    if r["path"] == "/stream":
+        assert r["chunks"] == len(writes) == 5
+        for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(writes), strict=True):
+            assert abs(got - want / 1000) <= tol_us
+
+
 def leaks(exits: dict[str, bytes], secrets: dict[str, str]) -> list[tuple[str, str]]:
     """(exit, secret name) for each secret found in an exit's bytes."""
     return [(w, k) for w, text in exits.items() for k, v in secrets.items() if v.encode() in text]

@@ -24,6 +24,7 @@ from tests.agent.helpers import (
     Agent,
     Proc,
     attempts,
+    check_node_timing,
     gaps,
     get_head,
     http_request,
@@ -214,14 +215,7 @@ def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
             [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
             assert r["path"] == path and r["service"] == "node"
             srv = _server_rec(s.logs["node"], lambda x, c=ctx: x["traceparent"] == c.header())
-            writes = srv["t_writes_ns"]
-            # Node sends the head together with the first body bytes: t2 = t_tok
-            assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= TOL_US
-            assert r["ttft_us"] == r["ttfb_us"]
-            if path == "/stream":
-                assert r["chunks"] == len(writes) == 5
-                for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(writes), strict=True):
-                    assert abs(got - want / 1000) <= TOL_US
+            check_node_timing(r, srv, TOL_US)
 
     attempts(check)
 

@@ -29,6 +29,7 @@ from tests.agent.helpers import (
     OtlpReceiver,
     Proc,
     attempts,
+    check_node_timing,
     gaps,
     get_head,
     http_request,
@@ -231,14 +232,7 @@ def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
         for ctx, path in ((a, "/plain"), (b, "/stream")):
             r = _one(env.agent, ctx)
             assert r["path"] == path and r["comm"] == "node" and r["tls"] is True
-            srv = _server_rec(env.logs["node"], ctx.header())
-            writes = srv["t_writes_ns"]
-            assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= TOL_US
-            assert r["ttft_us"] == r["ttfb_us"]
-            if path == "/stream":
-                assert r["chunks"] == len(writes) == 5
-                for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(writes), strict=True):
-                    assert abs(got - want / 1000) <= TOL_US
+            check_node_timing(r, _server_rec(env.logs["node"], ctx.header()), TOL_US)
 
     attempts(check)
 
