@@ -60,18 +60,26 @@ TLS_SERVER = """  server {{
     location / {{ return 200 "ok\\n"; }}
   }}
 """
-# uvicorn on both ports at once: the same process serves plaintext and TLS
+# uvicorn on both ports at once: the same process serves plaintext and TLS. The sockets
+# are made with proto IPPROTO_TCP, as uvicorn's own --host/--port path makes them: asyncio
+# sets TCP_NODELAY only on such sockets, and without it the body write after the head
+# waits for the client's delayed ACK on a keep-alive connection (~40 ms a request).
 UVICORN = """
-import asyncio, sys, uvicorn
-from demo.llm_app import LlmApp, Pacing, bind
+import asyncio, socket, sys, uvicorn
+from demo.llm_app import LlmApp, Pacing
 http, https, cert, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 app = LlmApp(Pacing(0, 0, 1))
 kw = dict(http="httptools", lifespan="off", log_level="warning", access_log=False)
+def bind(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(1024)
+    return s
 async def main():
     plain = uvicorn.Server(uvicorn.Config(app, **kw))
     tls = uvicorn.Server(uvicorn.Config(app, ssl_certfile=cert, ssl_keyfile=key, **kw))
-    await asyncio.gather(plain.serve(sockets=[bind("127.0.0.1", http)]),
-                         tls.serve(sockets=[bind("127.0.0.1", https)]))
+    await asyncio.gather(plain.serve(sockets=[bind(http)]), tls.serve(sockets=[bind(https)]))
 asyncio.run(main())
 """
 RATES = {"nginx": 2000, "uvicorn": 500}
