@@ -401,11 +401,13 @@ def summary(
         " SSL_write + SSL_read pairs over memory BIOs (100 bytes each), 5 rounds of 20,000"
         f" pairs, without probes {bare:.1f} µs per pair ({_range(trap[0], '.1f')}), with the"
         f" agent's TLS probes on it {probed:.1f} ({_range(trap[1], '.1f')}): **"
-        f"{(probed - bare) / 2:.1f} µs per probed call**, of which the programs' own run time"
-        " is under 1 µs (bpf_stats, above). The rest is the trap and the single-step of the"
-        " probed instruction (each SSL_* function here begins with `sub rsp, 8`, which the"
-        " kernel cannot emulate; an entry probe on a `call` it emulates measured ~1–3 µs)"
-        " — on this Firecracker VM; bare metal is known to pay far less for a single-step.",
+        f"{(probed - bare) / 2:.1f} µs per probed call** (an entry and a return probe on one"
+        " symbol share one trap). The calls are not for a followed connection, so the"
+        " programs return early: nearly all of it is the trap and the single-step of the"
+        " probed instruction (each SSL_* function of this libssl begins with `sub rsp, 8`,"
+        " which the kernel does not emulate; an entry probe on the `call` 4 bytes further,"
+        " which it does emulate, cost ~1–3 µs in an ad-hoc run). Measured on this"
+        " Firecracker VM only; what a single-step costs elsewhere was not measured.",
         "",
         f"Idle agent (same flags, no load): {idle:.4f} cores. Per program in the last"
         " traced run of each TLS case (ns per request, runs per request):",
