@@ -21,8 +21,9 @@ connection TLS at its first bytes and tells user space (EV_TLS, at the next drai
 probes are attached then, synchronously. Most Python processes map libssl whether or not
 they serve TLS (http.server imports http.client, which imports ssl; uvicorn, requests and
 the LLM SDKs do too), and a probe hit costs the process a trap — measured here, on this
-Firecracker VM, ~15-30 µs per probed call, most of it the single-step of the probed
-instruction (a probe on an emulated instruction costs ~1-3 µs; docs/benchmarks.md). An
+Firecracker VM, ~13 µs per probed call (bench.tls; ~38 on a loaded machine), most of it
+the single-step of the probed instruction (a probe on an emulated instruction costs
+~1-3 µs; docs/benchmarks.md). An
 app behind a TLS-terminating ingress whose own HTTPS calls to its model API read a
 streamed answer in hundreds of SSL_read calls must not pay that. The price: the requests of
 a process's first TLS connection that arrive before its probes are attached (tens to a few
