@@ -30,8 +30,10 @@ lint: setup
 
 bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store
 
+# bench.tls: the same per-request costs over TLS beside plaintext HTTP/1, in one run (~5 min)
 bench-agent: setup
 	$(PY) -m bench.agent
+	$(PY) -m bench.tls
 
 bench-collector: setup
 	$(PY) -m bench.collector

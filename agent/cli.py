@@ -211,6 +211,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the process doing SERVER_PID's GPU work, where the two do not share a cgroup"
         " (repeatable; default: the server's cgroup's processes that use a GPU)",
     )
+    r.add_argument(
+        "--tls",
+        choices=("auto", "off"),
+        default="auto",
+        help="requests on TLS connections the servers terminate themselves (default"
+        " %(default)s: uprobes on SSL_read/SSL_write in the libssl each traced process maps,"
+        " or in its executable where OpenSSL is linked in with its symbols, as in Node; a few"
+        " µs per SSL call in the traced processes only; off: TLS connections are counted,"
+        " not recorded)",
+    )
     # tests only: a fixed keep probability (the kernel's per-request sampling) instead of
     # the one that adapts to the budget; hidden from --help
     r.add_argument("--sample-fixed", type=_float_in(0.001, 1), default=None, help=argparse.SUPPRESS)
@@ -319,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 gpu=GpuConfig(args.gpu, args.gpu_poll_ms, args.gpu_uprobes, gpu_pids),
                 sample_fixed=args.sample_fixed,
                 k8s_api=args.k8s_api,
+                tls=args.tls,
             )
         )
     return 2

@@ -38,8 +38,10 @@ _READ_DATA = events.READ_DATA
 _RESP = events.RESP.unpack_from
 _RESP_DATA = events.RESP_DATA
 _AGG = events.AGG.unpack_from
+_TLS = events.TLS.unpack_from
 _EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
 _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
+_EV_TLS = events.EV_TLS
 
 Key = tuple[int, int]  # (socket address, first-seen time): sockets are reused
 
@@ -55,12 +57,13 @@ class ConnState:
     snap_t_first: int = 0  # an aggregate already consumed from a map snapshot
     unparsed_counted: bool = False
     info: ConnInfo | None = None
+    tls: bool = False  # its bytes are TLS records: the plaintext comes from the SSL uprobes
 
 
 class Connections:
     """The followed connections and their cutters. ``identity(pid, lport)`` gives (comm,
     service) for a record; ``on_unparsed(lport)`` counts a connection that is not HTTP/1.x;
-    ``out`` takes the records."""
+    ``on_tls(pid, lport)`` is told of each TLS connection; ``out`` takes the records."""
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class Connections:
         identity: Callable[[int, int], tuple[str, str]],
         on_unparsed: Callable[[int], None],
         on_traceparent_missed: Callable[[], None],
+        on_tls: Callable[[int, int], None] = lambda pid, lport: None,
     ) -> None:
         self.head_window = head_window
         self.clock = clock
@@ -78,6 +82,7 @@ class Connections:
         self._identity = identity
         self._on_unparsed = on_unparsed
         self._on_traceparent_missed = on_traceparent_missed
+        self._on_tls = on_tls
         self.conns: OrderedDict[Key, ConnState] = OrderedDict()
         self._open_cl: dict[Key, ConnState] = {}  # Content-Length responses still open
         self.n_events = 0
@@ -104,20 +109,22 @@ class Connections:
             if len(raw) < _HDR_SIZE:
                 return
             typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, sample_th = _HDR(raw)
-            if not _EV_READ <= typ <= _EV_SOCK_CLOSE:
+            if not _EV_READ <= typ <= _EV_TLS:
                 return  # a type this agent does not know
             key = (sk, ident)
             conns = self.conns
             st = conns.get(key)
             if lost and st is not None:
                 st.cut.on_loss()
-            if typ >= _EV_CLOSE:
+            if _EV_CLOSE <= typ <= _EV_SOCK_CLOSE:
                 if st is None:
                     return
                 if typ == _EV_PEER_FIN:
                     st.cut.on_peer_fin(t)
                     return
                 self.emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
+                if st.tls and st.cut.requests == 0 and not st.unparsed_counted:
+                    self._on_unparsed(st.lport)  # TLS whose plaintext never showed a request
                 del conns[key]
                 self._open_cl.pop(key, None)
                 return
@@ -129,6 +136,12 @@ class Connections:
                 st = conns[key] = ConnState(Conn(self.head_window, self.stats), tgid)
             else:
                 conns.move_to_end(key)
+            if typ == _EV_TLS:  # once per connection, before its first plaintext
+                st.tls = True
+                st.pid = tgid
+                st.lport = st.lport or _TLS(raw, _HDR_SIZE)[0]
+                self._on_tls(tgid, st.lport)
+                return
             cut = st.cut
             if srtt_us:  # Conn.update_tcp, inline
                 cut.srtt_us = srtt_us
@@ -140,7 +153,7 @@ class Connections:
                 if skipped:  # requests the kernel did not sample: not the first one now
                     cut.requests += skipped
                 cut.sample_th = sample_th
-                if not st.lport:
+                if not st.laddr:  # (EV_TLS may have set the port alone)
                     st.lport, st.rport = lport, rport
                     la, ra = _ADDRS(raw, _ADDRS_AT)
                     st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
@@ -235,7 +248,7 @@ class Connections:
     # -- records --------------------------------------------------------------------
     def _info(self, st: ConnState) -> ConnInfo:
         comm, service = self._identity(st.pid, st.lport)
-        st.info = ConnInfo(st.pid, comm, service, st.laddr, st.lport, st.raddr, st.rport)
+        st.info = ConnInfo(st.pid, comm, service, st.laddr, st.lport, st.raddr, st.rport, st.tls)
         return st.info
 
     def emit(self, st: ConnState, out: list[Exchange]) -> None:

@@ -126,6 +126,26 @@ def check_uprobes(tfs: Path | None) -> Check:
     return Check("uprobes", "degraded", "no uprobe PMU → no accept-queue wait on the socket hooks")
 
 
+def check_tls() -> Check:
+    """Whether the TLS probes (agent.tls) can go on here."""
+    from agent.uprobes import uretprobe_hazard  # noqa: PLC0415  (keeps doctor's imports light)
+
+    if not Path("/sys/bus/event_source/devices/uprobe").exists():
+        why = "no uprobe PMU"
+    elif platform.machine() != "x86_64":
+        why = f"the uprobe programs read x86-64 registers, this is {platform.machine()}"
+    elif uretprobe_hazard():
+        why = f"Linux {platform.release()}: uretprobes can get seccomp-confined servers killed"
+    else:
+        return Check(
+            "TLS",
+            "ok",
+            "OpenSSL SSL_read/SSL_write uprobes on each traced process at its first TLS"
+            " connection (its libssl, or its executable's symbols: Node)",
+        )
+    return Check("TLS", "degraded", f"{why} → TLS requests counted per executable, not recorded")
+
+
 def check_io_hooks(tfs: Path | None) -> Check:
     """How reads and writes will be seen (loader.load makes the same choice)."""
     sock = tfs is not None and all(
@@ -208,7 +228,8 @@ def run_checks() -> list[Check]:
     tfs_check, tfs = check_tracefs()
     checks = [check_privilege(), check_bpf_syscall(), check_ringbuf(), tfs_check]
     checks += check_tracepoints(tfs)
-    checks += [check_io_hooks(tfs), check_sdr_btf(), check_uprobes(tfs), check_kprobes()]
+    checks += [check_io_hooks(tfs), check_sdr_btf(), check_uprobes(tfs), check_tls()]
+    checks += [check_kprobes()]
     checks += [check_headers(), check_bcc(), check_nvml()]
     return checks
 

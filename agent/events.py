@@ -14,6 +14,7 @@ EV_WAGG = 3
 EV_CLOSE = 4
 EV_PEER_FIN = 5
 EV_SOCK_CLOSE = 6  # the socket closed without a close() of the app (killed, exited)
+EV_TLS = 7  # the connection carries TLS: its plaintext comes from the SSL uprobes
 
 WAGG_END = 1
 WAGG_PARTIAL = 2
@@ -28,6 +29,7 @@ READ = struct.Struct("<QQQIIHHHH16s16s")
 READ_NOADDR = struct.Struct("<QQQIIHHHH")
 READ_ADDRS = struct.Struct("<16s16s")
 RESP = struct.Struct("<II")  # n caplen
+TLS = struct.Struct("<II")  # lport pad
 AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
 READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
 RESP_DATA = HDR.size + RESP.size
@@ -115,7 +117,15 @@ class CloseEv:
     h: Header
 
 
-Event = ReadEv | RespEv | WaggEv | CloseEv
+@dataclass(slots=True)
+class TlsEv:
+    """The connection carries TLS records (its plaintext comes from the SSL uprobes)."""
+
+    h: Header
+    lport: int
+
+
+Event = ReadEv | RespEv | WaggEv | CloseEv | TlsEv
 
 
 def addr_text(family: int, raw: bytes) -> str:
@@ -146,4 +156,6 @@ def decode(buf: bytes) -> Event | None:
         return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs)
     if h.type in (EV_CLOSE, EV_PEER_FIN, EV_SOCK_CLOSE):
         return CloseEv(h)
+    if h.type == EV_TLS and len(buf) >= off + TLS.size:
+        return TlsEv(h, TLS.unpack_from(buf, off)[0])
     return None

@@ -138,6 +138,14 @@ class Metrics:
             ["port"],
             registry=r,
         )
+        self.tls_unprobed = Counter(
+            "parallax_agent_tls_unprobed",
+            "TLS connections of traced processes whose TLS library carries no probe (Go's"
+            " crypto/tls, a static or stripped OpenSSL, BoringSSL, --tls off): their requests"
+            " are not recorded; per executable name",
+            ["comm"],
+            registry=r,
+        )
         self.head_too_large = Counter(
             "parallax_agent_head_too_large",
             "Request heads larger than the capture window",

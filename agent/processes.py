@@ -17,6 +17,7 @@ from typing import Any
 
 from agent import loader, procinfo, uprobes
 from agent.sockdiag import ListenerStats
+from agent.tls import TlsProbes
 
 log = logging.getLogger("parallax.agent")
 # --port mode: every process's fds are scanned for the listeners when one opens or closes
@@ -48,6 +49,7 @@ class Processes:
         self.pids: set[int] = set(pids)
         self.bpf: Any = None  # set by attach()
         self.accept_probes: uprobes.AcceptProbes | None = None  # socket hooks only
+        self.tls_probes: TlsProbes | None = None
         self._pid_start: dict[int, int | None] = {}  # pid → start time (reuse detection)
         # pid → (comm, service, start time, when checked): see SVC_CHECK_S
         self._svc: dict[int, tuple[str, str, int | None, float]] = {}
@@ -73,9 +75,11 @@ class Processes:
         self._track(self.pids)
         return sorted(self.pids)
 
-    def attach(self, bpf: Any, socket_hooks: bool) -> None:
+    def attach(self, bpf: Any, socket_hooks: bool, tls: str = "auto") -> None:
         """The programs are loaded: seed the kernel's per-port listener counts, attach the
-        accept probes (socket hooks) and seed the connections older than the agent."""
+        accept probes (socket hooks), set up the TLS probes (``tls``: auto | off; each
+        process gets them at its first TLS connection), seed the connections older than
+        the agent."""
         self.bpf = bpf
         # the kernel counts listeners per port over every namespace: seeded the same way
         listen = procinfo.listen_counts(procinfo.all_pids())
@@ -85,6 +89,7 @@ class Processes:
         if socket_hooks:
             self.accept_probes = uprobes.AcceptProbes(bpf)
             self.accept_probes.add(servers)
+        self.tls_probes = TlsProbes(bpf, tls)
         self._seed(servers)
 
     def _track(self, pids: set[int]) -> None:
@@ -105,6 +110,8 @@ class Processes:
         per tick."""
         if self.accept_probes is not None:
             self.accept_probes.sweep()
+        if self.tls_probes is not None:
+            self.tls_probes.sweep()
         gone = [p for p, st in self._pid_start.items() if procinfo.start_time(p) != st]
         if gone:
             loader.remove_pids(self.bpf, gone)
@@ -222,3 +229,5 @@ class Processes:
 
     def close(self) -> None:
         self._listeners.close()
+        if self.tls_probes is not None:
+            self.tls_probes.close()

@@ -23,6 +23,7 @@ class ConnInfo:
     local_port: int
     peer_addr: str
     peer_port: int
+    tls: bool = False  # the plaintext came from the TLS library probes (agent/tls.py)
 
 
 class _Ids:
@@ -117,6 +118,7 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "client_aborted": ex.client_aborted,
         "traceparent_missed": ex.traceparent_missed,
         "source": sa.SOURCE_EBPF,
+        "tls": conn.tls,
         # the kernel's sampling threshold (OpenTelemetry's th, hex; "0": every request kept)
         "sample_th": _TH_HEX.get(ex.sample_th) or _th_hex(ex.sample_th),
     }

@@ -58,6 +58,7 @@ class RunConfig:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     sample_fixed: float | None = None  # tests: a keep probability held whatever the load
     k8s_api: str | None = None  # tests: the Kubernetes API's URL (agent.resource)
+    tls: str = "auto"  # TLS library uprobes (agent.tls): auto | off
 
 
 class Agent:
@@ -77,6 +78,7 @@ class Agent:
             identity=self.procs.identity,
             on_unparsed=lambda lport: self.m.unparsed.labels(self.procs.port_label(lport)).inc(),
             on_traceparent_missed=self.m.traceparent_missed.inc,
+            on_tls=self._on_tls,
         )
         self.exporters: list[Exporter] = []
         self.gpu = GpuSide(cfg.gpu)
@@ -93,6 +95,7 @@ class Agent:
         self._shed_reads = 0
         self._counts: dict[int, tuple[int, int]] = {}
         self._max_conns = loader.Options.max_conns  # the kernel's px_conns size
+        self._tls_unprobed: set[str] = set()  # comm labels of parallax_agent_tls_unprobed
 
     # -- start-up ---------------------------------------------------------------------
     def _open_outputs(self) -> str | None:
@@ -162,7 +165,7 @@ class Agent:
                 os.setpriority(os.PRIO_PROCESS, 0, max(-20, min(19, cfg.nice)))
             except OSError as e:
                 log.warning("cannot set nice %d: %s", cfg.nice, e)
-        self.procs.attach(self.bpf, socket_hooks=loaded.hooks == "socket")
+        self.procs.attach(self.bpf, socket_hooks=loaded.hooks == "socket", tls=cfg.tls)
         gpu_line = self.gpu.start()  # (before the CPU budget starts counting: a compile)
         self.shedding = Shedding(
             self.bpf, cfg.cpu_budget, self.m, self.conns.resync_all, cfg.sample_fixed
@@ -231,10 +234,32 @@ class Agent:
                 if cfg.sample_fixed is not None
                 else ", sampling: every request (the share adapts to the budget)"
             )
-            + f"; {gpu}",
+            + f"; {gpu}; "
+            + (self.procs.tls_probes.describe() if self.procs.tls_probes else "TLS: off"),
             file=sys.stderr,
             flush=True,
         )
+
+    def _on_tls(self, pid: int, lport: int) -> None:
+        """A TLS connection (the kernel saw a TLS record): its process gets the TLS probes
+        now if it has none (agent.tls: at its first TLS connection); where none can go, its
+        requests go unseen — counted per executable and logged once each."""
+        tls = self.procs.tls_probes
+        if tls is not None and tls.on_tls(pid):
+            return
+        comm = self.procs.identity(pid, lport)[0]
+        label = comm if comm in self._tls_unprobed or len(self._tls_unprobed) < 64 else "other"
+        if label not in self._tls_unprobed:
+            self._tls_unprobed.add(label)
+            why = tls.why if tls is not None and tls.why else "no libssl or OpenSSL symbols found"
+            log.warning(
+                "pid %d (%s) serves TLS without probes (%s): its requests are not recorded"
+                " (parallax_agent_tls_unprobed_total, logged once per executable)",
+                pid,
+                comm,
+                why,
+            )
+        self.m.tls_unprobed.labels(label).inc()
 
     # -- the main loop ----------------------------------------------------------------
     def _main_loop(self) -> None:

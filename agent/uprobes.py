@@ -94,8 +94,8 @@ def fix_bcc_attach_abi() -> None:
 
 
 @functools.cache
-def _prepare() -> None:
-    """Once per process, before the first attach."""
+def prepare_attach() -> None:
+    """Once per process, before the first uprobe attach (here or in agent.tls)."""
     fix_bcc_attach_abi()
     n = tracefs.remove_stale_uprobes()
     if n:
@@ -135,7 +135,7 @@ class LibraryProbes:
         what: str,
         recheck: bool = False,
     ) -> None:
-        _prepare()
+        prepare_attach()
         self._b = bpf
         self._library = library
         self._probe_list = probes

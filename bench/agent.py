@@ -49,7 +49,7 @@ http {{
   client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
   uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
   server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }}
-}}
+{servers}}}
 """
 PACED_LUA = "function delay() return {delay_ms} end\n"
 
@@ -71,12 +71,17 @@ def _unit_us(v: str) -> float:
     return float(m.group(1)) * {"us": 1, "ms": 1000, "s": 1e6}[m.group(2)]
 
 
-def wrk(port: int, seconds: float, conns: int, lua: Path | None) -> dict[str, float]:
+def wrk(
+    port: int, seconds: float, conns: int, lua: Path | None, url: str | None = None
+) -> dict[str, float]:
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{int(seconds)}s", "--latency"]
     if lua:
         argv += ["-s", str(lua)]
     p = subprocess.run(
-        [*argv, f"http://127.0.0.1:{port}/"], capture_output=True, text=True, timeout=seconds + 30
+        [*argv, url or f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
     )
     out = p.stdout
     res: dict[str, float] = {}
@@ -400,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-"))
     port = free_port()
-    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port))
+    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
     ngx = subprocess.Popen(
         ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
         stdout=subprocess.DEVNULL,

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = [f"{i}:{v}" for i, v in enumerate(a.versions)]
     trees: dict[str, Path] = {}
     port = free_port()
-    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port))
+    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
     lua = tmp / "paced.lua"
     lua.write_text(PACED_LUA.format(delay_ms=max(1, round(CONNS * 1000 / a.rate))))
     ngx = None

@@ -39,6 +39,7 @@
 #include "agent/output.h"
 #include "agent/sample.h"
 #include "agent/uio.h"
+#include "agent/tls.h"
 #include "agent/http.h"
 #include "agent/syscalls.h"
 #ifdef PX_SOCK_HOOKS
@@ -47,3 +48,4 @@
 #include "agent/syscall_hooks.h"
 #endif
 #include "agent/tcp.h"
+#include "agent/tls_uprobes.h"

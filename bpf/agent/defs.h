@@ -12,6 +12,7 @@
 #define EV_CLOSE 4
 #define EV_PEER_FIN 5
 #define EV_SOCK_CLOSE 6  // the socket closed without a close() we saw (process killed, exit)
+#define EV_TLS 7  // the connection carries TLS records (tls.h): its bytes come from uprobes
 
 #define KIND_READ 1
 #define KIND_WRITE 2
@@ -22,6 +23,10 @@
 #define IOV_NONE 0
 #define IOV_VEC 1
 #define IOV_MSG 2
+
+#define PX_TLS_SEEN 1  // px_conn.tls: its first read with data was looked at
+#define PX_TLS_ON 2    // ... and began with a TLS record: the socket carries ciphertext
+#define PX_PID_TLS 2   // px_pids bit: the process carries the TLS probes (agent/tls.py)
 
 #define WAGG_END 1      // chunked terminator seen: the response is complete
 #define WAGG_PARTIAL 2  // stream-length limit reached: more follows

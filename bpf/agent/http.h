@@ -2,23 +2,20 @@
 // starting "HTTP/" -> RESP event; other writes -> the connection's body-write aggregate
 // (chunked terminator, WebSocket frames, stream limit), flushed as WAGG at a boundary.
 
-static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u64 t) {
-    u64 sk = a->sk;
-    struct px_conn *c = px_conn_for(id, a->fd, sk);
-    if (!c)
-        return;
+static __always_inline void px_srtt(struct px_conn *c, u64 sk) {
 #ifdef PX_OFF_TCP_SRTT
     // tcp_sock.srtt_us (microseconds << 3) at its offset in the running kernel's BTF: one
     // read per request instead of tcp_probe on every segment of every socket on the node
     u32 srtt8 = 0;
-    if (ret > 0 && bpf_probe_read_kernel(&srtt8, sizeof(srtt8), (void *)(sk + PX_OFF_TCP_SRTT)) == 0)
+    if (bpf_probe_read_kernel(&srtt8, sizeof(srtt8), (void *)(sk + PX_OFF_TCP_SRTT)) == 0)
         c->srtt_us = srtt8 >> 3;
 #endif
-    if (ret <= 0) {
-        if (ret == 0)
-            c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
-        return;
-    }
+}
+
+// A read with data of request bytes: from the socket, or (tls) SSL_read's plaintext.
+static __always_inline void px_on_read_conn(struct px_active *a, struct px_conn *c, u64 id,
+                                            long ret, u64 t, int tls) {
+    u64 sk = a->sk;
     px_flush(id, a->fd, sk, c, t, 0);
     u32 zero = 0;
     struct px_ev_read *e = px_scratch_read.lookup(&zero);
@@ -37,17 +34,24 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
         }
         if (!px_sample_decide(c, e->data, have, t)) {
             c->t_arr = 0;  // consumed by the dropped request
+            c->tls_arr = 0;
             return;
         }
     } else if (c->sample == PX_DROP) {  // more of a dropped request
         c->t_arr = 0;
+        c->tls_arr = 0;
         return;
     }
     px_hdr_fill(&e->h, EV_READ, id, a->fd, sk, c, t);
     e->t_est = c->t_est;
     e->t_acc = c->t_acc;
-    e->t_arr = c->arr_epoch == c->epoch ? c->t_arr : 0;  // not stamped before a pause
-    c->t_arr = 0;
+    if (tls) {
+        e->t_arr = c->tls_arr;  // its ciphertext's arrival (px_tls_sock_read)
+        c->tls_arr = 0;
+    } else {
+        e->t_arr = c->arr_epoch == c->epoch ? c->t_arr : 0;  // not stamped before a pause
+        c->t_arr = 0;
+    }
     e->n = ret;
     e->lport = c->lport;
     e->rport = c->rport;
@@ -67,6 +71,27 @@ static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u6
         size = sizeof(struct px_ev_read);
     if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
         px_lost(c);
+}
+
+// A socket read (the socket hooks or a read syscall's exit).
+static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u64 t) {
+    u64 sk = a->sk;
+    struct px_conn *c = px_conn_for(id, a->fd, sk);
+    if (!c)
+        return;
+    if (ret <= 0) {
+        if (ret == 0)
+            c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
+        return;
+    }
+    px_srtt(c, sk);
+    if (!(c->tls & PX_TLS_SEEN))
+        px_tls_detect(a, id, sk, c, ret);
+    if (c->tls & PX_TLS_ON) {
+        px_tls_sock_read(c);  // ciphertext: the plaintext comes from SSL_read (tls_uprobes.h)
+        return;
+    }
+    px_on_read_conn(a, c, id, ret, t, 0);
 }
 
 // t: when the write began (a chunk's time); t_done: when it returned (the end of a
@@ -196,6 +221,6 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     if (ret <= 0)
         return;
     struct px_conn *c = px_conn_for(id, a->fd, a->sk);
-    if (c)
+    if (c && !(c->tls & PX_TLS_ON))  // (TLS: ciphertext; SSL_write gives the plaintext)
         px_on_write_conn(a, c, id, ret, t, t_done);
 }

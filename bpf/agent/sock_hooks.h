@@ -58,6 +58,7 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
             px_send_abandon(sk);
         return;
     }
+    px_tls_note(id, sk, is_read);
     u64 t = bpf_ktime_get_ns();
     u64 regs = (u64)bpf_task_pt_regs(task);
     // A direct load: the verifier knows the pointer (BTF-typed, struct pt_regs) and
@@ -88,6 +89,12 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     struct px_conn *c = px_conn_for(id, a.fd, sk);
     if (!c)
         return;
+    if (c->tls & PX_TLS_ON) {
+        // ciphertext: SSL_write's entry gives the plaintext and the write's start
+        c->t_send = 0;
+        c->sf_left = 0;
+        return;
+    }
 #ifdef PX_LAZY_SEND_START
     if (!c->mode_seen) {
         c->mode_seen = 1;

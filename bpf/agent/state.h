@@ -61,7 +61,11 @@ struct px_conn {
     u8 dq;           // pending decisions (bit i: the i-th oldest was dropped)
     u8 dn;           // how many (at most 8; pipelining deeper shares the last decision)
     u8 dlast;        // the last decision taken from dq
-    u8 pad2;
+    u8 tls;          // PX_TLS_SEEN, PX_TLS_ON (tls.h): the socket carries TLS records
+    // TLS (tls.h): the SSL object the connection's plaintext last came through, and the
+    // arrival of the ciphertext its last socket read took (the decrypting read's t_arr)
+    u64 tls_ssl;
+    u64 tls_arr;
 };
 
 struct px_agg {
@@ -99,16 +103,21 @@ BPF_TABLE("lru_hash", struct px_tuple, u64, px_tuples, PX_MAX_CONNS);
 BPF_HASH(px_accept_args, u64, u64, 16384);
 #endif
 
+// Tracing was paused since the connection's last event: user space resynchronises.
+static __always_inline void px_conn_epoch(struct px_conn *c) {
+    u32 ep = px_epoch();
+    if (c->epoch != ep) {
+        c->epoch = ep;
+        c->lost = 1;
+        c->sf_left = 0;
+    }
+}
+
 static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     struct px_conn *c = px_conns.lookup(&sk);
     u64 key = (id & 0xffffffff00000000ULL) | fd;
     if (c && c->fdkey == key) {  // the common case: one hash lookup per event
-        u32 ep = px_epoch();
-        if (c->epoch != ep) {
-            c->epoch = ep;
-            c->lost = 1;
-            c->sf_left = 0;
-        }
+        px_conn_epoch(c);
         return c;
     }
     struct px_fd *f = px_fds.lookup(&key);
@@ -153,11 +162,6 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     }
     c->tgid = id >> 32;
     c->fdkey = key;
-    u32 ep = px_epoch();
-    if (c->epoch != ep) {
-        c->epoch = ep;
-        c->lost = 1;  // tracing was paused since its last event: user space resynchronises
-        c->sf_left = 0;
-    }
+    px_conn_epoch(c);
     return c;
 }

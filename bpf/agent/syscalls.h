@@ -13,6 +13,7 @@ static __always_inline void px_exit_active(struct px_active *ap, u64 id, long re
         return;  // not a socket (or the link tracepoints are missing)
     if (ret < 0)
         return;  // EAGAIN (a server's read after each request) and errors: no lookup
+    px_tls_note(id, a.sk, a.kind == KIND_READ);
     u64 t = bpf_ktime_get_ns();
     if (a.kind == KIND_READ)
         px_on_read(&a, id, ret, t);

@@ -66,7 +66,10 @@ static __always_inline struct px_active *px_active_get(u64 id) {
 // connection, a request not traced (counted). Nothing else is done while paused — what
 // goes stale meanwhile is recognised by px_cfg.epoch afterwards.
 static __always_inline void px_paused_read(u64 sk, long ret) {
-    if (ret > 0 && px_conns.lookup(&sk))
+    if (ret <= 0)
+        return;
+    struct px_conn *c = px_conns.lookup(&sk);
+    if (c && !(c->tls & PX_TLS_ON))  // (a TLS connection's: at SSL_read, tls_uprobes.h)
         px_count(C_SHED_READS);
 }
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -209,6 +211,61 @@ def http_request(
     sock.settimeout(timeout)
     sock.sendall(raw)
     return read_response(sock)
+
+
+def get_head(path: str, tp: str | None = None, extra: str = "") -> bytes:
+    """A GET request head, with a traceparent header when ``tp`` is given."""
+    h = f"GET {path} HTTP/1.1\r\nHost: t\r\n"
+    if tp:
+        h += f"traceparent: {tp}\r\n"
+    return (h + extra + "\r\n").encode()
+
+
+def gaps(xs: list[int]) -> list[int]:
+    return [b - a for a, b in itertools.pairwise(xs)]
+
+
+def check_node_timing(r: dict[str, Any], srv: dict[str, Any], tol_us: float) -> None:
+    """A record of tests/agent/servers/node_server.mjs against the server's own clock. Node
+    sends the head together with the first body bytes: t2 = t_tok; a /stream's every chunk."""
+    writes = srv["t_writes_ns"]
+    assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= tol_us, (r, srv)
+    assert r["ttft_us"] == r["ttfb_us"]
+    if r["path"] == "/stream":
+        assert r["chunks"] == len(writes) == 5
+        for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(writes), strict=True):
+            assert abs(got - want / 1000) <= tol_us
+
+
+def leaks(exits: dict[str, bytes], secrets: dict[str, str]) -> list[tuple[str, str]]:
+    """(exit, secret name) for each secret found in an exit's bytes."""
+    return [(w, k) for w, text in exits.items() for k, v in secrets.items() if v.encode() in text]
+
+
+def tls_cert(tmp: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made now (``openssl req``; the
+    ``cryptography`` package is not installed here). Skips without openssl."""
+    if not shutil.which("openssl"):
+        pytest.skip("needs openssl to make a certificate")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]
+    ip = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run(
+        ["openssl", "req", "-x509", *ec, *ip, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return cert, key
+
+
+def tls_connect(port: int, timeout: float = 5.0) -> ssl.SSLSocket:
+    """A TLS client connection to 127.0.0.1:port (the test servers' self-signed certificate
+    is not verified), handshake done."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout))
 
 
 def read_response(s: socket.socket) -> bytes:

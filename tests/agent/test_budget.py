@@ -311,6 +311,7 @@ def test_attach_line_names_the_budget(tmp_path: Path) -> None:
     try:
         line = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
         assert f"CPU budget {default_cores():g} cores, sampling: every request" in line, line
+        assert "; GPU: " in line, line
     finally:
         agent.stop()
     agent = Agent(tmp_path, [free_port()], ["--cpu-budget", "0"])

@@ -81,6 +81,7 @@ def record(i: int) -> dict[str, Any]:
         "end_unix_ns": now,
         "ttfb_us": 900,
         "duration_us": 2000,
+        "sample_th": "0",  # every record carries its sampling threshold (agent.records)
     }
 
 

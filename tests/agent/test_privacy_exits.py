@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, http_request
+from tests.agent.helpers import PY, Agent, OtlpReceiver, Proc, http_request, leaks
 
 pytestmark = pytest.mark.ebpf
 
@@ -88,10 +88,5 @@ def test_secrets_leave_by_no_exit(env: tuple[int, Agent, OtlpReceiver]) -> None:
         "metrics": metrics,
         "otlp": otlp,
     }
-    leaks = [
-        (where, what)
-        for where, text in exits.items()
-        for what, secret in secrets.items()
-        if secret.encode() in text
-    ]
-    assert not leaks, leaks
+    found = leaks(exits, secrets)
+    assert not found, found

@@ -24,6 +24,9 @@ from tests.agent.helpers import (
     netns_ask,
     netns_client,
     netns_server,
+    tls_cert,
+    tls_connect,
+    wait_log,
 )
 
 pytestmark = pytest.mark.ebpf
@@ -146,6 +149,7 @@ def test_uprobe_events_left_by_a_killed_agent_are_removed(tmp_path: Path) -> Non
         pytest.skip(f"{libc} missing")
     events = {
         f"r__proc_self_fd_7_0x0_bcc_{dead.pid}": "stale",
+        f"px_tls_r_{os.getpid()}_1a0_bcc_{dead.pid}": "stale (a TLS probe's)",
         f"r__proc_self_fd_7_0x0_bcc_{os.getpid()}": "live",
         "px_test_other_tool": "another tool's",
     }
@@ -157,8 +161,35 @@ def test_uprobe_events_left_by_a_killed_agent_are_removed(tmp_path: Path) -> Non
         agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
         assert agent.stop() == 0
         left = (base / "uprobe_events").read_text()
-        assert [n for n in events if f"/{n} " in left] == list(events)[1:], left
+        assert [n for n in events if f"/{n} " in left] == list(events)[2:], left
     finally:
         srv.stop()
         for name in events:
             tracefs.write_probe_events(f"-:uprobes/{name}", base)
+
+
+def test_tls_probes_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
+    """The TLS probes (pid-filtered uprobes on the libssl a server maps, opened by the agent
+    through /proc/<pid>/root) attach with only the DaemonSet's capabilities: a TLS server's
+    requests are recorded from their plaintext."""
+    cert, key = tls_cert(tmp_path)
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    srv = Proc(
+        [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t"), *tls]
+    )
+    port = srv.port()
+    agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
+    try:
+        with tls_connect(port) as c:  # the first TLS connection: the probes go on now
+            http_request(0, b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n", sock=c)
+        wait_log(agent, f"TLS: probes on pid {srv.p.pid} in libssl.so.3")
+        ctx = trace_context.generate()
+        with tls_connect(port) as c:
+            head = f"GET /tls HTTP/1.1\r\nHost: x\r\ntraceparent: {ctx.header()}\r\n\r\n"
+            assert http_request(0, head.encode(), sock=c).startswith(b"HTTP/1.1 200")
+        [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+        assert r["path"] == "/tls" and r["tls"] is True and r["ttfb_us"] is not None
+    finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0

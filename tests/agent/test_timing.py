@@ -7,7 +7,6 @@ read returned and before each write; the agent's figures must agree within 1 ms.
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 import socket
@@ -20,7 +19,18 @@ import pytest
 
 from demo.stack import free_port
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, attempts, http_request, timing_log, wait_port
+from tests.agent.helpers import (
+    PY,
+    Agent,
+    Proc,
+    attempts,
+    check_node_timing,
+    gaps,
+    get_head,
+    http_request,
+    timing_log,
+    wait_port,
+)
 
 pytestmark = pytest.mark.ebpf
 TOL_US = 1000
@@ -111,8 +121,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Age
         for name in ("py", "node"):
             if name in s.ports:
                 for _ in range(3):
-                    http_request(s.ports[name], _get("/warm?n=10") + _get("/stream?n=2&gap_ms=1"))
-        http_request(s.ports["llm"], _get("/v1/complete"))
+                    http_request(
+                        s.ports[name], get_head("/warm?n=10") + get_head("/stream?n=2&gap_ms=1")
+                    )
+        http_request(s.ports["llm"], get_head("/v1/complete"))
     except Exception:
         s.stop()
         raise
@@ -136,17 +148,6 @@ def _server_rec(log: Path, pred: Any, timeout: float = 5.0) -> dict[str, Any]:
     raise AssertionError(f"no server timing record in {log}")
 
 
-def _get(path: str, tp: str | None = None, extra: str = "") -> bytes:
-    h = f"GET {path} HTTP/1.1\r\nHost: t\r\n"
-    if tp:
-        h += f"traceparent: {tp}\r\n"
-    return (h + extra + "\r\n").encode()
-
-
-def _gaps(xs: list[int]) -> list[int]:
-    return [b - a for a, b in itertools.pairwise(xs)]
-
-
 def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
     def check() -> None:
         s, agent = stack
@@ -156,7 +157,7 @@ def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
         with socket.create_connection(("127.0.0.1", port), 5) as c:
             for i, ctx in enumerate(ctxs):
                 resp = http_request(
-                    port, _get(f"/ka{i}-{uid}?n=100&secret=1", ctx.header()), sock=c
+                    port, get_head(f"/ka{i}-{uid}?n=100&secret=1", ctx.header()), sock=c
                 )
                 assert resp.startswith(b"HTTP/1.1 200")
         recs = agent.wait_for(lambda r: r["local_port"] == port and r["path"].endswith(uid), 3)
@@ -182,7 +183,7 @@ def test_python_chunked_stream(stack: tuple[Stack, Agent]) -> None:
         port = s.ports["py"]
         ctx = trace_context.generate()
         resp = http_request(
-            port, _get("/stream?n=6&gap_ms=40", ctx.header(), "Connection: close\r\n")
+            port, get_head("/stream?n=6&gap_ms=40", ctx.header(), "Connection: close\r\n")
         )
         assert resp.endswith(b"0\r\n\r\n")
         [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
@@ -192,7 +193,7 @@ def test_python_chunked_stream(stack: tuple[Stack, Agent]) -> None:
         body = writes[1:]  # the header write carries no body here
         assert r["chunks"] == len(body) == 6
         assert abs(r["ttft_us"] - (body[0] - t_read) / 1000) <= TOL_US
-        for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(body), strict=True):
+        for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(body), strict=True):
             assert abs(got - want / 1000) <= TOL_US
         assert r["client_aborted"] is False and r["duration_us"] >= 5 * 40_000
 
@@ -207,21 +208,14 @@ def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
         port = s.ports["node"]
         a, b = trace_context.generate(), trace_context.generate()
         with socket.create_connection(("127.0.0.1", port), 5) as c:
-            http_request(port, _get("/plain?n=300", a.header()), sock=c)
-            http_request(port, _get("/stream?n=5&gap_ms=30", b.header()), sock=c)
+            http_request(port, get_head("/plain?n=300", a.header()), sock=c)
+            http_request(port, get_head("/stream?n=5&gap_ms=30", b.header()), sock=c)
         for ctx, path in ((a, "/plain"), (b, "/stream")):
             tid = ctx.trace_id
             [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
             assert r["path"] == path and r["service"] == "node"
             srv = _server_rec(s.logs["node"], lambda x, c=ctx: x["traceparent"] == c.header())
-            writes = srv["t_writes_ns"]
-            # Node sends the head together with the first body bytes: t2 = t_tok
-            assert abs(r["ttfb_us"] - (writes[0] - srv["t_read_ns"]) / 1000) <= TOL_US
-            assert r["ttft_us"] == r["ttfb_us"]
-            if path == "/stream":
-                assert r["chunks"] == len(writes) == 5
-                for got, want in zip(_gaps(r["chunk_offsets_us"]), _gaps(writes), strict=True):
-                    assert abs(got - want / 1000) <= TOL_US
+            check_node_timing(r, srv, TOL_US)
 
     attempts(check)
 
@@ -231,7 +225,9 @@ def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
         s, agent = stack
         port = s.ports["llm"]
         ctx = trace_context.generate()
-        resp = http_request(port, _get("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n"))
+        resp = http_request(
+            port, get_head("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n")
+        )
         assert b"text/event-stream" in resp
         [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
         srv = _server_rec(s.logs["llm"], lambda x: x["traceparent"] == ctx.header())
@@ -240,8 +236,8 @@ def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
         writes = srv["t_writes_ns"]
         assert abs(r["ttft_us"] - (writes[0] - srv["t_start_ns"]) / 1000) <= TOL_US
         assert r["chunks"] >= len(writes)
-        got = _gaps(r["chunk_offsets_us"][: len(writes)])
-        for g, w in zip(got, _gaps(writes), strict=True):
+        got = gaps(r["chunk_offsets_us"][: len(writes)])
+        for g, w in zip(got, gaps(writes), strict=True):
             assert abs(g - w / 1000) <= TOL_US
         assert r["ttft_us"] >= 55_000  # the first-token wait shows
 
@@ -318,8 +314,8 @@ def test_accept_queue_wait(stack: tuple[Stack, Agent]) -> None:
             socket.create_connection(("127.0.0.1", port), 5) as c1,
             socket.create_connection(("127.0.0.1", port), 5) as c2,
         ):
-            c1.sendall(_get("/acc-first"))
-            c2.sendall(_get(path))
+            c1.sendall(get_head("/acc-first"))
+            c2.sendall(get_head(path))
             http_request(port, b"", sock=c1)
             http_request(port, b"", sock=c2)
         [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
@@ -336,7 +332,7 @@ def test_receive_queue_wait_not_in_ttfb(stack: tuple[Stack, Agent]) -> None:
         s, agent = stack
         port = s.ports["rcv"]
         path = "/rcv-" + trace_context.new_span_id()
-        http_request(port, _get(path))
+        http_request(port, get_head(path))
         [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
         assert r["recv_queue_us"] >= 250_000, r  # the app read 300 ms after the bytes arrived
         assert r["ttfb_us"] < 50_000

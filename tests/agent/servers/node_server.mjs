@@ -3,15 +3,17 @@
 // Timing log: one JSON line per request — t_read_ns when the request event fired (the read
 // that completed the head just returned), t_writes_ns before each write.
 // Routes: /plain?n=BYTES (Content-Length, one write), /stream?n=K&gap_ms=G (chunked).
-// Usage: node node_server.mjs PORT TIMING_LOG   (prints the port)
+// Usage: node node_server.mjs PORT TIMING_LOG [CERT KEY]   (prints the port; with a
+// certificate and key: https, Node's own statically linked OpenSSL)
 import http from 'node:http';
+import https from 'node:https';
 import fs from 'node:fs';
 
-const [port, logPath] = process.argv.slice(2);
+const [port, logPath, certPath, keyPath] = process.argv.slice(2);
 const now = () => process.hrtime.bigint().toString();
 const log = fs.openSync(logPath, 'a');
 
-const server = http.createServer((req, res) => {
+const handler = (req, res) => {
   const rec = { path: req.url.split('?')[0], traceparent: req.headers['traceparent'] ?? null,
                 t_read_ns: Number(now()), t_writes_ns: [] };
   const u = new URL(req.url, 'http://x');
@@ -39,6 +41,9 @@ const server = http.createServer((req, res) => {
       done();
     }
   });
-});
+};
+const server = certPath
+  ? https.createServer({ cert: fs.readFileSync(certPath), key: fs.readFileSync(keyPath) }, handler)
+  : http.createServer(handler);
 server.keepAliveTimeout = 30000;
 server.listen(Number(port), '127.0.0.1', () => console.log(server.address().port));

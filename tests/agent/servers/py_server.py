@@ -7,9 +7,11 @@ first, then each body write), the path and the traceparent it received.
 Routes: ``/plain?n=BYTES&delay_ms=D`` (Content-Length; with ``phase_ms=P&slow_ms=S`` the
 delay alternates between D and S every P ms, on the monotonic clock),
 ``/stream?n=K&gap_ms=G`` (chunked, one write per chunk), ``/fetch?port=P`` (fetches
-/plain from 127.0.0.1:P first: an outbound connection), ``/file?n=BYTES`` (the body by
-``os.sendfile``, each call timed as a write). ``--nodelay`` sets TCP_NODELAY.
-``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
+/plain from 127.0.0.1:P first: an outbound connection; ``&tls=1`` over TLS),
+``/file?n=BYTES`` (the body by ``os.sendfile``, each call timed as a write). ``--nodelay``
+sets TCP_NODELAY. ``--accept-delay-ms`` sleeps before each accept() (accept-queue test).
+``--tls-cert``/``--tls-key``: HTTPS (each connection's handshake in its own thread; the
+reads and writes go through OpenSSL's socket BIO, inside SSL_read_ex/SSL_write_ex).
 
     python -m tests.agent.servers.py_server --port 0 --timing-log PATH   # prints the port
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import socketserver
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -28,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 LOCK = threading.Lock()
 LOG: Any = None
 ACCEPT_DELAY_S = 0.0
+TLS: ssl.SSLContext | None = None  # --tls-cert/--tls-key
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -35,6 +39,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        if TLS is not None:  # the handshake here, in the connection's thread
+            self.request = TLS.wrap_socket(self.request, server_side=True)
+        super().setup()
 
     def handle_one_request(self) -> None:
         # stdlib's method, with the clock read right after the request line is read
@@ -91,11 +100,20 @@ class Handler(BaseHTTPRequestHandler):
             # the agent must not follow this outbound connection
             import socket
 
-            with socket.create_connection(("127.0.0.1", int(q["port"])), 5) as up:
+            with socket.create_connection(("127.0.0.1", int(q["port"])), 5) as raw:
+                up = raw
+                if q.get("tls"):  # the app's own HTTPS call (a client SSL object)
+                    client = ssl.create_default_context()
+                    client.check_hostname = False
+                    client.verify_mode = ssl.CERT_NONE
+                    up = client.wrap_socket(raw)
                 up.sendall(b"GET /plain?n=5 HTTP/1.0\r\nHost: x\r\n\r\n")
                 got = b""
-                while d := up.recv(65536):
-                    got += d
+                try:
+                    while d := up.recv(65536):
+                        got += d
+                except ssl.SSLEOFError:  # a peer that closes without close_notify
+                    pass
             body = got.partition(b"\r\n\r\n")[2]
             self._headers(200, [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
             self._write(body)
@@ -146,7 +164,7 @@ class Server(socketserver.ThreadingMixIn, HTTPServer):
 
 
 def main() -> None:
-    global LOG, ACCEPT_DELAY_S  # noqa: PLW0603  (a test server: module state is simplest)
+    global LOG, ACCEPT_DELAY_S, TLS  # noqa: PLW0603  (a test server: module state is simplest)
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--timing-log", required=True)
@@ -154,7 +172,12 @@ def main() -> None:
     # load tests: without it, the head and body writes meet Nagle and the client's delayed
     # ACK (~25 requests/s per keep-alive connection)
     ap.add_argument("--nodelay", action="store_true")
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
     a = ap.parse_args()
+    if a.tls_cert:
+        TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        TLS.load_cert_chain(a.tls_cert, a.tls_key)
     Handler.disable_nagle_algorithm = a.nodelay
     LOG = open(a.timing_log, "a")  # noqa: SIM115
     ACCEPT_DELAY_S = a.accept_delay_ms / 1000

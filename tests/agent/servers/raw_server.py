@@ -4,6 +4,8 @@ queue). ``--read-delay-ms``: sleep after accept() before reading (the request wa
 receive queue, as behind a blocked event loop). ``--dump PATH``: append each raw request head
 (JSON, latin-1) — used to record where Chromium puts traceparent among its headers.
 The timing log has t_read_ns (recv returned) and t_writes_ns like the other servers.
+``--tls-cert``/``--tls-key``: the handshake right after accept(), then the delay, then the
+read (through SSL_read_ex, which reads the socket itself).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import ssl
 import time
 
 
@@ -21,7 +24,13 @@ def main() -> None:
     ap.add_argument("--accept-delay-ms", type=float, default=0)
     ap.add_argument("--read-delay-ms", type=float, default=0)
     ap.add_argument("--dump")
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
     a = ap.parse_args()
+    ctx = None
+    if a.tls_cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(a.tls_cert, a.tls_key)
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", a.port))
@@ -31,6 +40,12 @@ def main() -> None:
     while True:
         time.sleep(a.accept_delay_ms / 1000)
         c, _ = ls.accept()
+        if ctx is not None:
+            try:
+                c = ctx.wrap_socket(c, server_side=True)  # (the handshake, at once)
+            except (OSError, ssl.SSLError):
+                c.close()
+                continue
         time.sleep(a.read_delay_ms / 1000)
         data = c.recv(65536)
         t_read = time.monotonic_ns()

@@ -1,0 +1,425 @@
+"""TLS through library uprobes (agent/tls.py, bpf/agent/tls.h, tls_uprobes.h): real servers
+terminating TLS themselves on 127.0.0.1, with a certificate made at test time, timed against
+their own CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test_timing.py).
+
+* uvicorn ``--ssl-*`` (demo/llm_app.py under asyncio's SSL transport: a memory BIO, the
+  socket read by the event loop just before SSL_read_ex decrypts it);
+* Node ``https`` (OpenSSL linked into the node binary, probed there);
+* Python's http.server over ``ssl`` (a socket BIO: SSL_read_ex reads the socket itself),
+  and a raw TLS server that waits before reading (the receive-queue wait).
+
+One agent for the module, with an OTLP receiver (the privacy test reads every exit).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parallax_contracts import trace_context
+from tests.agent.helpers import (
+    PY,
+    Agent,
+    OtlpReceiver,
+    Proc,
+    attempts,
+    check_node_timing,
+    gaps,
+    get_head,
+    http_request,
+    leaks,
+    perf_links,
+    timing_log,
+    tls_cert,
+    tls_connect,
+    wait_log,
+)
+
+pytestmark = pytest.mark.ebpf
+TOL_US = 1000
+NO_BUDGET = ["--cpu-budget", "0"]
+
+
+class Env:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cert, self.key = tls_cert(tmp)
+        self.procs: dict[str, Proc] = {}
+        self.ports: dict[str, int] = {}
+        self.logs: dict[str, Path] = {}
+        self.agent: Agent
+        self.rx = OtlpReceiver()
+
+    def start(self, name: str, argv: list[str]) -> None:
+        self.logs[name] = self.tmp / f"{name}.jsonl"
+        p = Proc([a.replace("@LOG", str(self.logs[name])) for a in argv])
+        self.procs[name] = p
+        self.ports[name] = p.port()
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.stop()
+        self.rx.close()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    e = Env(tmp_path_factory.mktemp("tls"))
+    cert, key = str(e.cert), str(e.key)
+    tls = ["--timing-log", "@LOG", "--tls-cert", cert, "--tls-key", key]
+    try:
+        uv = ["--timing-log", "@LOG", "--cert", cert, "--key", key]
+        e.start("uv", [PY, "-m", "tests.agent.servers.tls_app", *uv])
+        e.start("py", [PY, "-m", "tests.agent.servers.py_server", *tls])
+        e.start("rcv", [PY, "-m", "tests.agent.servers.raw_server", "--read-delay-ms", "300", *tls])
+        if shutil.which("node"):
+            e.start("node", ["node", "tests/agent/servers/node_server.mjs", "0", "@LOG", cert, key])
+        # not traced: the upstream of the servers' own HTTPS calls
+        e.start("up", [PY, "-m", "tests.agent.servers.py_server", *tls])
+        traced = [p for n, p in e.ports.items() if n != "up"]
+        # no CPU budget: the probes' attach (~0.1 s of CPU for node's symbols) must not make
+        # the agent sample the requests the tests compare (its sampling: test_budget.py)
+        e.agent = Agent(e.tmp, traced, ["--otlp", e.rx.url, *NO_BUDGET])
+        for name in ("uv", "py", "rcv", "node"):
+            if name in e.ports:
+                warm_up(e, e.agent, name)
+    except Exception:
+        e.stop()
+        raise
+    yield e
+    rc = e.agent.stop()
+    stray = [r for r in e.agent.records() if r["local_port"] not in e.ports.values()]
+    e.stop()
+    assert not stray, stray[:3]
+    assert rc == 0, e.agent.err.read_text()[-2000:]
+
+
+def warm_up(e: Env, agent: Agent, name: str) -> None:
+    """A first TLS connection to server ``name``: the agent attaches the TLS probes to
+    its process then (agent/tls.py); wait for them. Also imports and first-request paths,
+    so that the servers' clocks measure steady state as the kernel does."""
+    path = "/v1/complete?first_token_ms=1&tokens=1" if name == "uv" else "/plain"
+    with tls_connect(e.ports[name]) as c:
+        http_request(0, get_head(path), sock=c)
+    wait_log(agent, f"TLS: probes on pid {e.procs[name].p.pid} ")
+
+
+def _server_rec(log: Path, tp: str, timeout: float = 5.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in timing_log(log):
+            if r.get("traceparent") == tp:
+                return r
+        time.sleep(0.05)
+    raise AssertionError(f"no server timing record in {log}")
+
+
+def _one(agent: Agent, ctx: trace_context.TraceContext) -> dict[str, Any]:
+    recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
+def test_probes_where_the_process_has_openssl(env: Env) -> None:
+    """Python maps the system's libssl.so.3; NodeSource's node links OpenSSL statically and
+    exports its symbols: probed in the executable. The attach line says when probes go."""
+    line = next(ln for ln in env.agent.err.read_text().splitlines() if "attached" in ln)
+    assert "TLS: SSL_read/SSL_write probes on each traced process at its first TLS" in line
+    err = env.agent.err.read_text()
+    assert f"TLS: probes on pid {env.procs['uv'].p.pid} in libssl.so.3 " in err
+    if "node" in env.ports:
+        assert f"TLS: probes on pid {env.procs['node'].p.pid} in node " in err
+
+
+def test_a_process_serving_no_tls_gets_no_probes(env: Env, tmp_path: Path) -> None:
+    """A plain-HTTP server that maps libssl and makes HTTPS calls of its own (an app behind
+    a TLS-terminating ingress calling its model API) gets no TLS probes: each probe hit
+    would cost it a trap. Its request is recorded; only libc's accept probes are attached."""
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
+    port = srv.port()
+    agent = Agent(tmp_path, [port], NO_BUDGET)
+    try:
+        ctx = trace_context.generate()
+        req = get_head(
+            f"/fetch?port={env.ports['up']}&tls=1", ctx.header(), "Connection: close\r\n"
+        )
+        assert http_request(port, req).startswith(b"HTTP/1.1 200")
+        r = _one(agent, ctx)
+        assert r["path"] == "/fetch" and r["tls"] is False and r["bytes_in"] == len(req)
+        maps = Path(f"/proc/{srv.p.pid}/maps").read_text()
+        assert "libssl.so.3" in maps  # it does map libssl
+        probes = [e for e in perf_links(agent) if e["fd_type"] in ("uprobe", "uretprobe")]
+        assert len(probes) == 2, probes  # accept, accept4 (libc)
+        assert "TLS: probes on pid" not in agent.err.read_text()
+    finally:
+        assert agent.stop() == 0
+        srv.stop()
+
+
+def test_uvicorn_sse_over_tls(env: Env) -> None:
+    """asyncio's memory BIO: TTFB, TTFT and every token gap within 1 ms of the app's clock;
+    the traceparent read from the decrypted head; the plaintext's byte count."""
+
+    def check() -> None:
+        ctx = trace_context.generate()
+        req = get_head("/v1/stream", ctx.header(), "Accept: text/event-stream\r\n")
+        with tls_connect(env.ports["uv"]) as c:
+            resp = http_request(0, req, sock=c)
+        assert b"text/event-stream" in resp and resp.endswith(b"0\r\n\r\n")
+        r = _one(env.agent, ctx)
+        srv = _server_rec(env.logs["uv"], ctx.header())
+        assert r["tls"] is True and r["path"] == "/v1/stream" and r["status"] == 200
+        assert r["parent_span_id"] == ctx.span_id
+        assert r["bytes_in"] == len(req)  # plaintext: not the TLS records' size
+        # uvicorn writes the head, then each token, then the terminator: plaintext bytes
+        assert r["bytes_out"] == len(resp), (r["bytes_out"], len(resp))
+        assert abs(r["ttfb_us"] - (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
+        writes = srv["t_writes_ns"]
+        assert abs(r["ttft_us"] - (writes[0] - srv["t_start_ns"]) / 1000) <= TOL_US
+        assert r["chunks"] >= len(writes) == 9  # 8 tokens and the done event
+        for g, w in zip(gaps(r["chunk_offsets_us"][: len(writes)]), gaps(writes), strict=True):
+            assert abs(g - w / 1000) <= TOL_US
+        assert r["ttft_us"] >= 55_000  # the 60 ms first-token wait shows
+        assert r["recv_queue_us"] is not None and r["arrival_unix_ns"]
+
+    attempts(check)
+
+
+def test_uvicorn_keepalive_on_one_tls_connection(env: Env) -> None:
+    """Three requests on one TLS connection: three records in order, each TTFB on the
+    app's clock; only the first carries the accept-queue wait."""
+
+    def check() -> None:
+        ctxs = [trace_context.generate() for _ in range(3)]
+        with tls_connect(env.ports["uv"]) as c:
+            for ctx in ctxs:
+                q = "/v1/complete?first_token_ms=5&token_gap_ms=1&tokens=2"
+                assert http_request(0, get_head(q, ctx.header()), sock=c).startswith(
+                    b"HTTP/1.1 200"
+                )
+        recs = [_one(env.agent, ctx) for ctx in ctxs]
+        assert len({(r["peer_port"], r["local_port"]) for r in recs}) == 1  # one connection
+        for r, ctx in zip(recs, ctxs, strict=True):
+            srv = _server_rec(env.logs["uv"], ctx.header())
+            want = (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000
+            assert abs(r["ttfb_us"] - want) <= TOL_US, (r, srv)
+            assert r["ttfb_us"] >= 5_000 and r["tls"] is True
+        assert recs[0]["accept_queue_us"] is not None
+        assert recs[1]["accept_queue_us"] is None and recs[2]["accept_queue_us"] is None
+        assert recs[0]["start_unix_ns"] < recs[1]["start_unix_ns"] < recs[2]["start_unix_ns"]
+
+    attempts(check)
+
+
+def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
+    """Node's statically linked OpenSSL: head and first body bytes in one SSL_write (t2 =
+    t_tok), every chunk on the server's clock."""
+    if "node" not in env.ports:
+        pytest.skip("node not installed")
+
+    def check() -> None:
+        port = env.ports["node"]
+        a, b = trace_context.generate(), trace_context.generate()
+        with tls_connect(port) as c:
+            http_request(0, get_head("/plain?n=300", a.header()), sock=c)
+            http_request(0, get_head("/stream?n=5&gap_ms=30", b.header()), sock=c)
+        for ctx, path in ((a, "/plain"), (b, "/stream")):
+            r = _one(env.agent, ctx)
+            assert r["path"] == path and r["comm"] == "node" and r["tls"] is True
+            check_node_timing(r, _server_rec(env.logs["node"], ctx.header()), TOL_US)
+
+    attempts(check)
+
+
+def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
+    """Python's http.server over ssl: SSL_read_ex and SSL_write_ex read and write the socket
+    themselves (the link made inside the call); a chunked stream and a second request."""
+
+    def check() -> None:
+        port = env.ports["py"]
+        a, b = trace_context.generate(), trace_context.generate()
+        with tls_connect(port) as c:
+            resp = http_request(0, get_head("/stream?n=6&gap_ms=40", a.header()), sock=c)
+            assert resp.endswith(b"0\r\n\r\n")
+            http_request(0, get_head("/plain?n=100", b.header()), sock=c)
+        r = _one(env.agent, a)
+        srv = _server_rec(env.logs["py"], a.header())
+        t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
+        assert r["tls"] is True and r["comm"].startswith("python")
+        assert abs(r["ttfb_us"] - (writes[0] - t_read) / 1000) <= TOL_US
+        body = writes[1:]  # the head write carries no body here
+        assert r["chunks"] == len(body) == 6
+        assert abs(r["ttft_us"] - (body[0] - t_read) / 1000) <= TOL_US
+        for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(body), strict=True):
+            assert abs(got - want / 1000) <= TOL_US
+        r2 = _one(env.agent, b)
+        srv2 = _server_rec(env.logs["py"], b.header())
+        assert abs(r2["ttfb_us"] - (srv2["t_writes_ns"][0] - srv2["t_read_ns"]) / 1000) <= TOL_US
+        assert r2["bytes_out"] > 100 and r2["accept_queue_us"] is None
+
+    attempts(check)
+
+
+def test_receive_queue_wait_under_tls(env: Env) -> None:
+    """The socket facts stay the socket hooks': a server that waits 300 ms after its
+    handshake before reading shows it as receive-queue wait, not in TTFB."""
+
+    def check() -> None:
+        port = env.ports["rcv"]
+        path = "/rcv-" + trace_context.new_span_id()
+        with tls_connect(port) as c:
+            assert http_request(0, get_head(path), sock=c).startswith(b"HTTP/1.1 200")
+        [r] = env.agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
+        assert r["recv_queue_us"] >= 250_000, r
+        assert r["ttfb_us"] < 50_000 and r["tls"] is True
+        srv = next(x for x in timing_log(env.logs["rcv"]) if x["path"] == path)
+        assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
+        assert r["accept_queue_us"] is not None
+
+    attempts(check)
+
+
+def test_the_servers_own_https_calls_are_not_theirs_to_serve(env: Env) -> None:
+    """A traced server that is itself a TLS client (its LLM backend over HTTPS): asyncio's
+    memory BIO on the server's own event-loop thread, and a socket BIO in a handler thread.
+    The request served is recorded with its own bytes only; nothing of the call made."""
+    up = env.ports["up"]
+    for name, path in (("uv", f"/upstream?port={up}"), ("py", f"/fetch?port={up}&tls=1")):
+        ctx = trace_context.generate()
+        req = get_head(path, ctx.header())
+        with tls_connect(env.ports[name]) as c:
+            resp = http_request(0, req, sock=c)
+        assert resp.startswith(b"HTTP/1.1 200"), resp[:200]
+        recs = env.agent.wait_for(lambda r, c=ctx: r["trace_id"] == c.trace_id)  # type: ignore[misc]
+        assert len(recs) == 1, (name, recs, env.agent.records()[-3:])
+        r = recs[0]
+        assert r["path"] == path.partition("?")[0] and r["status"] == 200
+        # the upstream request (a write) and its response (a read) joined no exchange
+        assert r["bytes_in"] == len(req) and r["bytes_out"] == len(resp), (r, len(resp))
+        assert r["chunks"] == 1
+    time.sleep(0.3)
+    mine = [r for r in env.agent.records() if r["path"] == "/plain" and r["peer_port"] == up]
+    assert not mine, mine
+
+
+def test_sampling_decides_on_the_plaintext(env: Env, tmp_path: Path) -> None:
+    """Per-request sampling reads the traceparent from the decrypted head: at a fixed 50 %
+    the trace ids whose random bits are low are dropped and the high ones kept, all of
+    them (a decision on random numbers would mix them)."""
+    agent = Agent(tmp_path, [env.ports["uv"]], ["--sample-fixed", "0.5"])
+    try:
+        warm_up(env, agent, "uv")
+        port = env.ports["uv"]
+        seen = f'parallax_agent_requests_seen_total{{port="{port}"}}'
+        seen0 = agent.metrics().get(seen, 0.0)  # (the warm-up's, if its probes came first)
+        # the random bits the kernel reads are hex digits 18-25 of the trace id (sample.h)
+        tc = trace_context.TraceContext
+        lo = [tc(f"{i:02x}" + "0" * 16 + f"{i:014x}", "1" * 16) for i in range(1, 7)]
+        hi = [tc(f"{i:02x}" + "0" * 16 + "f" * 14, "1" * 16) for i in range(1, 7)]
+        with tls_connect(env.ports["uv"]) as c:
+            for ctx in [*lo, *hi]:
+                q = "/v1/complete?first_token_ms=1&tokens=1"
+                assert http_request(0, get_head(q, ctx.header()), sock=c).startswith(b"HTTP/1.1")
+        ids = {c.trace_id for c in [*lo, *hi]}
+        agent.wait_for(lambda r: r["trace_id"] in ids, len(hi))
+        time.sleep(0.5)  # (a dropped one would have come by now)
+        got = [r for r in agent.records() if r["trace_id"] in ids]
+        assert sorted(r["trace_id"] for r in got) == sorted(c.trace_id for c in hi)
+        assert all(r["sample_th"] != "0" for r in got)
+        # every request counted, sampled or not
+        assert agent.wait_metric(seen, lambda v: v >= seen0 + 12) == seen0 + 12
+    finally:
+        assert agent.stop() == 0
+
+
+def test_syscall_hooks_path(env: Env, tmp_path: Path) -> None:
+    """The fallback hooks (syscall tracepoints) note the sockets for the SSL calls too."""
+    agent = Agent(
+        tmp_path, [env.ports["uv"], env.ports["py"]], ["--io-hooks", "syscalls", *NO_BUDGET]
+    )
+    try:
+        warm_up(env, agent, "uv")
+        warm_up(env, agent, "py")
+        for name, path in (("uv", "/v1/complete?first_token_ms=1&tokens=1"), ("py", "/plain")):
+            ctxs = [trace_context.generate() for _ in range(2)]
+            with tls_connect(env.ports[name]) as c:
+                for ctx in ctxs:
+                    http_request(0, get_head(path, ctx.header()), sock=c)
+            for ctx in ctxs:
+                [r] = agent.wait_for(lambda r, c=ctx: r["trace_id"] == c.trace_id)  # type: ignore[misc]
+                assert r["tls"] is True and r["status"] == 200
+        assert "syscall" in agent.err.read_text()
+    finally:
+        assert agent.stop() == 0
+
+
+def test_without_probes_tls_is_counted_not_guessed(env: Env, tmp_path: Path) -> None:
+    """--tls off (as for Go's crypto/tls or a stripped static OpenSSL): no record, no
+    ciphertext in the cutter; the connection counted per executable, and as unparsed once
+    it closed without a request seen."""
+    agent = Agent(tmp_path, [env.ports["py"]], ["--tls", "off", *NO_BUDGET])
+    try:
+        line = next(ln for ln in agent.err.read_text().splitlines() if "attached" in ln)
+        assert "TLS: off (--tls off)" in line, line
+        ctx = trace_context.generate()
+        with tls_connect(env.ports["py"]) as c:
+            assert http_request(0, get_head("/plain", ctx.header()), sock=c).startswith(b"HTTP/1.1")
+        comm = Path(f"/proc/{env.procs['py'].p.pid}/comm").read_text().strip()
+        name = f'parallax_agent_tls_unprobed_total{{comm="{comm}"}}'
+        assert agent.wait_metric(name, lambda v: v >= 1) == 1
+        port = env.ports["py"]
+        unparsed = f'parallax_agent_unparsed_connections_total{{port="{port}"}}'
+        assert agent.wait_metric(unparsed, lambda v: v >= 1) == 1
+        assert "serves TLS without probes" in agent.err.read_text()
+        assert not [r for r in agent.records() if r["trace_id"] == ctx.trace_id]
+    finally:
+        assert agent.stop() == 0
+
+
+def test_privacy_on_tls(env: Env) -> None:
+    """Decrypted bytes leave the agent only as the documented fields: the cookie,
+    authorization, other headers, body, query and path parameters of a TLS request are in
+    none of JSONL, stderr, /metrics and the OTLP export, while its span arrives; and no
+    ciphertext reached the cutter (the connection not counted as unparsed)."""
+    uid = trace_context.new_span_id()
+    secrets = {k: f"secret-{k}-{uid}" for k in ("cookie", "auth", "body", "query", "param", "hdr")}
+    ctx = trace_context.generate()
+    path = f"/v1/chat-{uid}"
+    body = f'{{"prompt": "{secrets["body"]}"}}'.encode()
+    target = f"{path};jsessionid={secrets['param']}?{secrets['query']}&traceparent={ctx.header()}"
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: t\r\nCookie: session={secrets['cookie']}\r\n"
+        f"Authorization: Bearer {secrets['auth']}\r\nX-Api-Key: {secrets['hdr']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    unparsed = f'parallax_agent_unparsed_connections_total{{port="{env.ports["uv"]}"}}'
+    before = env.agent.metrics().get(unparsed, 0.0)
+    with tls_connect(env.ports["uv"]) as c:
+        assert http_request(0, head + body, sock=c).startswith(b"HTTP/1.1 404")
+    r = _one(env.agent, ctx)
+    assert r["path"] == path and r["method"] == "POST" and r["tls"] is True
+    assert r["bytes_in"] == len(head) + len(body)
+    deadline = time.monotonic() + 10
+    while not any(path.encode() in b for b in env.rx.traces()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    otlp = b"".join(env.rx.traces())
+    assert path.encode() in otlp and bytes.fromhex(ctx.trace_id) in otlp
+    url = f"http://127.0.0.1:{env.agent.metrics_port}/metrics"
+    metrics = urllib.request.urlopen(url, timeout=5).read()
+    exits = {
+        "jsonl": env.agent.jsonl.read_bytes(),
+        "stderr": env.agent.err.read_bytes(),
+        "metrics": metrics,
+        "otlp": otlp,
+    }
+    found = leaks(exits, secrets)
+    assert not found, found
+    # ciphertext in the cutter would have made the connection count as unparsed
+    assert env.agent.metrics().get(unparsed, 0.0) == before
+    assert b"parallax_agent_tls_unprobed_total{" not in metrics
