@@ -121,6 +121,33 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "tls": conn.tls,
         # the kernel's sampling threshold (OpenTelemetry's th, hex; "0": every request kept)
         "sample_th": _TH_HEX.get(ex.sample_th) or _th_hex(ex.sample_th),
+        **_hold_fields(ex),
+    }
+
+
+_NO_HOLD: dict[str, Any] = {
+    "wire_hold_writes": None,
+    "wire_hold_max_us": None,
+    "wire_hold_sum_us": None,
+    "wire_hold_bytes": None,
+    "wire_hold_reason": None,
+    "wire_hold_untimed": None,
+}
+
+
+def _hold_fields(ex: Exchange) -> dict[str, Any]:
+    """Write-to-wire holdback (bpf/agent/hold.h): absent (None) where not measured."""
+    h = ex.hold
+    if h is None:
+        return _NO_HOLD
+    return {
+        "wire_hold_writes": h.writes,
+        # none held: 0; held but none timed: unknown
+        "wire_hold_max_us": h.max_us if h.writes else (None if h.untimed else 0),
+        "wire_hold_sum_us": h.sum_us,
+        "wire_hold_bytes": h.bytes_max,
+        "wire_hold_reason": h.why or None,
+        "wire_hold_untimed": h.untimed,
     }
 
 
@@ -148,6 +175,7 @@ _ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
     ("retransmits", sa.RETRANSMITS),
     ("ws_seq", sa.WS_SEQ),
     ("source", sa.SOURCE),
+    *((sa.record_field(a), a) for a in sa.WIRE_HOLD),
     *((sa.record_field(a), a) for a in sa.GPU),
 )
 _BOOL_ATTRS = (

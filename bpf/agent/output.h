@@ -89,6 +89,15 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
     struct px_agg *a = px_aggs.lookup(&sk);
     if (!a || a->t_last == 0)
         return;
+#ifdef PX_HOLDS
+    // Held writes still waiting to leave at the response's end (a boundary, not the
+    // stream limit's partial flush, whose response goes on): untimed, and forgotten.
+    if (a->hold_pend && !(extra_flags & WAGG_PARTIAL)) {
+        a->hold_untimed += a->hold_pend;
+        a->hold_pend = 0;
+        px_hold_forget(sk);
+    }
+#endif
     struct px_ev_wagg *e = px_events.ringbuf_reserve(sizeof(struct px_ev_wagg));
     if (!e) {
         px_lost(c);
@@ -98,6 +107,16 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
         e->a.flags |= extra_flags;
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     }
+#ifdef PX_HOLDS
+    a->hold_max_us = 0;
+    a->hold_sum_us = 0;
+    a->hold_n = 0;
+    a->hold_untimed = 0;
+    a->hold_why = 0;
+    a->hold_mask = 0;
+    a->hold_on = 0;
+    a->hold_bytes = 0;
+#endif
     a->n = 0;
     a->bytes = 0;
     a->flags = 0;
@@ -120,4 +139,7 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)
         px_count(C_AGGS_DEL);
+#ifdef PX_HOLDS
+    px_hold_forget(sk);
+#endif
 }
