@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import btf, kernel_headers, ringbuf, tpbtf, tracefs
+from agent import btf, holdback, kernel_headers, ringbuf, tpbtf, tracefs
 from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
@@ -244,7 +244,7 @@ def load(opts: Options) -> Loaded:
         if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and None not in chain:
             sock_flags.append("-DPX_LAZY_SEND_START")
             sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
-        sock_flags += _hold_flags(degraded)
+        sock_flags += holdback.cflags(degraded)
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
@@ -285,13 +285,7 @@ def load(opts: Options) -> Loaded:
     if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
         attach_send_start(b)
     if "-DPX_HOLDS" in extra:
-        try:
-            b.attach_raw_tracepoint(tp=_HOLD_XMIT, fn_name=_HOLD_XMIT_FN)
-        except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-            # the writes are still checked; none is timed (each held one counted untimed)
-            line = f"net:net_dev_queue did not attach ({e}): write-to-wire holdback untimed"
-            log.warning("degraded: %s", line)
-            degraded.append(line)
+        holdback.attach(b, degraded)
     attached = sorted(
         {
             k.decode() if isinstance(k, bytes) else str(k)
@@ -303,52 +297,9 @@ def load(opts: Options) -> Loaded:
 
 
 _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
-_HOLD_XMIT, _HOLD_XMIT_FN = b"net_dev_queue", b"px_hold_xmit"
-# Write-to-wire holdback (bpf/agent/hold.h): the fields it reads, by macro. tcp_sock.nonagle
-# is a bitfield (its byte and shift); the rest whole members.
-_HOLD_FIELDS = {
-    "PX_OFF_TCP_WRITE_SEQ": ("tcp_sock", "write_seq"),
-    "PX_OFF_TCP_SND_NXT": ("tcp_sock", "snd_nxt"),
-    "PX_OFF_TCP_SND_UNA": ("tcp_sock", "snd_una"),
-    "PX_OFF_TCP_SND_WND": ("tcp_sock", "snd_wnd"),
-    "PX_OFF_TCP_SND_CWND": ("tcp_sock", "snd_cwnd"),
-    "PX_OFF_TCP_PACKETS_OUT": ("tcp_sock", "packets_out"),
-    "PX_OFF_TCP_MSS_CACHE": ("tcp_sock", "mss_cache"),
-    "PX_OFF_TCP_NONAGLE": ("tcp_sock", "nonagle"),
-    "PX_OFF_SKB_SK": ("sk_buff", "sk"),
-    "PX_OFF_SKB_HEAD": ("sk_buff", "head"),
-    "PX_OFF_SKB_DATA": ("sk_buff", "data"),
-    "PX_OFF_SKB_LEN": ("sk_buff", "len"),
-    "PX_OFF_SKB_TH": ("sk_buff", "transport_header"),
-}
-_HOLD_SIZES = {"PX_OFF_TCP_NONAGLE": 4}  # the bitfields among them, by width
-
-
-def _hold_flags(degraded: list[str]) -> list[str]:
-    """The -D flags of the write-to-wire holdback measure, or none (with a degraded line)
-    where the running kernel's BTF lacks a field it reads."""
-    if os.environ.get(_NO_HOLDS):
-        return []
-    bits = btf.member_bits(list(_HOLD_FIELDS.values()))
-    flags = ["-DPX_HOLDS"]
-    for macro, key in _HOLD_FIELDS.items():
-        got = bits[key]
-        want = _HOLD_SIZES.get(macro, 0)
-        if got is None or (got[1] and got[1] != want) or (not got[1] and got[0] % 8):
-            line = f"{key[0]}.{key[1]} not in the kernel's BTF: write-to-wire holdback not measured"
-            log.warning("degraded: %s", line)
-            degraded.append(line)
-            return []
-        flags.append(f"-D{macro}={got[0] // 8}")
-        if macro == "PX_OFF_TCP_NONAGLE":
-            flags.append(f"-DPX_SHIFT_TCP_NONAGLE={got[0] % 8}")
-    return flags
-
-
 _SDR = b"sock:sk_data_ready"
 _SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
 _NO_TP_BTF = "PARALLAX_AGENT_NO_TP_BTF"  # tests: keep the classic sk_data_ready program
-_NO_HOLDS = "PARALLAX_AGENT_NO_HOLDS"  # bench: the agent without the holdback measure
 
 
 def _use_sdr_btf(b: Any, btf_id: int) -> list[str]:
