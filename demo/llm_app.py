@@ -335,6 +335,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def keep_nagle() -> None:
+    """Leave Nagle's algorithm on for the connections asyncio accepts: it sets TCP_NODELAY
+    on every TCP transport, as many servers (and proxies) do not. With it off, a token
+    written while the previous one is unacknowledged waits for the client's ACK — delayed
+    up to 40 ms by a client that has just sent (a WebSocket prompt) — and tokens leave in
+    pairs (the demo's holdback trap)."""
+    asyncio.base_events._set_nodelay = lambda sock: None  # type: ignore[attr-defined]
+
+
 def serve(app: LlmApp, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app,
@@ -362,7 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-log", type=Path, help="append one JSON line per exchange")
     ap.add_argument("--block-ms", type=float, default=0.0, help="block the event loop B ms ...")
     ap.add_argument("--block-every-ms", type=float, default=0.0, help="... every P ms")
+    ap.add_argument(
+        "--nagle", action="store_true", help="leave Nagle's algorithm on (no TCP_NODELAY)"
+    )
     args = ap.parse_args(argv)
+    if args.nagle:
+        keep_nagle()
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
