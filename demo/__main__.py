@@ -42,12 +42,15 @@ PACING = ["--first-token-ms", "120", "--token-gap-ms", "25", "--tokens", "12"]
 # fast; users wait in the kernel's receive queue. The checker should say exactly that.
 STALL = ["--block-ms", "60", "--block-every-ms", "200"]
 # The holdback trap: a twin of the app (no stalls) that leaves Nagle's algorithm on, as many
-# servers do, streaming a token every 20 ms over WebSocket. After each prompt the browser's
-# kernel delays its ACKs, Nagle holds every token written while the previous one is
-# unacknowledged, and tokens arrive in pairs; the agent names the holdback.
-NAGLE = ["--nagle", "--first-token-ms", "120", "--token-gap-ms", "20", "--tokens", "12"]
+# servers do, streaming a token every 10 ms over WebSocket in conversations of three turns.
+# A prompt sent as the last answer ends puts the browser's kernel in delayed-ACK mode: Nagle
+# holds the tokens written while the first one waits for its ACK (up to 40 ms), and they
+# arrive in a burst; the agent names the holdback.
+NAGLE = ["--nagle", "--first-token-ms", "120", "--token-gap-ms", "10", "--tokens", "12"]
 NAGLE_SERVICE = "chat-nagle"
-KINDS = ("fetch", "sse", "ws", "gen", "nagle")  # gen: the inference service's /v1/generate
+KINDS = ("fetch", "sse", "ws", "gen")  # gen: the inference service's /v1/generate
+# one more page holds the Nagle twin's conversations (the others' share of chats unchanged)
+NAGLE_KINDS = ("nagle",)
 INFER_SERVICE = "infer-demo"
 PAGES = 4
 # The collector reads sla.yaml from its data directory, and so does `sla --once --data-dir`
@@ -126,11 +129,11 @@ def drive(browser_url: str, seconds: float, progress: Any) -> int:
     }"""
     with chromium() as browser:
         pages = []
-        for i in range(PAGES):
+        for i, kinds in enumerate([KINDS] * PAGES + [NAGLE_KINDS]):
             page = browser.new_page()
             page.goto(browser_url, wait_until="load")
             page.wait_for_function("typeof window.chat === 'function'")
-            page.evaluate(script, [list(KINDS), seconds * 1000, i])
+            page.evaluate(script, [list(kinds), seconds * 1000, i])
             pages.append(page)
         start = time.monotonic()
         while True:
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ["OTEL_SERVICE_NAME"] = SERVICE
             nagle_port = int(nagle.rsplit(":", 1)[1])
             print(
-                f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 20 ms,"
+                f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 10 ms,"
                 " TCP_NODELAY off)"
             )
             gpu_env, infer = start_infer(stack)

@@ -336,11 +336,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def keep_nagle() -> None:
-    """Leave Nagle's algorithm on for the connections asyncio accepts: it sets TCP_NODELAY
-    on every TCP transport, as many servers (and proxies) do not. With it off, a token
-    written while the previous one is unacknowledged waits for the client's ACK — delayed
-    up to 40 ms by a client that has just sent (a WebSocket prompt) — and tokens leave in
-    pairs (the demo's holdback trap)."""
+    """Leave Nagle's algorithm on for every connection asyncio accepts, as many servers and
+    proxies do. (asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP; this
+    app's listening socket, like the one uvicorn binds itself, is made with proto 0, so on
+    Python 3.11 its connections run with Nagle on anyway — the agent found that in the demo.
+    This makes it so whatever asyncio does.) A token written while the previous one is
+    unacknowledged waits for the client's ACK — delayed up to 40 ms by a client that has just
+    sent (a WebSocket prompt) — and tokens leave in bursts (the demo's holdback trap)."""
     asyncio.base_events._set_nodelay = lambda sock: None  # type: ignore[attr-defined]
 
 

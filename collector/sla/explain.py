@@ -178,6 +178,10 @@ _HOLD_WORDS = {
 }
 
 
+# A holdback worth saying on its own (the route's server sentence), whatever the divergence.
+HOLD_NOTABLE_MS = 5.0
+
+
 def holdback(series: dict[str, SeriesStats], notable: float) -> str:
     """The clause for writes the server's kernel held back before they left (the agent's
     write-to-wire holdback), naming the commonest reason; '' when none is notable."""

@@ -139,6 +139,17 @@ def test_writes_held_by_nagle_are_named(ev: Evaluation) -> None:
     assert m.sentence.endswith("set TCP_NODELAY on the server's socket."), m.sentence
     # the other routes' writes were not measured as held: no such clause there
     assert "wire_holdback" not in _m(ev, "/v1/stream", "itl").traps
+    # ... and the route's server sentence says it whatever the divergence's verdict
+    server = {r.route: r.server for r in ev.routes}
+    found = [f for f in server["/v1/nagle"]["findings"] if f["id"] == "wire_holdback"]
+    assert found and "Nagle's algorithm" in found[0]["sentence"], server["/v1/nagle"]
+    assert found[0]["sentence"] in server["/v1/nagle"]["sentence"]
+    assert all(
+        f["id"] != "wire_holdback"
+        for r, sv in server.items()
+        if r != "/v1/nagle"
+        for f in sv["findings"]
+    )
 
 
 def _fig(v: float) -> str:
