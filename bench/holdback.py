@@ -33,6 +33,8 @@ from bench.agent import AgentProc, bpf_breakdown
 from tests.agent.helpers import PY, Proc, get_head, read_response
 
 PATH = "/stream?n=8&gap_ms=0"
+WARM = 50  # requests before each measured run (their records count in the held writes)
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 _SEND = "sock_send_length"  # bcc names the classic program after its tracepoint
 _XMIT = "px_hold_xmit"
 
@@ -63,20 +65,23 @@ def _prog(d: dict[str, tuple[int, int]], name: str) -> tuple[int, int]:
     return (sum(v[0] for v in hits), sum(v[1] for v in hits))
 
 
-def measure(ports: dict[str, int], tmp: Path, on: bool, n: int) -> dict[str, dict[str, float]]:
+def measure(
+    ports: dict[str, int], tmp: Path, on: bool, n: int, rnd: int
+) -> dict[str, dict[str, float]]:
     """One agent (measure on or off) over both servers: per server, BPF ns/request (all the
     agent's programs, and the two the measure touches) and the held writes it recorded."""
     if on:
         os.environ.pop(NO_HOLDS, None)
     else:
         os.environ[NO_HOLDS] = "1"
-    run = tmp / ("on" if on else "off")
-    run.mkdir(exist_ok=True)
+    run = tmp / f"{'on' if on else 'off'}{rnd}"
+    run.mkdir()
     agent = AgentProc(ports["nodelay"], run, ("--port", str(ports["nagle"])))
     out: dict[str, dict[str, float]] = {}
     try:
         for name in ("nodelay", "nagle"):
-            _drive(ports[name], 50)  # warm-up: the connection and the server's code paths
+            _drive(ports[name], WARM)  # the connection and the server's code paths
+            STATS.write_text("1")  # (again: a concurrent bench may have restored it)
             before = _stats(agent.p.pid)
             _drive(ports[name], n)
             after = _stats(agent.p.pid)
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.holdback: needs root (eBPF)", file=sys.stderr)
         return 1
     tmp = Path(tempfile.mkdtemp(prefix="px-holdback-"))
-    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_path = STATS
     prev = stats_path.read_text().strip()
     stats_path.write_text("1")
     procs: dict[str, Proc] = {}
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = {name: p.port() for name, p in procs.items()}
         for r in range(a.rounds):
             for on in (False, True):
-                runs[on].append(measure(ports, tmp, on, a.requests))
+                runs[on].append(measure(ports, tmp, on, a.requests, r))
                 print(f"round {r + 1} {'on ' if on else 'off'}: {runs[on][-1]}", flush=True)
     finally:
         for p in procs.values():
@@ -138,16 +143,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [
         "| Server | BPF ns/req, measure off | BPF ns/req, on | added | of it: `sock_send_length` "
-        "(off → on) | `px_hold_xmit` ns/req (runs/req) | held writes recorded (on) |",
+        "(off → on) | `px_hold_xmit` ns/req (runs/req) | held writes per request (on) |",
         "|---|---|---|---|---|---|---|",
     ]
     for server, label in (("nodelay", "TCP_NODELAY (none held)"), ("nagle", "Nagle (writes held)")):
         off, with_ = med(False, server, "bpf_ns"), med(True, server, "bpf_ns")
-        held = (
-            f"{statistics.median(r['nagle']['held_writes'] for r in runs[True]):.0f}"
-            if server == "nagle"
-            else "—"
-        )
+        per_req = statistics.median(r["nagle"]["held_writes"] for r in runs[True])
+        held = f"{per_req / (a.requests + WARM):.1f}" if server == "nagle" else "—"
         rows.append(
             f"| {label} | {off:,.0f} | {with_:,.0f} | **{with_ - off:+,.0f}** | "
             f"{med(False, server, 'send_ns'):,.0f} → {med(True, server, 'send_ns'):,.0f} | "
