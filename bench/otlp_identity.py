@@ -5,17 +5,19 @@
 500 agent-like SERVER spans per request, one Resource) without and with an agent's identity
 for a Deployment's pod in the Resource (``IDENTITY``: 8 of
 parallax_contracts.span_attributes.RESOURCE_STORED, each then stored in every row's
-``attributes``), in one process, alternating without/with R times; CPU µs per span (the
-median, and the range) and spans/s for: the compiled decoder, the Python reference, and the
-compiled Native encoder over the parsed rows (the writer's encoding of the bigger map, in
-blocks of 5,000 rows) and the insert into an embedded chDB store (the process's CPU, chDB's
-threads included; merges stopped). Then the bytes on disk of ``server_spans`` per span
-(compressed), each variant alone in the table, merged into one part. Prints Markdown tables.
+``attributes``), in one process, each request (block) without and with back to back, R
+times. CPU µs per span (the median, and the range) and spans/s for: the compiled decoder,
+the Python reference, the compiled Native encoder over the parsed rows (the writer's encoding
+of the bigger map, in blocks of 5,000 rows) and the insert into an embedded chDB store (the
+process's CPU, chDB's threads included; merges stopped). Then the bytes on disk of
+``server_spans`` per span (compressed), each variant alone in the table, merged into one
+part. Prints Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -93,26 +95,40 @@ def main(argv: list[str] | None = None) -> int:
         "Native encoder (rows → block)": (encode, blocks),
         "insert into chDB (encode included)": (insert, blocks),
     }
+    # Paired: each request (block) parsed (inserted) without and with the identity back to
+    # back, the order alternating, so load from elsewhere falls on both alike; the cyclic GC
+    # off while timing (one collection after each repetition, not timed).
     out: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.reps):
         for name, (fn, inputs) in cases.items():
-            for k in ("without", "with"):
-                t = time.process_time()
-                for x in inputs[k]:
-                    fn(x)
-                out.setdefault((name, k), []).append((time.process_time() - t) / n * 1e6)
+            spent = {"without": 0.0, "with": 0.0}
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(len(inputs["with"])):
+                    for k in ("without", "with") if i % 2 else ("with", "without"):
+                        t = time.process_time()
+                        fn(inputs[k][i])
+                        spent[k] += time.process_time() - t
+            finally:
+                gc.enable()
+            for k, v in spent.items():
+                out.setdefault((name, k), []).append(v / n * 1e6)
     print(f"{n:,} spans in {len(bodies['with'])} requests, {args.reps} reps: CPU µs per span,")
-    print("the median (range)\n")
+    print("the median (range); cost: the median of the repetitions' differences\n")
     print(f"| stage | without identity | with identity ({len(IDENTITY)} attributes) | cost |")
     print("|---|---|---|---|")
     for name in cases:
         a, b = (statistics.median(out[(name, k)]) for k in ("without", "with"))
+        d = statistics.median(
+            y - x for x, y in zip(*(out[(name, k)] for k in ("without", "with")), strict=True)
+        )
 
         def cell(k: str, m: float, name: str = name) -> str:
             lo, hi = min(out[(name, k)]), max(out[(name, k)])
             return f"{m:.2f} ({lo:.2f}–{hi:.2f}) = {1e6 / m:,.0f} spans/s"
 
-        cost = f"{b - a:+.2f} µs/span ({(b - a) / a:+.0%})"
+        cost = f"{d:+.2f} µs/span ({d / a:+.0%})"
         print(f"| {name} | {cell('without', a)} | {cell('with', b)} | {cost} |")
     print("\n| `server_spans` on disk (one merged part) | bytes per span |\n|---|---|")
     for k in ("without", "with"):

@@ -45,9 +45,18 @@ q = ("SELECT trace_id, service, host, attributes['k8s.pod.name'],"
 pods = ("SELECT attributes['k8s.namespace.name'] AS ns, attributes['k8s.pod.name'] AS pod,"
         " count() FROM parallax.server_spans WHERE mapContains(attributes, 'k8s.pod.name')"
         " GROUP BY ns, pod ORDER BY ns, pod")
+docs = [[list(r) for r in c.query(d).result_rows] for d in json.loads(sys.argv[2])]
 print(json.dumps({"rows": [list(r) for r in c.query(q).result_rows],
-                  "pods": [list(r) for r in c.query(pods).result_rows]}))
+                  "pods": [list(r) for r in c.query(pods).result_rows], "docs": docs}))
 """
+STORE_MD = Path(__file__).resolve().parents[2] / "docs" / "store.md"
+
+
+def doc_queries() -> list[str]:
+    """The SQL of docs/store.md's "Kubernetes identity" section, statement by statement."""
+    text = STORE_MD.read_text().split("## Kubernetes identity", 1)[1].split("\n## ", 1)[0]
+    block = text.split("```sql\n", 1)[1].split("```", 1)[0]
+    return [q.strip() for q in block.split(";") if q.strip()]
 
 
 def test_sdk_resource_identity_stored_and_queried(tmp_path: Path) -> None:
@@ -125,7 +134,9 @@ def test_sdk_resource_identity_stored_and_queried(tmp_path: Path) -> None:
         wait_for(written)
     finally:
         assert c.stop() == 0
-    out: dict[str, Any] = run_store_script(_READ, (data / "chdb").resolve())
+    out: dict[str, Any] = run_store_script(
+        _READ, (data / "chdb").resolve(), json.dumps(doc_queries())
+    )
     rows = {r[0]: r for r in out["rows"]}
     assert set(rows) == set(ids.values())
     k8s, plain_row, js = rows[ids["k8s"]], rows[ids["plain"]], rows[ids["json"]]
@@ -136,6 +147,8 @@ def test_sdk_resource_identity_stored_and_queried(tmp_path: Path) -> None:
     assert plain_row[1:4] == ["plain", "laptop", "from-the-app"]
     assert plain_row[6] == {"k8s.pod.name": "from-the-app", "user_agent.original": "curl/8"}
     assert out["pods"] == [["", "from-the-app", 1], ["shop", "chat-7c9d6b5f4-x2x9q", 2]]
+    # docs/store.md's queries: the route's pods (SDK spans: no TTFB), one trace's hops
+    assert out["docs"] == [[["shop", "chat-7c9d6b5f4-x2x9q", 1, None]], []]
     # The SDK's protobuf went through the compiled decoder where it is built (both answer
     # the same rows: tests/collector/test_otlp_fast.py).
     if build_fast.target().exists():
