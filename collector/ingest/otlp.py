@@ -528,6 +528,7 @@ _FAST_NAMES = (
     sa.RESOURCE_PROCESS_PID,
     *sa.RESOURCE_STORED,
 )
+# 12 identity names: N_NAMES in _otlp_fast.c (a longer list needs the C changed with it).
 assert len(_FAST_NAMES) == 41 + 12 and frozenset(_FAST_NAMES[:38]) == _CONSUMED
 
 
