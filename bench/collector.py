@@ -62,8 +62,11 @@ def add_attributes(
 
 
 # --- load generator (runs in its own process) ----------------------------------------
-def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
-    """OTLP bodies and beacon bodies covering ``n_traces`` traces, one span + one entry each."""
+def _bodies(
+    n_traces: int, seed: int, resource: Iterable[tuple[str, str]] = ()
+) -> tuple[list[bytes], list[bytes]]:
+    """OTLP bodies and beacon bodies covering ``n_traces`` traces, one span + one entry each;
+    ``resource``: more Resource attributes (strings) after service.name and host.name."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -77,7 +80,7 @@ def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
     for i in range(0, n_traces, SPANS_PER_REQ):
         req = ExportTraceServiceRequest()
         rs = req.resource_spans.add()
-        for k, v in (("service.name", "bench-app"), ("host.name", "node-1")):
+        for k, v in (("service.name", "bench-app"), ("host.name", "node-1"), *resource):
             kv = rs.resource.attributes.add()
             kv.key, kv.value.string_value = k, v
         ss = rs.scope_spans.add()

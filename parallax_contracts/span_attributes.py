@@ -216,6 +216,28 @@ RESOURCE_K8S_JOB_NAME = "k8s.job.name"
 RESOURCE_K8S_CRONJOB_NAME = "k8s.cronjob.name"
 
 
+# Who served a span, kept by the collector on every stored span (server_spans' `attributes`
+# map, by these names; docs/store.md "Kubernetes identity"): the container and, in Kubernetes,
+# the pod, its node and workload. Only these: the Resource's other attributes (SDK, process)
+# are not stored, and no labels or annotations ever (the agent sends none). A string value
+# only; the Resource's value wins over a span attribute of the same name. One list for both
+# OTLP decoders (collector/ingest/otlp.py and its compiled twin) and the docs.
+RESOURCE_STORED: tuple[str, ...] = (
+    RESOURCE_CONTAINER_ID,
+    RESOURCE_K8S_NODE_NAME,
+    RESOURCE_K8S_NAMESPACE_NAME,
+    RESOURCE_K8S_POD_NAME,
+    RESOURCE_K8S_POD_UID,
+    RESOURCE_K8S_CONTAINER_NAME,
+    RESOURCE_K8S_REPLICASET_NAME,
+    RESOURCE_K8S_DEPLOYMENT_NAME,
+    RESOURCE_K8S_STATEFULSET_NAME,
+    RESOURCE_K8S_DAEMONSET_NAME,
+    RESOURCE_K8S_JOB_NAME,
+    RESOURCE_K8S_CRONJOB_NAME,
+)
+
+
 def _resource(name: str, doc: str, type_: AttrType = "string") -> Attr:
     return Attr(name, type_, "", doc, standard=True)
 
@@ -265,6 +287,8 @@ RESOURCE: tuple[Attr, ...] = (
         " minutes, accepted within the last 400 days).",
     ),
 )
+
+assert frozenset(RESOURCE_STORED) <= {a.name for a in RESOURCE}
 
 SOURCE_EBPF = "ebpf"
 
@@ -327,8 +351,14 @@ def markdown_table(attrs: tuple[Attr, ...] = ALL) -> str:
 
 
 def resource_table() -> str:
-    """The Resource attributes' table (docs/contracts/span-attributes.md, "Resource")."""
-    return markdown_table(RESOURCE)
+    """The Resource attributes' table (docs/contracts/span-attributes.md, "Resource") and
+    the line naming those the collector stores on each span."""
+    stored = ", ".join(f"`{n}`" for n in RESOURCE_STORED)
+    return (
+        markdown_table(RESOURCE)
+        + "\nStored by the collector on every span, in `server_spans.attributes` (docs/store.md,"
+        + f' "Kubernetes identity"): {stored}.\n'
+    )
 
 
 if __name__ == "__main__":
