@@ -15,6 +15,7 @@ EV_CLOSE = 4
 EV_PEER_FIN = 5
 EV_SOCK_CLOSE = 6  # the socket closed without a close() of the app (killed, exited)
 EV_TLS = 7  # the connection carries TLS: its plaintext comes from the SSL uprobes
+EV_H2 = 8  # a read or write of an HTTP/2 connection (READ's layout; skipped = direction)
 
 WAGG_END = 1
 WAGG_PARTIAL = 2

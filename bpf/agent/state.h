@@ -62,6 +62,7 @@ struct px_conn {
     u8 dn;           // how many (at most 8; pipelining deeper shares the last decision)
     u8 dlast;        // the last decision taken from dq
     u8 tls;          // PX_TLS_SEEN, PX_TLS_ON (tls.h): the socket carries TLS records
+    u8 h2;           // PX_H2_SEEN, PX_H2_ON (http2.h): the connection speaks HTTP/2
     // TLS (tls.h): the SSL object the connection's plaintext last came through, and the
     // arrival of the ciphertext its last socket read took (the decrypting read's t_arr)
     u64 tls_ssl;
