@@ -62,6 +62,7 @@ class _Dir:
         "payload",
         "skip",
         "t_frame",
+        "t_hdr",
     )
 
     def __init__(self) -> None:
@@ -75,6 +76,7 @@ class _Dir:
         self.block_end = False  # its HEADERS frame had END_STREAM
         self.block_push = False  # it is a PUSH_PROMISE's (decoded for the table only)
         self.t_frame = 0  # the event time of the frame whose payload is being gathered
+        self.t_hdr = 0  # the event time of the split frame header's first bytes
 
 
 class Desync(Exception):  # noqa: N818  (control flow inside the framer, never raised out)
@@ -194,15 +196,22 @@ class H2Conn:
                 if pos + min(need, n - pos) > cap:
                     raise Desync("header_beyond_capture")
                 if n - pos < need:  # the header continues in the next event
+                    if not d.hdr:
+                        d.t_hdr = t
                     d.hdr += data[pos:n]
                     break
-                h = d.hdr + data[pos : pos + need]
-                d.hdr = b""
+                # a frame's time is that of the event its first byte came in
+                t_f = t
+                if d.hdr:
+                    h, t_f = d.hdr + data[pos : pos + need], d.t_hdr
+                    d.hdr = b""
+                else:
+                    h = data[pos : pos + 9]
                 pos += need
                 ln = int.from_bytes(h[0:3], "big")
                 typ, flags = h[3], h[4]
                 sid = int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
-                pos = self._frame_start(d, (ln, typ, flags, sid), t, n, data, pos, rx)
+                pos = self._frame_start(d, (ln, typ, flags, sid), t_f, n, data, pos, rx)
         except Desync as e:
             self._desync(e.reason)
             return []
@@ -259,7 +268,8 @@ class H2Conn:
             if ex is not None:
                 ex.bytes_in += 9 + ln if rx else 0
                 if ex.t2:
-                    ex.t_end = max(ex.t_end, t)
+                    if not rx:  # (t_end stays the last response write, as in HTTP/1)
+                        ex.t_end = max(ex.t_end, t)
                     ex.client_aborted = rx
                     ex.partial = not rx
                     self._out.append(self._finish(ex))
