@@ -4,6 +4,7 @@ CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test_timing.py).
 
 * a grpcio server-streaming service (tests/agent/servers/grpc_server.py: a generic handler,
   no generated code) called by a grpcio client with a ``traceparent`` in its metadata;
+* gRPC-Web over HTTP/1.1 (uvicorn): the HTTP/1 cutter's, no HTTP/2 involved;
 * Hypercorn serving the demo's LLM app over h2c (prior knowledge), several concurrent
   streams on one connection from an httpx HTTP/2 client; and over TLS with ALPN ``h2``
   (the plaintext from the OpenSSL probes takes the same path).
@@ -31,6 +32,7 @@ from tests.agent.helpers import (
     Proc,
     attempts,
     gaps,
+    http_request,
     timing_log,
     tls_cert,
     wait_log,
@@ -78,6 +80,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         e.start("h2c", [PY, "-m", "tests.agent.servers.h2_app"])
         tls = ["--cert", str(e.cert), "--key", str(e.key)]
         e.start("h2tls", [PY, "-m", "tests.agent.servers.h2_app", *tls])
+        e.start("grpcweb", [PY, "-m", "tests.agent.servers.grpc_web_app"])
         e.agent = Agent(e.tmp, list(e.ports.values()), ["--otlp", e.rx.url, *NO_BUDGET])
         # first calls: imports and first-request paths warm, so the servers' clocks measure
         # steady state; the TLS server's first connection makes the agent attach its probes
@@ -293,6 +296,35 @@ def test_grpc_span_attributes(env: Env) -> None:
     assert attrs["rpc.grpc.status_code"].int_value == 0
     assert attrs["network.protocol.version"].string_value == "2"
     assert attrs["http.route"].string_value == METHOD
+
+
+def test_grpc_web_over_http1(env: Env) -> None:
+    """gRPC-Web (a POST of application/grpc-web+proto, a chunked stream of length-prefixed
+    messages) falls out of the HTTP/1 cutter: one chunk per message and one for the trailer
+    frame, TTFB and every gap within 1 ms of the app's clock."""
+
+    def check() -> None:
+        ctx = trace_context.generate()
+        msg = b"\0\0\0\0\0"  # an empty request message
+        req = (
+            f"POST {METHOD}?n=5&first_ms=40&gap_ms=20 HTTP/1.1\r\nHost: t\r\n"
+            f"traceparent: {ctx.header()}\r\ncontent-type: application/grpc-web+proto\r\n"
+            f"x-grpc-web: 1\r\ncontent-length: {len(msg)}\r\n\r\n"
+        ).encode() + msg
+        resp = http_request(env.ports["grpcweb"], req)
+        assert resp.startswith(b"HTTP/1.1 200") and b"grpc-status:0" in resp
+        r = _one(env.agent, ctx)
+        srv = _server_rec(env.logs["grpcweb"], ctx.header())
+        assert (r["method"], r["path"], r["version"], r["status"]) == ("POST", METHOD, "1.1", 200)
+        assert r["rpc_system"] is None  # HTTP/1: no gRPC fields (docs/agent.md)
+        writes = srv["t_writes_ns"]
+        assert r["chunks"] == len(writes) == 6, (r, srv)  # 5 messages, the trailer frame
+        assert abs(r["ttfb_us"] - (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
+        assert abs(r["ttft_us"] - (writes[0] - srv["t_start_ns"]) / 1000) <= TOL_US
+        for g, w in zip(gaps(r["chunk_offsets_us"]), gaps(writes), strict=True):
+            assert abs(g - w / 1000) <= TOL_US
+
+    attempts(check)
 
 
 def test_h2_metrics_say_no_desync(env: Env) -> None:
