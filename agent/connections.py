@@ -44,6 +44,9 @@ _EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
 _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 _EV_TLS = events.EV_TLS
 _EV_H2 = events.EV_H2
+_H2_WALK = events.H2_WALK.unpack_from
+_H2_HDRS_AT = events.READ_DATA + events.H2_WALK.size
+_H2_DATA = events.H2_DATA
 
 Key = tuple[int, int]  # (socket address, first-seen time): sockets are reused
 
@@ -209,11 +212,18 @@ class Connections:
         if srtt_us:
             h2.srtt_us = srtt_us
         h2.retrans = retrans
-        data = raw[_READ_DATA : _READ_DATA + caplen]
+        data = raw[_H2_DATA : _H2_DATA + caplen]
+        walk = _H2_WALK(raw, _READ_DATA)
+        past: dict[int, bytes] | None = None
+        if walk[1]:  # frame headers past the copy, found by the kernel's walk
+            past = {
+                walk[2 + i]: bytes(raw[_H2_HDRS_AT + 12 * i : _H2_HDRS_AT + 12 * i + 9])
+                for i in range(min(walk[1], events.H2_HDRS))
+            }
         if direction == 0:
-            out = h2.on_read(t, n, data, t_arr, t_acc, t_est)
+            out = h2.on_read(t, n, data, t_arr, t_acc, t_est, past)
         else:
-            out = h2.on_write(t, n, data)
+            out = h2.on_write(t, n, data, past)
         if out:
             self.emit(st, out)
 

@@ -79,6 +79,11 @@ class _Dir:
         self.t_hdr = 0  # the event time of the split frame header's first bytes
 
 
+def _header(h: bytes) -> tuple[int, int, int, int]:
+    """A frame header's (length, type, flags, stream id)."""
+    return int.from_bytes(h[0:3], "big"), h[3], h[4], int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
+
+
 class Desync(Exception):  # noqa: N818  (control flow inside the framer, never raised out)
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -107,8 +112,16 @@ class H2Conn:
 
     # -- events -----------------------------------------------------------------------
     def on_read(
-        self, t: int, n: int, data: bytes, t_arr: int = 0, t_acc: int = 0, t_est: int = 0
+        self,
+        t: int,
+        n: int,
+        data: bytes,
+        t_arr: int = 0,
+        t_acc: int = 0,
+        t_est: int = 0,
+        past: dict[int, bytes] | None = None,
     ) -> list[Exchange]:
+        """``past``: frame headers past the captured bytes, by offset (the kernel's walk)."""
         if t_acc:
             self.t_acc = t_acc
         if t_est:
@@ -124,12 +137,14 @@ class H2Conn:
                 return []
             self.preface_left -= take
             pos = take
-        return self._feed(self.rx, t, n, data, pos, True)
+        return self._feed(self.rx, t, n, data, pos, True, past)
 
-    def on_write(self, t: int, n: int, data: bytes) -> list[Exchange]:
+    def on_write(
+        self, t: int, n: int, data: bytes, past: dict[int, bytes] | None = None
+    ) -> list[Exchange]:
         if self.dead is not None or n <= 0:
             return []
-        return self._feed(self.tx, t, n, data, 0, False)
+        return self._feed(self.tx, t, n, data, 0, False, past)
 
     def on_loss(self) -> None:
         """Events were lost: neither the framing nor the HPACK tables can be trusted."""
@@ -168,9 +183,19 @@ class H2Conn:
         self.dead = reason
         self.streams.clear()
 
-    def _feed(self, d: _Dir, t: int, n: int, data: bytes, pos: int, rx: bool) -> list[Exchange]:
+    def _feed(
+        self,
+        d: _Dir,
+        t: int,
+        n: int,
+        data: bytes,
+        pos: int,
+        rx: bool,
+        past: dict[int, bytes] | None = None,
+    ) -> list[Exchange]:
         """Frame ``n`` bytes of one direction, of which ``data`` (from offset 0) were
-        captured; ``pos``: where framing starts in them."""
+        captured and ``past`` holds the frame headers beyond; ``pos``: where framing
+        starts."""
         self._out = []
         cap = len(data)
         try:
@@ -194,7 +219,12 @@ class H2Conn:
                     continue
                 need = 9 - len(d.hdr)
                 if pos + min(need, n - pos) > cap:
-                    raise Desync("header_beyond_capture")
+                    h = past.get(pos) if past is not None and not d.hdr else None
+                    if h is None:
+                        raise Desync("header_beyond_capture")
+                    # a header the kernel's walk read past the copy (a large frame before it)
+                    pos = self._frame_start(d, _header(h), t, n, data, pos + 9, rx)
+                    continue
                 if n - pos < need:  # the header continues in the next event
                     if not d.hdr:
                         d.t_hdr = t
@@ -208,10 +238,7 @@ class H2Conn:
                 else:
                     h = data[pos : pos + 9]
                 pos += need
-                ln = int.from_bytes(h[0:3], "big")
-                typ, flags = h[3], h[4]
-                sid = int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
-                pos = self._frame_start(d, (ln, typ, flags, sid), t_f, n, data, pos, rx)
+                pos = self._frame_start(d, _header(h), t_f, n, data, pos, rx)
         except Desync as e:
             self._desync(e.reason)
             return []

@@ -67,6 +67,9 @@ struct px_conn {
     // arrival of the ciphertext its last socket read took (the decrypting read's t_arr)
     u64 tls_ssl;
     u64 tls_arr;
+    // HTTP/2 (http2.h): per direction (0 read, 1 write), the bytes of the current frame
+    // still to come at the next event (PX_H2_LOST: the kernel's walk gave up)
+    u32 h2_left[2];
 };
 
 struct px_agg {

@@ -7,7 +7,9 @@ CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test_timing.py).
 * gRPC-Web over HTTP/1.1 (uvicorn): the HTTP/1 cutter's, no HTTP/2 involved;
 * Hypercorn serving the demo's LLM app over h2c (prior knowledge), several concurrent
   streams on one connection from an httpx HTTP/2 client; and over TLS with ALPN ``h2``
-  (the plaintext from the OpenSSL probes takes the same path).
+  (the plaintext from the OpenSSL probes takes the same path);
+* an ``h2``-library server writing a whole 40 KB response in one ``sendall`` (frame
+  headers past the copy window: the kernel's frame walk).
 
 One agent for the module, with an OTLP receiver (the exported attributes are checked).
 """
@@ -81,6 +83,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         tls = ["--cert", str(e.cert), "--key", str(e.key)]
         e.start("h2tls", [PY, "-m", "tests.agent.servers.h2_app", *tls])
         e.start("grpcweb", [PY, "-m", "tests.agent.servers.grpc_web_app"])
+        e.start("h2raw", [PY, "-m", "tests.agent.servers.h2_raw_server"])
         e.agent = Agent(e.tmp, list(e.ports.values()), ["--otlp", e.rx.url, *NO_BUDGET])
         # first calls: imports and first-request paths warm, so the servers' clocks measure
         # steady state; the TLS server's first connection makes the agent attach its probes
@@ -258,6 +261,24 @@ def test_h2c_concurrent_streams_on_one_connection(env: Env) -> None:
             )
             assert r["rpc_system"] is None and r["grpc_status"] is None
             _check_h2_timing(r, srv, tokens=6)
+
+    attempts(check)
+
+
+def test_h2_frames_past_the_window(env: Env) -> None:
+    """A 40 KB answer written at once (an ``h2``-library server: HEADERS and three DATA
+    frames in one sendall): the later frame headers lie far past the copied 4 KiB; the
+    kernel's frame walk reads them where they lie, so the stream is recorded whole, its
+    TTFB on the server's clock."""
+
+    def check() -> None:
+        ctx = trace_context.generate()
+        asyncio.run(_h2_get(env.ports["h2raw"], ["/bulk?size=40000"], False, [ctx.header()]))
+        r = _one(env.agent, ctx)
+        srv = _server_rec(env.logs["h2raw"], ctx.header())
+        assert r["status"] == 200 and r["path"] == "/bulk" and not r["partial"]
+        assert r["bytes_out"] > 40_000 and r["chunks"] == 3, r  # DATA frames: 16+16+8 KiB
+        assert abs(r["ttfb_us"] - (srv["t_write_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
 
     attempts(check)
 

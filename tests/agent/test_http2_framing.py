@@ -164,6 +164,27 @@ def test_a_frame_header_beyond_the_capture_desyncs(window: int) -> None:
     assert _feed(conn, 4, b"\0\0\0\4\0\0\0\0\0", True) == []  # dead: nothing more
 
 
+def test_frame_headers_the_kernel_walked_past_the_capture() -> None:
+    """The kernel's walk (bpf/agent/http2.h) sends the frame headers past the copied bytes
+    by offset: framing goes on through them."""
+    p = Pair()
+    conn = H2Conn(H2Stats())
+    _feed(conn, 1, p.c2s(), False)
+    sid = p.request("/a/b")
+    _feed(conn, 2, p.c2s(), False)
+    p.s2c()
+    p.server.send_headers(sid, [(":status", "200")])
+    p.server.send_data(sid, b"y" * 100)
+    p.server.send_data(sid, b"y" * 100)
+    p.server.send_data(sid, b"z", end_stream=True)
+    w = p.s2c()
+    hlen = 9 + int.from_bytes(w[0:3], "big")
+    offs = [hlen + 109, hlen + 218]  # the second and third DATA frames' headers
+    past = {o: w[o : o + 9] for o in offs}
+    [ex] = conn.on_write(3, len(w), w[: hlen + 20], past)
+    assert ex.chunks == 3 and ex.body_out == 201 and ex.ended and not conn.dead
+
+
 def test_a_long_data_payload_beyond_the_capture_is_fine() -> None:
     """The window covers the DATA frame's header; its payload need not be captured."""
     p = Pair()
