@@ -290,12 +290,17 @@ class Connections:
         from the exporter thread: list() copies the table in one step under the GIL."""
         out = []
         for st in list(self.conns.values()):
+            h2 = st.h2
             a = st.cut.active
-            if a is None or not a.t1:
+            if h2 is not None:  # HTTP/2: its streams answered and open
+                t1s = [ex.t1 for ex in list(h2.streams.values()) if ex.t2]
+            elif a is not None and a.t1:
+                t1s = [a.t1]
+            else:
                 continue
             svc = st.info.service if st.info is not None else self._identity(st.pid, st.lport)[1]
             if svc == service:
-                out.append(a.t1)
+                out += t1s
         return out
 
     # -- records --------------------------------------------------------------------
