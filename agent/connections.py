@@ -217,13 +217,14 @@ class Connections:
         past: dict[int, bytes] | None = None
         if walk[1]:  # frame headers past the copy, found by the kernel's walk
             past = {
-                walk[2 + i]: bytes(raw[_H2_HDRS_AT + 12 * i : _H2_HDRS_AT + 12 * i + 9])
+                walk[3 + i]: bytes(raw[_H2_HDRS_AT + 12 * i : _H2_HDRS_AT + 12 * i + 9])
                 for i in range(min(walk[1], events.H2_HDRS))
             }
+        tail = raw[_H2_DATA + caplen : _H2_DATA + caplen + walk[2]] if walk[2] else b""
         if direction == 0:
-            out = h2.on_read(t, n, data, t_arr, t_acc, t_est, past)
+            out = h2.on_read(t, n, data, t_arr, t_acc, t_est, past, tail)
         else:
-            out = h2.on_write(t, n, data, past)
+            out = h2.on_write(t, n, data, past, tail)
         if out:
             self.emit(st, out)
 

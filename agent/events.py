@@ -34,9 +34,10 @@ TLS = struct.Struct("<II")  # lport pad
 AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
 READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
 # EV_H2 (bpf/agent/http2.h): READ's fields, then the kernel's frame walk — in step (walk),
-# how many frame headers past the copy (nhdr), their offsets and their 9 bytes (12 each)
+# how many frame headers past the copy (nhdr), the event's last bytes after the copy
+# (tail), the headers' offsets and their 9 bytes (12 each)
 H2_HDRS = 8
-H2_WALK = struct.Struct(f"<II{H2_HDRS}I")
+H2_WALK = struct.Struct(f"<III{H2_HDRS}I")
 H2_DATA = READ_DATA + H2_WALK.size + 12 * H2_HDRS
 RESP_DATA = HDR.size + RESP.size
 OFFS_AT = HDR.size + AGG.size

@@ -79,6 +79,26 @@ class _Dir:
         self.t_hdr = 0  # the event time of the split frame header's first bytes
 
 
+class _Capture:
+    """What the kernel copied of one read or write: its first bytes (``head``) and, for a
+    plain buffer longer than the copy, its last ones (``tail``, from offset ``tail_at``)."""
+
+    __slots__ = ("head", "tail", "tail_at")
+
+    def __init__(self, head: bytes, tail: bytes, tail_at: int) -> None:
+        if tail and tail_at <= len(head):  # the two meet: the whole event was copied
+            head, tail = head[:tail_at] + tail, b""
+        self.head, self.tail, self.tail_at = head, tail, tail_at
+
+    def get(self, a: int, b: int) -> bytes | None:
+        """Bytes [a, b) of the event, or None where they were not copied."""
+        if b <= len(self.head):
+            return self.head[a:b]
+        if self.tail and a >= self.tail_at and b - self.tail_at <= len(self.tail):
+            return self.tail[a - self.tail_at : b - self.tail_at]
+        return None
+
+
 def _header(h: bytes) -> tuple[int, int, int, int]:
     """A frame header's (length, type, flags, stream id)."""
     return int.from_bytes(h[0:3], "big"), h[3], h[4], int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
@@ -120,8 +140,10 @@ class H2Conn:
         t_acc: int = 0,
         t_est: int = 0,
         past: dict[int, bytes] | None = None,
+        tail: bytes = b"",
     ) -> list[Exchange]:
-        """``past``: frame headers past the captured bytes, by offset (the kernel's walk)."""
+        """``past``: frame headers past the captured bytes, by offset (the kernel's walk);
+        ``tail``: the event's last bytes (a long plain buffer's)."""
         if t_acc:
             self.t_acc = t_acc
         if t_est:
@@ -137,14 +159,19 @@ class H2Conn:
                 return []
             self.preface_left -= take
             pos = take
-        return self._feed(self.rx, t, n, data, pos, True, past)
+        return self._feed(self.rx, t, n, _Capture(data, tail, n - len(tail)), pos, True, past)
 
     def on_write(
-        self, t: int, n: int, data: bytes, past: dict[int, bytes] | None = None
+        self,
+        t: int,
+        n: int,
+        data: bytes,
+        past: dict[int, bytes] | None = None,
+        tail: bytes = b"",
     ) -> list[Exchange]:
         if self.dead is not None or n <= 0:
             return []
-        return self._feed(self.tx, t, n, data, 0, False, past)
+        return self._feed(self.tx, t, n, _Capture(data, tail, n - len(tail)), 0, False, past)
 
     def on_loss(self) -> None:
         """Events were lost: neither the framing nor the HPACK tables can be trusted."""
@@ -188,16 +215,15 @@ class H2Conn:
         d: _Dir,
         t: int,
         n: int,
-        data: bytes,
+        cv: _Capture,
         pos: int,
         rx: bool,
         past: dict[int, bytes] | None = None,
     ) -> list[Exchange]:
-        """Frame ``n`` bytes of one direction, of which ``data`` (from offset 0) were
-        captured and ``past`` holds the frame headers beyond; ``pos``: where framing
+        """Frame ``n`` bytes of one direction, of which ``cv`` holds what was captured and
+        ``past`` the frame headers the kernel's walk found beyond; ``pos``: where framing
         starts."""
         self._out = []
-        cap = len(data)
         try:
             while pos < n:
                 if d.skip:  # the rest of a payload that is not needed
@@ -208,9 +234,10 @@ class H2Conn:
                 if d.frame is not None:  # a needed payload gathered across events
                     ln = d.frame[0] - len(d.payload)
                     take = min(ln, n - pos)
-                    if pos + take > cap:
+                    got = cv.get(pos, pos + take)
+                    if got is None:
                         raise Desync("payload_beyond_capture")
-                    d.payload += data[pos : pos + take]
+                    d.payload += got
                     pos += take
                     if len(d.payload) == d.frame[0]:
                         frame, d.frame = d.frame, None
@@ -218,27 +245,28 @@ class H2Conn:
                         d.payload.clear()
                     continue
                 need = 9 - len(d.hdr)
-                if pos + min(need, n - pos) > cap:
+                hb = cv.get(pos, pos + min(need, n - pos))
+                if hb is None:
                     h = past.get(pos) if past is not None and not d.hdr else None
                     if h is None:
                         raise Desync("header_beyond_capture")
                     # a header the kernel's walk read past the copy (a large frame before it)
-                    pos = self._frame_start(d, _header(h), t, n, data, pos + 9, rx)
+                    pos = self._frame_start(d, _header(h), t, n, cv, pos + 9, rx)
                     continue
                 if n - pos < need:  # the header continues in the next event
                     if not d.hdr:
                         d.t_hdr = t
-                    d.hdr += data[pos:n]
+                    d.hdr += hb
                     break
                 # a frame's time is that of the event its first byte came in
                 t_f = t
                 if d.hdr:
-                    h, t_f = d.hdr + data[pos : pos + need], d.t_hdr
+                    h, t_f = d.hdr + hb, d.t_hdr
                     d.hdr = b""
                 else:
-                    h = data[pos : pos + 9]
+                    h = hb
                 pos += need
-                pos = self._frame_start(d, _header(h), t_f, n, data, pos, rx)
+                pos = self._frame_start(d, _header(h), t_f, n, cv, pos, rx)
         except Desync as e:
             self._desync(e.reason)
             return []
@@ -250,7 +278,7 @@ class H2Conn:
         frame: tuple[int, int, int, int],
         t: int,
         n: int,
-        data: bytes,
+        cv: _Capture,
         pos: int,
         rx: bool,
     ) -> int:
@@ -270,9 +298,10 @@ class H2Conn:
             raise Desync("frame_too_large")
         end = pos + ln
         if end <= n:  # the whole payload is in this event
-            if end > len(data):
+            got = cv.get(pos, end)
+            if got is None:
                 raise Desync("payload_beyond_capture")
-            self._frame(d, frame, bytes(data[pos:end]), t, rx)
+            self._frame(d, frame, bytes(got), t, rx)
             return end
         d.frame = frame
         d.t_frame = t

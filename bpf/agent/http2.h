@@ -13,6 +13,7 @@
 #define PX_H2_WALK 32                // frames walked per read or write
 #define PX_H2_HDRS 8                 // frame headers past the window carried per event
 #define PX_H2_LOST 0xffffffffU       // px_conn.h2_left: the walk is not in step
+#define PX_H2_TAIL 256               // a long plain buffer's last bytes copied too (trailers)
 
 struct px_ev_h2 {
     struct px_hdr h;
@@ -32,6 +33,7 @@ struct px_ev_h2 {
     // walk was in step, so every frame header of the event is in data or here.
     u32 walk;
     u32 nhdr;
+    u32 tail;  // bytes after the copy in data: the event's last ones (plain buffers)
     u32 hoff[PX_H2_HDRS];
     u8 hdr[PX_H2_HDRS][12];  // 9 bytes each, padded
     // twice the window: a copy starts below PX_H2_WINDOW and is at most PX_H2_WINDOW long,
@@ -178,7 +180,19 @@ static __always_inline void px_h2_event(struct px_active *a, struct px_conn *c, 
     __builtin_memcpy(e->raddr, c->raddr, 16);
     px_h2_copy(e, a, ret);
     px_h2_walk(e, c, a, ret, dir);
-    u64 size = sizeof(struct px_ev_h2) - 2 * PX_H2_WINDOW + e->caplen;
+    // A plain buffer longer than the copy: its last bytes too, after the copy — where a
+    // response's trailers are when the server writes a large message and them at once
+    // (the walk finds their frame header; the header block is here).
+    e->tail = 0;
+    u64 cap = e->caplen;
+    if (cap > PX_H2_WINDOW)
+        cap = PX_H2_WINDOW;
+    if (a->iov == IOV_NONE && a->buf && (u64)ret > cap) {
+        u64 tl = px_clamp((u64)ret - cap, (u64)ret - cap, PX_H2_TAIL);
+        if (tl && bpf_probe_read_user(e->data + cap, tl, (void *)(a->buf + ret - tl)) == 0)
+            e->tail = tl;
+    }
+    u64 size = sizeof(struct px_ev_h2) - 2 * PX_H2_WINDOW + e->caplen + e->tail;
     asm volatile("" : "+r"(size));
     if (size > sizeof(struct px_ev_h2))
         size = sizeof(struct px_ev_h2);

@@ -266,18 +266,22 @@ def test_h2c_concurrent_streams_on_one_connection(env: Env) -> None:
 
 
 def test_h2_frames_past_the_window(env: Env) -> None:
-    """A 40 KB answer written at once (an ``h2``-library server: HEADERS and three DATA
-    frames in one sendall): the later frame headers lie far past the copied 4 KiB; the
-    kernel's frame walk reads them where they lie, so the stream is recorded whole, its
-    TTFB on the server's clock."""
+    """A 40 KB answer written at once (an ``h2``-library server: HEADERS, three DATA frames
+    and trailers in one sendall): the later frame headers lie far past the copied 4 KiB; the
+    kernel's frame walk reads them where they lie and the write's last bytes (the trailers'
+    header block) are copied too, so the stream is recorded whole, its TTFB on the
+    server's clock."""
 
     def check() -> None:
         ctx = trace_context.generate()
-        asyncio.run(_h2_get(env.ports["h2raw"], ["/bulk?size=40000"], False, [ctx.header()]))
+        path = "/bulk?size=40000&trailers=1"
+        asyncio.run(_h2_get(env.ports["h2raw"], [path], False, [ctx.header()]))
         r = _one(env.agent, ctx)
         srv = _server_rec(env.logs["h2raw"], ctx.header())
         assert r["status"] == 200 and r["path"] == "/bulk" and not r["partial"]
         assert r["bytes_out"] > 40_000 and r["chunks"] == 3, r  # DATA frames: 16+16+8 KiB
+        # the trailers' block, at the end of the write: the copied tail holds it
+        assert r["grpc_status"] == 0, r
         assert abs(r["ttfb_us"] - (srv["t_write_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
 
     attempts(check)

@@ -1,7 +1,8 @@
 """An HTTP/2 server on the ``h2`` package and a plain socket, one thread per connection,
 that writes a whole response at once: HEADERS, then ``size`` body bytes as DATA frames of
 at most 16 KiB, in a single ``sendall`` — the later frame headers lie far past the agent's
-copy window, where only the kernel's frame walk finds them. ``GET /bulk?size=N``; the
+copy window, where only the kernel's frame walk finds them. ``GET /bulk?size=N``
+(``&trailers=1``: trailers with ``grpc-status: 0`` end it, in the same write); the
 request's ``traceparent`` and the times (``t_start_ns`` at the request's HEADERS,
 ``t_write_ns`` before the write) go to the timing log.
 
@@ -43,14 +44,17 @@ def serve_conn(s: socket.socket, log: Path) -> None:
                     headers = {_text(k): _text(v) for k, v in ev.headers or []}
                     q = parse_qs(urlsplit(headers[":path"]).query)
                     size = int(q.get("size", ["40000"])[0])
+                    trailers = q.get("trailers", ["0"])[0] == "1"
                     sid = ev.stream_id
                     assert sid is not None
                     conn.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
                     left = size
                     while left:
                         n = min(left, conn.local_settings.max_frame_size, 16384)
-                        conn.send_data(sid, b"x" * n, end_stream=left == n)
+                        conn.send_data(sid, b"x" * n, end_stream=left == n and not trailers)
                         left -= n
+                    if trailers:  # as a gRPC server ends a call: in the same write
+                        conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
                     t_write = time.monotonic_ns()
                     s.sendall(conn.data_to_send())
                     rec = {
