@@ -180,3 +180,29 @@ def test_an_h2_stream_from_packed_records() -> None:
     assert rec["rpc_system"] == "grpc" and rec["grpc_status"] == 0
     assert rec["ttfb_us"] == 2000 and rec["chunks"] == 2 and rec["sample_th"] == "0"
     assert not a.h2_stats.desync
+
+
+def test_an_open_h2_stream_counts_as_in_flight() -> None:
+    """open_requests (the GPU side's requests in flight): an HTTP/2 stream answered and not
+    ended is in flight on its service; ended, it is not."""
+    ms = 1_000_000
+    cli = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    srv = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    cli.initiate_connection()
+    srv.initiate_connection()
+    cli.send_headers(
+        1, [(":method", "GET"), (":path", "/s"), (":scheme", "http"), (":authority", "x")]
+    )
+    req = cli.data_to_send()
+    srv.receive_data(req)
+    srv.send_headers(1, [(":status", "200")])
+    head = srv.data_to_send()
+    srv.send_data(1, b"tok", end_stream=True)
+    end = srv.data_to_send()
+    a = _table()
+    a.on_event(_h2(10 * ms, req, 0, len(req), {}))
+    assert a.open_requests("svc") == []  # read, not answered yet
+    a.on_event(_h2(11 * ms, head, 1, len(head), {}))
+    assert a.open_requests("svc") == [10 * ms] and a.open_requests("other") == []
+    a.on_event(_h2(12 * ms, end, 1, len(end), {}))
+    assert a.open_requests("svc") == [] and len(a.out.q) == 1
