@@ -154,6 +154,8 @@ lost:
 // or the write's start.
 static __always_inline void px_h2_event(struct px_active *a, struct px_conn *c, u64 id,
                                         long ret, u64 t, u16 dir, int tls) {
+    if (c->h2 & PX_H2_DEAD)
+        return;
     u32 zero = 0;
     struct px_ev_h2 *e = px_scratch_h2.lookup(&zero);
     if (!e)

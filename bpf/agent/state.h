@@ -114,6 +114,10 @@ static __always_inline void px_conn_epoch(struct px_conn *c) {
         c->epoch = ep;
         c->lost = 1;
         c->sf_left = 0;
+        // HTTP/2 cannot be framed again mid-stream (HPACK state): user space gives the
+        // connection up after a pause, so nothing more is copied for it (http2.h)
+        if (c->h2 & PX_H2_ON)
+            c->h2 |= PX_H2_DEAD;
     }
 }
 
