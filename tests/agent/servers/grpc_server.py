@@ -1,7 +1,8 @@
 """A gRPC server-streaming service (grpcio, a generic handler: no generated code), the way
 a model server streams tokens. ``/parallax.test.Tokens/Stream`` takes a request of the form
-``n=5,first_ms=40,gap_ms=20[,status=5][,fail_after=2]`` (raw bytes, no protobuf) and streams
-``n`` messages: the first after ``first_ms``, then one every ``gap_ms``. ``status``: abort
+``n=5,first_ms=40,gap_ms=20[,status=5][,fail_after=2][,size=N]`` (raw bytes, no protobuf)
+and streams ``n`` messages (of ``size`` bytes if given): the first after ``first_ms``, then
+one every ``gap_ms``. ``status``: abort
 with that code before the first message; ``fail_after``: abort with INTERNAL after that
 many messages. Each call's timing on the server's own CLOCK_MONOTONIC is appended to the
 log as one JSON line: ``t_start_ns`` (the handler's entry), ``t_writes_ns`` (each message
@@ -49,7 +50,7 @@ class Tokens:
                     context.abort(grpc.StatusCode.INTERNAL, "failed mid-stream")
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 rec["t_writes_ns"].append(time.monotonic_ns())
-                yield f"token-{i} ".encode()
+                yield b"m" * int(args["size"]) if "size" in args else f"token-{i} ".encode()
                 deadline += gap / 1000
         finally:
             with self.lock, self.log.open("a") as f:
