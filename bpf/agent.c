@@ -40,6 +40,7 @@
 #include "agent/sample.h"
 #include "agent/uio.h"
 #include "agent/tls.h"
+#include "agent/http2.h"
 #include "agent/http.h"
 #include "agent/syscalls.h"
 #ifdef PX_SOCK_HOOKS

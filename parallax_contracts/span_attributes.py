@@ -55,7 +55,25 @@ SERVER_PORT = Attr("server.port", "int", "", "Local port of the server socket.",
 CLIENT_ADDRESS = Attr("client.address", "string", "", "Peer address of the connection.", True)
 CLIENT_PORT = Attr("client.port", "int", "", "Peer port of the connection.", True)
 NETWORK_PROTOCOL_VERSION = Attr(
-    "network.protocol.version", "string", "", "HTTP version, e.g. `1.1`.", True
+    "network.protocol.version", "string", "", "HTTP version, e.g. `1.1`, or `2` (HTTP/2).", True
+)
+RPC_SYSTEM = Attr(
+    "rpc.system",
+    "string",
+    "",
+    "`grpc` for an HTTP/2 stream of content-type `application/grpc`.",
+    True,
+)
+RPC_SERVICE = Attr(
+    "rpc.service", "string", "", "gRPC only: the service, from `:path` `/<service>/<method>`.", True
+)
+RPC_METHOD = Attr("rpc.method", "string", "", "gRPC only: the method, from `:path`.", True)
+RPC_GRPC_STATUS_CODE = Attr(
+    "rpc.grpc.status_code",
+    "int",
+    "",
+    "gRPC only: `grpc-status` of the response's trailers (0 OK; absent without trailers).",
+    True,
 )
 
 # --- Parallax: kernel timings (agent) ----------------------------------------------
@@ -302,6 +320,10 @@ ALL: tuple[Attr, ...] = (
     CLIENT_ADDRESS,
     CLIENT_PORT,
     NETWORK_PROTOCOL_VERSION,
+    RPC_SYSTEM,
+    RPC_SERVICE,
+    RPC_METHOD,
+    RPC_GRPC_STATUS_CODE,
     TTFB_US,
     RECV_QUEUE_US,
     ACCEPT_QUEUE_US,
