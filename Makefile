@@ -30,10 +30,12 @@ lint: setup
 
 bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store
 
-# bench.tls: the same per-request costs over TLS beside plaintext HTTP/1, in one run (~5 min)
+# bench.tls, bench.http2: the same per-request costs over TLS, and over HTTP/2 and gRPC,
+# beside plaintext HTTP/1 (~5 min, ~3 min)
 bench-agent: setup
 	$(PY) -m bench.agent
 	$(PY) -m bench.tls
+	$(PY) -m bench.http2
 
 bench-collector: setup
 	$(PY) -m bench.collector

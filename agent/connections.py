@@ -18,6 +18,7 @@ from typing import Any
 from agent import events
 from agent.clock import MonoClock
 from agent.diagnostics import where
+from agent.http2 import H2Conn, H2Stats
 from agent.httpcut import Conn, Exchange, Stats
 from agent.outputs import RecordQueue
 from agent.records import ConnInfo, build
@@ -42,6 +43,10 @@ _TLS = events.TLS.unpack_from
 _EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
 _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 _EV_TLS = events.EV_TLS
+_EV_H2 = events.EV_H2
+_H2_WALK = events.H2_WALK.unpack_from
+_H2_HDRS_AT = events.READ_DATA + events.H2_WALK.size
+_H2_DATA = events.H2_DATA
 
 Key = tuple[int, int]  # (socket address, first-seen time): sockets are reused
 
@@ -58,6 +63,7 @@ class ConnState:
     unparsed_counted: bool = False
     info: ConnInfo | None = None
     tls: bool = False  # its bytes are TLS records: the plaintext comes from the SSL uprobes
+    h2: H2Conn | None = None  # it began with HTTP/2's client preface (agent/http2.py)
 
 
 class Connections:
@@ -79,6 +85,7 @@ class Connections:
         self.clock = clock
         self.out = out
         self.stats = Stats()
+        self.h2_stats = H2Stats()
         self._identity = identity
         self._on_unparsed = on_unparsed
         self._on_traceparent_missed = on_traceparent_missed
@@ -109,21 +116,27 @@ class Connections:
             if len(raw) < _HDR_SIZE:
                 return
             typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, sample_th = _HDR(raw)
-            if not _EV_READ <= typ <= _EV_TLS:
+            if not _EV_READ <= typ <= _EV_H2:
                 return  # a type this agent does not know
             key = (sk, ident)
             conns = self.conns
             st = conns.get(key)
             if lost and st is not None:
                 st.cut.on_loss()
+                if st.h2 is not None:
+                    st.h2.on_loss()
             if _EV_CLOSE <= typ <= _EV_SOCK_CLOSE:
                 if st is None:
                     return
                 if typ == _EV_PEER_FIN:
                     st.cut.on_peer_fin(t)
+                    if st.h2 is not None:
+                        st.h2.on_peer_fin()
                     return
                 self.emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
-                if st.tls and st.cut.requests == 0 and not st.unparsed_counted:
+                if st.h2 is not None:
+                    self.emit(st, st.h2.on_close(server_gone=typ == _EV_SOCK_CLOSE))
+                elif st.tls and st.cut.requests == 0 and not st.unparsed_counted:
                     self._on_unparsed(st.lport)  # TLS whose plaintext never showed a request
                 del conns[key]
                 self._open_cl.pop(key, None)
@@ -141,6 +154,9 @@ class Connections:
                 st.pid = tgid
                 st.lport = st.lport or _TLS(raw, _HDR_SIZE)[0]
                 self._on_tls(tgid, st.lport)
+                return
+            if typ == _EV_H2:
+                self._h2_event(st, raw, t, srtt_us, retrans)
                 return
             cut = st.cut
             if srtt_us:  # Conn.update_tcp, inline
@@ -182,6 +198,37 @@ class Connections:
         except Exception as e:  # noqa: BLE001  (one event must not stop the agent)
             self._event_error(raw, e)
 
+    def _h2_event(self, st: ConnState, raw: bytes, t: int, srtt_us: int, retrans: int) -> None:
+        """A read (dir 0) or write (dir 1) of an HTTP/2 connection: the layout of READ, its
+        ``skipped`` field carrying the direction."""
+        t_est, t_acc, t_arr, n, caplen, lport, rport, family, direction = _READ(raw, _HDR_SIZE)
+        h2 = st.h2
+        if h2 is None:
+            h2 = st.h2 = H2Conn(self.h2_stats)
+            h2.requests = st.cut.requests  # (requests before it: none, in practice)
+        if not st.laddr:
+            st.lport, st.rport = lport, rport
+            la, ra = _ADDRS(raw, _ADDRS_AT)
+            st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
+        if srtt_us:
+            h2.srtt_us = srtt_us
+        h2.retrans = retrans
+        data = raw[_H2_DATA : _H2_DATA + caplen]
+        walk = _H2_WALK(raw, _READ_DATA)
+        past: dict[int, bytes] | None = None
+        if walk[1]:  # frame headers past the copy, found by the kernel's walk
+            past = {
+                walk[3 + i]: bytes(raw[_H2_HDRS_AT + 12 * i : _H2_HDRS_AT + 12 * i + 9])
+                for i in range(min(walk[1], events.H2_HDRS))
+            }
+        tail = raw[_H2_DATA + caplen : _H2_DATA + caplen + walk[2]] if walk[2] else b""
+        if direction == 0:
+            out = h2.on_read(t, n, data, t_arr, t_acc, t_est, past, tail)
+        else:
+            out = h2.on_write(t, n, data, past, tail)
+        if out:
+            self.emit(st, out)
+
     def _event_error(self, raw: bytes, e: Exception) -> None:
         """An event this agent could not handle (a bug, or input nothing here anticipated):
         counted (parallax_agent_event_errors_total), logged once per exception type, and its
@@ -213,6 +260,11 @@ class Connections:
         st = self.conns.get(key)
         if st is None:
             return
+        if st.h2 is not None:  # an HTTP/2 connection is not picked up again
+            st.h2.on_loss()
+            if closing:
+                del self.conns[key]
+            return
         old = st.cut
         # what it had in flight is lost, as after lost events
         self.stats.lost_exchanges += (
@@ -232,18 +284,25 @@ class Connections:
         resynchronises at its next request (what it had in flight is counted as lost)."""
         for st in self.conns.values():
             st.cut.on_loss()
+            if st.h2 is not None:
+                st.h2.on_loss()
 
     def open_requests(self, service: str) -> list[int]:
         """The t1 (monotonic ns) of the service's requests read and not yet finished. Called
         from the exporter thread: list() copies the table in one step under the GIL."""
         out = []
         for st in list(self.conns.values()):
+            h2 = st.h2
             a = st.cut.active
-            if a is None or not a.t1:
+            if h2 is not None:  # HTTP/2: its streams answered and open
+                t1s = [ex.t1 for ex in list(h2.streams.values()) if ex.t2]
+            elif a is not None and a.t1:
+                t1s = [a.t1]
+            else:
                 continue
             svc = st.info.service if st.info is not None else self._identity(st.pid, st.lport)[1]
             if svc == service:
-                out.append(a.t1)
+                out += t1s
         return out
 
     # -- records --------------------------------------------------------------------
@@ -338,5 +397,7 @@ class Connections:
             if v is not None and v.t_last and v.t_first != st.snap_t_first:
                 self._take_snapshot(st, v)
         out = st.cut.flush_inflight()
+        if st.h2 is not None:
+            out += st.h2.flush_inflight()
         self.n_final_partial += len(out)
         self.emit(st, out)

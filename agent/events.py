@@ -15,6 +15,7 @@ EV_CLOSE = 4
 EV_PEER_FIN = 5
 EV_SOCK_CLOSE = 6  # the socket closed without a close() of the app (killed, exited)
 EV_TLS = 7  # the connection carries TLS: its plaintext comes from the SSL uprobes
+EV_H2 = 8  # a read or write of an HTTP/2 connection (READ's layout; skipped = direction)
 
 WAGG_END = 1
 WAGG_PARTIAL = 2
@@ -38,6 +39,12 @@ HOLD_AT = HDR.size + AGG.size
 # reasons (PX_WHY_*), by number
 HOLD_WHY = ("", "nagle", "cork", "cwnd", "rwnd", "sndbuf", "stack")
 READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
+# EV_H2 (bpf/agent/http2.h): READ's fields, then the kernel's frame walk — in step (walk),
+# how many frame headers past the copy (nhdr), the event's last bytes after the copy
+# (tail), the headers' offsets and their 9 bytes (12 each)
+H2_HDRS = 8
+H2_WALK = struct.Struct(f"<III{H2_HDRS}I")
+H2_DATA = READ_DATA + H2_WALK.size + 12 * H2_HDRS
 RESP_DATA = HDR.size + RESP.size
 OFFS_AT = HDR.size + AGG.size + HOLD.size
 _OFFS: dict[int, struct.Struct] = {}

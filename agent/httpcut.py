@@ -60,6 +60,8 @@ class Exchange:
     ended: bool = False  # chunked terminator seen
     sample_th: int = 0  # the kernel's sampling threshold it was kept under (0: all kept)
     hold: Hold | None = None  # write-to-wire holdback of its body writes (None: unmeasured)
+    rpc_system: str | None = None  # "grpc": an HTTP/2 stream of content-type application/grpc
+    grpc_status: int | None = None  # its trailers' grpc-status
 
     def add_body_write(self, t: int) -> None:
         if self.t_tok == 0:

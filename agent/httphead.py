@@ -92,6 +92,19 @@ def _header(block: bytes, lower: bytes, needle: bytes) -> bytes | None:
     return block[start : end if end >= 0 else len(block)].strip(b" \t")
 
 
+def clean_path(target: str) -> str:
+    """The path the agent keeps from a request target (HTTP/1's, or HTTP/2's ``:path``):
+    no query string, no ``;`` parameters, no scheme and authority."""
+    path = target.partition("?")[0]
+    if "://" in path:  # absolute form (proxies): keep only the path
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
+    if ";" in path:
+        # matrix parameters (RFC 3986 path parameters) carry session tokens
+        # (";jsessionid=..." of Java servlets): each segment is cut at its first ";"
+        path = "/".join(seg.partition(";")[0] for seg in path.split("/"))
+    return path
+
+
 def parse_request(head: bytes) -> RequestHead | None:
     """``head`` ends with the blank line. None when it is not an HTTP/1.x request."""
     end = head.find(b"\r\n")
@@ -106,12 +119,7 @@ def parse_request(head: bytes) -> RequestHead | None:
         return None
     target = target_b.decode("latin-1")
     path, _, query = target.partition("?")
-    if "://" in path:  # absolute form (proxies): keep only the path
-        path = "/" + path.split("://", 1)[1].partition("/")[2]
-    if ";" in path:
-        # matrix parameters (RFC 3986 path parameters) carry session tokens
-        # (";jsessionid=..." of Java servlets): each segment is cut at its first ";"
-        path = "/".join(seg.partition(";")[0] for seg in path.split("/"))
+    path = clean_path(path)
     block = head[end:]  # starts with CRLF, so every header line is preceded by one
     lower = block.lower()
     # The framing headers are absent from most requests: a miss is one find; a hit goes

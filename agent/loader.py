@@ -24,7 +24,7 @@ from agent.tracepoints import TRACEPOINTS, Tracepoint
 log = logging.getLogger("parallax.agent")
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 BPF_SOURCE = BPF_DIR / "agent.c"
-_INCLUDE = re.compile(rb'^#include "([a-z_]+/[a-z_]+\.h)"[ \t]*$', re.MULTILINE)
+_INCLUDE = re.compile(rb'^#include "([a-z0-9_]+/[a-z0-9_]+\.h)"[ \t]*$', re.MULTILINE)
 # The kernel's counters (px_counters), in index order: (name in user space, C macro). The
 # loader defines the macros (-DC_LOST=0 ...), so the two sides cannot disagree.
 COUNTERS = (

@@ -185,6 +185,18 @@ class Metrics:
             "Requests in flight dropped because events of their connection were lost",
             registry=r,
         )
+        self.h2_desync = Counter(
+            "parallax_agent_h2_desync",
+            "HTTP/2 connections whose framing or HPACK state was lost (no records from then"
+            " on): header_beyond_capture, payload_beyond_capture, hpack, lost_events, ...",
+            ["reason"],
+            registry=r,
+        )
+        self.h2_lost_streams = Counter(
+            "parallax_agent_h2_lost_streams",
+            "HTTP/2 streams in flight when their connection desynchronised (not recorded)",
+            registry=r,
+        )
         self.unanswered = Counter(
             "parallax_agent_unanswered_requests",
             "Requests read whose connection ended (or the agent stopped) before a response"

@@ -121,6 +121,9 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "tls": conn.tls,
         # the kernel's sampling threshold (OpenTelemetry's th, hex; "0": every request kept)
         "sample_th": _TH_HEX.get(ex.sample_th) or _th_hex(ex.sample_th),
+        # HTTP/2 streams of gRPC (agent/http2.py): "grpc" and the trailers' grpc-status
+        "rpc_system": ex.rpc_system,
+        "grpc_status": ex.grpc_status,
         **_hold_fields(ex),
     }
 
@@ -174,6 +177,8 @@ _ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
     ("srtt_us", sa.SRTT_US),
     ("retransmits", sa.RETRANSMITS),
     ("ws_seq", sa.WS_SEQ),
+    ("rpc_system", sa.RPC_SYSTEM),
+    ("grpc_status", sa.RPC_GRPC_STATUS_CODE),
     ("source", sa.SOURCE),
     *((sa.record_field(a), a) for a in sa.WIRE_HOLD),
     *((sa.record_field(a), a) for a in sa.GPU),
@@ -196,4 +201,10 @@ def span_attributes(rec: dict[str, Any]) -> dict[str, Any]:
     for key, attr in _BOOL_ATTRS:
         if rec.get(key):
             out[attr.name] = True
+    if rec.get("rpc_system") == "grpc":
+        # OpenTelemetry's RPC conventions: the service and method from "/<service>/<method>"
+        service, _, method = rec["path"].lstrip("/").partition("/")
+        if service and method:
+            out[sa.RPC_SERVICE.name] = service
+            out[sa.RPC_METHOD.name] = method
     return out

@@ -340,6 +340,9 @@ class Agent:
         push("evicted", m.evicted, conns.n_evicted)
         push("unanswered", m.unanswered, conns.stats.unanswered)
         push("lost_exchanges", m.lost_exchanges, conns.stats.lost_exchanges)
+        for reason, n in list(conns.h2_stats.desync.items()):
+            push("h2_desync:" + reason, m.h2_desync.labels(reason), n)
+        push("h2_lost_streams", m.h2_lost_streams, conns.h2_stats.lost_streams)
         push("shed_requests", m.shed_requests, c["shed_reads"])
         push("otlp_failed", m.otlp_failed, sum(e.failed for e in self.exporters))
         for label, n in procs.by_port_label(loader.synack_retransmits(self.bpf)).items():

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,32 @@ ENTRIES_PER_REQ = 50
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def add_attributes(
+    attrs: Any, items: Iterable[tuple[str, str | int]], offsets: Iterable[int] = ()
+) -> None:
+    """OTLP KeyValues on a protobuf ``attributes`` field, as the agent exports them (strings
+    and ints; ``offsets``, when given, as ``parallax.chunk_offsets_us``)."""
+    for key, val in items:
+        kv = attrs.add()
+        kv.key = key
+        if isinstance(val, str):
+            kv.value.string_value = val
+        else:
+            kv.value.int_value = val
+    offsets = list(offsets)
+    if offsets:
+        kv = attrs.add()
+        kv.key = "parallax.chunk_offsets_us"
+        for off in offsets:
+            kv.value.array_value.values.add().int_value = off
+
+
 # --- load generator (runs in its own process) ----------------------------------------
-def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
-    """OTLP bodies and beacon bodies covering ``n_traces`` traces, one span + one entry each."""
+def _bodies(
+    n_traces: int, seed: int, resource: Iterable[tuple[str, str]] = ()
+) -> tuple[list[bytes], list[bytes]]:
+    """OTLP bodies and beacon bodies covering ``n_traces`` traces, one span + one entry each;
+    ``resource``: more Resource attributes (strings) after service.name and host.name."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -56,7 +80,7 @@ def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
     for i in range(0, n_traces, SPANS_PER_REQ):
         req = ExportTraceServiceRequest()
         rs = req.resource_spans.add()
-        for k, v in (("service.name", "bench-app"), ("host.name", "node-1")):
+        for k, v in (("service.name", "bench-app"), ("host.name", "node-1"), *resource):
             kv = rs.resource.attributes.add()
             kv.key, kv.value.string_value = k, v
         ss = rs.scope_spans.add()
@@ -67,7 +91,7 @@ def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
             sp.name = "GET /api/chat"
             t1 = int((origin_ms + 110) * 1e6)
             sp.start_time_unix_nano, sp.end_time_unix_nano = t1, t1 + 80_000_000
-            for key, val in (
+            items: tuple[tuple[str, str | int], ...] = (
                 ("parallax.source", "ebpf"),
                 ("http.request.method", "GET"),
                 ("url.path", "/api/chat"),
@@ -79,17 +103,8 @@ def _bodies(n_traces: int, seed: int) -> tuple[list[bytes], list[bytes]]:
                 ("parallax.recv_queue_us", 500),
                 ("parallax.duration_us", 80_000),
                 ("parallax.chunks", 8),
-            ):
-                kv = sp.attributes.add()
-                kv.key = key
-                if isinstance(val, str):
-                    kv.value.string_value = val
-                else:
-                    kv.value.int_value = val
-            kv = sp.attributes.add()
-            kv.key = "parallax.chunk_offsets_us"
-            for off in range(25_000, 80_000, 7_000):
-                kv.value.array_value.values.add().int_value = off
+            )
+            add_attributes(sp.attributes, items, range(25_000, 80_000, 7_000))
         spans_out.append(req.SerializeToString())
     for i in range(0, n_traces, ENTRIES_PER_REQ):
         entries = [

@@ -192,7 +192,10 @@ log's entries of the requests the agent traced (each record matched to its reque
 comparison isolates the sampling. TTFB in ms, population / traced. Goal: traced P95 within
 max(2 ms, 5 %) of the population's. "agent P95": the agent's own ttfb_us over its records
 (the kernel's read → write; a little longer than the app's view of the same requests).
-"counted": `parallax_agent_requests_seen_total` (every request, sampled or not).
+"counted": `parallax_agent_requests_seen_total` (every request, sampled or not); it counts a
+request at its first read, so it may exceed "served" (the server's log: answered requests) by
+the requests wrk still had in flight when it stopped — at most one per connection, 16 here
+(this run: {", ".join(f"+{r['seen'] - r['served']}" for r in runs)}).
 
 | run | served | counted | traced | P50 | P95 | goal | agent P95 | min share / 0.5 s | CPU ms/s |
 |---|---|---|---|---|---|---|---|---|---|

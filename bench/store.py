@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.collector import add_attributes
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 10_000  # requests/s the generated traffic is spread at (instants' deltas as at that rate)
@@ -85,40 +86,34 @@ def bodies(n: int, chunks: int, seed: int) -> tuple[list[bytes], list[bytes]]:
             sp.name = f"POST {route}"
             sp.start_time_unix_nano = t1
             sp.end_time_unix_nano = t1 + offs[-1] * 1000 + 200
-            for key, val in (
-                ("parallax.source", "ebpf"),
-                ("http.request.method", "POST"),
-                ("url.path", path),
-                ("http.route", route),
-                ("server.address", "10.0.3.17"),
-                ("server.port", 8000),
+            add_attributes(
+                sp.attributes,
                 (
-                    "client.address",
-                    f"10.{rnd.randrange(4)}.{rnd.randrange(256)}.{rnd.randrange(256)}",
+                    ("parallax.source", "ebpf"),
+                    ("http.request.method", "POST"),
+                    ("url.path", path),
+                    ("http.route", route),
+                    ("server.address", "10.0.3.17"),
+                    ("server.port", 8000),
+                    (
+                        "client.address",
+                        f"10.{rnd.randrange(4)}.{rnd.randrange(256)}.{rnd.randrange(256)}",
+                    ),
+                    ("client.port", rnd.randrange(30000, 60000)),
+                    ("http.response.status_code", 200),
+                    ("parallax.arrival_unix_ns", t1 - rnd.randrange(20_000, 2_000_000)),
+                    ("parallax.ttfb_us", offs[0]),
+                    ("parallax.ttft_us", offs[0] + rnd.randrange(50, 500)),
+                    ("parallax.recv_queue_us", rnd.randrange(5, 3000)),
+                    ("parallax.duration_us", offs[-1]),
+                    ("parallax.chunks", len(offs)),
+                    ("parallax.bytes_in", rnd.randrange(300, 4000)),
+                    ("parallax.bytes_out", 40 * len(offs) + rnd.randrange(200)),
+                    ("parallax.srtt_us", rnd.randrange(200, 40_000)),
+                    ("parallax.retransmits", 0),
                 ),
-                ("client.port", rnd.randrange(30000, 60000)),
-                ("http.response.status_code", 200),
-                ("parallax.arrival_unix_ns", t1 - rnd.randrange(20_000, 2_000_000)),
-                ("parallax.ttfb_us", offs[0]),
-                ("parallax.ttft_us", offs[0] + rnd.randrange(50, 500)),
-                ("parallax.recv_queue_us", rnd.randrange(5, 3000)),
-                ("parallax.duration_us", offs[-1]),
-                ("parallax.chunks", len(offs)),
-                ("parallax.bytes_in", rnd.randrange(300, 4000)),
-                ("parallax.bytes_out", 40 * len(offs) + rnd.randrange(200)),
-                ("parallax.srtt_us", rnd.randrange(200, 40_000)),
-                ("parallax.retransmits", 0),
-            ):
-                kv = sp.attributes.add()
-                kv.key = key
-                if isinstance(val, str):
-                    kv.value.string_value = val
-                else:
-                    kv.value.int_value = val
-            kv = sp.attributes.add()
-            kv.key = "parallax.chunk_offsets_us"
-            for off in offs[:256]:
-                kv.value.array_value.values.add().int_value = off
+                offs[:256],
+            )
         spans_out.append(req.SerializeToString())
     beacons_out = []
     for i in range(0, n, 20):

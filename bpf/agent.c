@@ -42,6 +42,7 @@
 #include "agent/uio.h"
 #include "agent/tls.h"
 #include "agent/hold.h"
+#include "agent/http2.h"
 #include "agent/http.h"
 #include "agent/syscalls.h"
 #ifdef PX_SOCK_HOOKS

@@ -16,6 +16,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from collector.sla import schema as sla_schema
 from dashboards import panels as pn
 from dashboards.ch import ADJ, DB, sql, var
+from parallax_contracts import span_attributes as sa
 
 UID = "parallax-request"
 TID = f"lower(trimBoth({var('trace_id')}))"
@@ -46,14 +47,18 @@ HOPS = f"""SELECT x.span_id AS exchange, x.t0_server_ms AS t0_server_ms, h.span_
     h.parent_span_id AS parent_span_id, h.service AS service, h.host AS host,
     h.method AS method, h.route AS route, h.t1_ns AS t1_ns, h.arr_ns AS arr_ns,
     h.ttfb_us AS ttfb_us, h.ttft_us AS ttft_us, h.duration_us AS duration_us,
-    h.chunk_offsets_us AS offsets, h.sample_th AS sample_th,
+    h.chunk_offsets_us AS offsets, h.sample_th AS sample_th, h.namespace AS namespace,
+    h.pod AS pod, h.container AS container,
     multiIf(x.n = 1, 'edge+origin', x.idx = 1, 'edge', x.idx = x.n, 'origin', 'middle') AS role
 FROM (SELECT span_id, t0_server_ms, hop, idx, length(hop_span_ids) AS n FROM ({EXCHANGES})
         ARRAY JOIN hop_span_ids AS hop, arrayEnumerate(hop_span_ids) AS idx) AS x
 INNER JOIN (SELECT span_id, parent_span_id, toString(service) AS service,
         toString(host) AS host, toString(method) AS method, toString(route) AS route,
         toUnixTimestamp64Nano(time) AS t1_ns, toUnixTimestamp64Nano(arrival) AS arr_ns,
-        ttfb_us, ttft_us, duration_us, chunk_offsets_us, sample_th
+        ttfb_us, ttft_us, duration_us, chunk_offsets_us, sample_th,
+        attributes['{sa.RESOURCE_K8S_NAMESPACE_NAME}'] AS namespace,
+        attributes['{sa.RESOURCE_K8S_POD_NAME}'] AS pod,
+        attributes['{sa.RESOURCE_K8S_CONTAINER_NAME}'] AS container
         FROM {DB}.server_spans WHERE trace_id = {TID} LIMIT 1 BY span_id) AS h
     ON h.span_id = x.hop"""
 
@@ -115,6 +120,20 @@ def _log(ts_ms: str, name: str) -> str:
 
 def _tags(*kv: tuple[str, str]) -> str:
     return "[" + ", ".join(f"map('key', '{k}', 'value', {v})" for k, v in kv) + "]"
+
+
+# Where a hop ran: its host and, from the agent's Resource (in the span's attributes), its
+# Kubernetes namespace, pod and container — those it does not have left out.
+HOP_PROCESS_TAGS = (
+    "arrayFilter(m -> m['value'] != '', "
+    + _tags(
+        ("host", "host"),
+        (sa.RESOURCE_K8S_NAMESPACE_NAME, "namespace"),
+        (sa.RESOURCE_K8S_POD_NAME, "pod"),
+        (sa.RESOURCE_K8S_CONTAINER_NAME, "container"),
+    )
+    + ")"
+)
 
 
 TRACE_COLUMNS = (
@@ -181,7 +200,7 @@ def trace_sql() -> str:
         f"arrayConcat([{t1_log}], if(ttfb_us IS NULL, [], [{t2_log}]), "
         f"arrayMap((o, i) -> {write_log}, offsets, arrayEnumerate(offsets)))",
         _tags(("role", "role"), ("keep probability", f"toString(round(1 / {ADJ}, 4))")),
-        _tags(("host", "host")),
+        HOP_PROCESS_TAGS,
     )
     hop = f"SELECT {hop_row} FROM ({HOPS})"
     phase_row = _row(
@@ -194,7 +213,7 @@ def trace_sql() -> str:
         "(ph.3 - ph.2) / 1e6",
         "[]",
         _tags(("window", "ph.1")),
-        _tags(("host", "host")),
+        HOP_PROCESS_TAGS,
     )
     phases = f"""SELECT {phase_row} FROM ({HOPS})
         ARRAY JOIN [('kernel queue (t_arr → t1)', arr_ns, toNullable(t1_ns)),
@@ -262,7 +281,8 @@ def build() -> db.Dashboard:
                 "(t_arr → last write) with its kernel queue, prefill and decode; events: the "
                 "browser's chunk arrivals and paint, the app's read, first byte and body "
                 "writes. A gap between a write and its arrival is network + proxies; a proxy "
-                "that buffers shows writes spread out and arrivals bunched.",
+                "that buffers shows writes spread out and arrivals bunched. Each hop's process "
+                "tags say where it ran: host and, in Kubernetes, namespace, pod and container.",
                 trace_sql(),
                 (0, 5, 24, 12),
             )

@@ -151,8 +151,8 @@ def _gpu_busy_sql() -> str:
 
     d = f"duration_us * {ADJ}"
     return sql(
-        f"""SELECT $__timeInterval(time) AS t, {busy("prefill", gpu_source._PREFILL)},
-        {busy("decode", gpu_source._DECODE)},
+        f"""SELECT $__timeInterval(time) AS t, {busy("prefill", gpu_source.PREFILL_WINDOW_US)},
+        {busy("decode", gpu_source.DECODE_WINDOW_US)},
         sumIf(gpu_inflight_mean * {d}, gpu_inflight_mean IS NOT NULL)
         / sumIf({d}, gpu_inflight_mean IS NOT NULL) AS inflight_mean
         FROM {DB}.server_spans WHERE $__timeFilter(time) AND {ROUTE}

@@ -55,7 +55,25 @@ SERVER_PORT = Attr("server.port", "int", "", "Local port of the server socket.",
 CLIENT_ADDRESS = Attr("client.address", "string", "", "Peer address of the connection.", True)
 CLIENT_PORT = Attr("client.port", "int", "", "Peer port of the connection.", True)
 NETWORK_PROTOCOL_VERSION = Attr(
-    "network.protocol.version", "string", "", "HTTP version, e.g. `1.1`.", True
+    "network.protocol.version", "string", "", "HTTP version, e.g. `1.1`, or `2` (HTTP/2).", True
+)
+RPC_SYSTEM = Attr(
+    "rpc.system",
+    "string",
+    "",
+    "`grpc` for an HTTP/2 stream of content-type `application/grpc`.",
+    True,
+)
+RPC_SERVICE = Attr(
+    "rpc.service", "string", "", "gRPC only: the service, from `:path` `/<service>/<method>`.", True
+)
+RPC_METHOD = Attr("rpc.method", "string", "", "gRPC only: the method, from `:path`.", True)
+RPC_GRPC_STATUS_CODE = Attr(
+    "rpc.grpc.status_code",
+    "int",
+    "",
+    "gRPC only: `grpc-status` of the response's trailers (0 OK; absent without trailers).",
+    True,
 )
 
 # --- Parallax: kernel timings (agent) ----------------------------------------------
@@ -251,6 +269,28 @@ RESOURCE_K8S_JOB_NAME = "k8s.job.name"
 RESOURCE_K8S_CRONJOB_NAME = "k8s.cronjob.name"
 
 
+# Who served a span, kept by the collector on every stored span (server_spans' `attributes`
+# map, by these names; docs/store.md "Kubernetes identity"): the container and, in Kubernetes,
+# the pod, its node and workload. Only these: the Resource's other attributes (SDK, process)
+# are not stored, and no labels or annotations ever (the agent sends none). A string value
+# only; the Resource's value wins over a span attribute of the same name. One list for both
+# OTLP decoders (collector/ingest/otlp.py and its compiled twin) and the docs.
+RESOURCE_STORED: tuple[str, ...] = (
+    RESOURCE_CONTAINER_ID,
+    RESOURCE_K8S_NODE_NAME,
+    RESOURCE_K8S_NAMESPACE_NAME,
+    RESOURCE_K8S_POD_NAME,
+    RESOURCE_K8S_POD_UID,
+    RESOURCE_K8S_CONTAINER_NAME,
+    RESOURCE_K8S_REPLICASET_NAME,
+    RESOURCE_K8S_DEPLOYMENT_NAME,
+    RESOURCE_K8S_STATEFULSET_NAME,
+    RESOURCE_K8S_DAEMONSET_NAME,
+    RESOURCE_K8S_JOB_NAME,
+    RESOURCE_K8S_CRONJOB_NAME,
+)
+
+
 def _resource(name: str, doc: str, type_: AttrType = "string") -> Attr:
     return Attr(name, type_, "", doc, standard=True)
 
@@ -301,6 +341,8 @@ RESOURCE: tuple[Attr, ...] = (
     ),
 )
 
+assert frozenset(RESOURCE_STORED) <= {a.name for a in RESOURCE}
+
 SOURCE_EBPF = "ebpf"
 
 ALL: tuple[Attr, ...] = (
@@ -313,6 +355,10 @@ ALL: tuple[Attr, ...] = (
     CLIENT_ADDRESS,
     CLIENT_PORT,
     NETWORK_PROTOCOL_VERSION,
+    RPC_SYSTEM,
+    RPC_SERVICE,
+    RPC_METHOD,
+    RPC_GRPC_STATUS_CODE,
     TTFB_US,
     RECV_QUEUE_US,
     ACCEPT_QUEUE_US,
@@ -369,8 +415,14 @@ def markdown_table(attrs: tuple[Attr, ...] = ALL) -> str:
 
 
 def resource_table() -> str:
-    """The Resource attributes' table (docs/contracts/span-attributes.md, "Resource")."""
-    return markdown_table(RESOURCE)
+    """The Resource attributes' table (docs/contracts/span-attributes.md, "Resource") and
+    the line naming those the collector stores on each span."""
+    stored = ", ".join(f"`{n}`" for n in RESOURCE_STORED)
+    return (
+        markdown_table(RESOURCE)
+        + "\nStored by the collector on every span, in `server_spans.attributes` (docs/store.md,"
+        + f' "Kubernetes identity"): {stored}.\n'
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ say() { printf 'setup: %s\n' "$*"; }
 # --- Debian packages ---------------------------------------------------------------
 ARCH=$(dpkg --print-architecture)
 # systemd: systemd-analyze, which tests/test_systemd.py runs on the VM units (deploy/systemd).
-PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates gcc libc6-dev systemd"
+PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates openssl gcc libc6-dev systemd"
 # Kernel headers: bcc compiles against the running kernel's headers when it has them;
 # otherwise Debian's generic linux-headers package feeds the fallback tree built below.
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then

@@ -30,11 +30,23 @@ from collector.pairing import rules
 from collector.store import schema
 from parallax_contracts import agent_metrics as gm
 from parallax_contracts import sampling
+from parallax_contracts import span_attributes as sa
 
 MS = 1_000_000  # ns
 P_OVERLOAD = 0.25
 TH_OVERLOAD = sampling.th_from_th32(sampling.th32_for(P_OVERLOAD))
 GPU, OTHER_GPU = "GPU-a1", "GPU-z9"
+# The llm origin runs in Kubernetes: the agent's Resource identity in its spans' attributes
+# (the edge, nginx, runs outside: none).
+LLM_POD = {
+    sa.RESOURCE_CONTAINER_ID: "3f2a" * 16,
+    sa.RESOURCE_K8S_NODE_NAME: "node-1",
+    sa.RESOURCE_K8S_NAMESPACE_NAME: "inference",
+    sa.RESOURCE_K8S_POD_NAME: "llm-5d8f7c9b6-q7x2k",
+    sa.RESOURCE_K8S_CONTAINER_NAME: "llm",
+    sa.RESOURCE_K8S_REPLICASET_NAME: "llm-5d8f7c9b6",
+    sa.RESOURCE_K8S_DEPLOYMENT_NAME: "llm",
+}
 CLOCK_MAX = 1980.0
 SESSIONS = {"s-east": 250.0, "s-west": -40.0, "s-north": 3.0}  # θ, ms
 DRIFT = {"s-west": 2.5}  # the probe's reported monotonic-vs-wall drift, ms
@@ -222,6 +234,7 @@ def _llm_request(
             th,
             gpu,
         )
+        | {"attributes": dict(LLM_POD)}
     )
     arrivals = [(w - t0_ns) / MS + d for w in writes]
     return Request(

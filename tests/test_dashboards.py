@@ -614,6 +614,12 @@ def test_one_request_through_a_buffering_edge_on_one_clock(results: dict[str, An
         assert len(s["logs"]) == 2 + scen.CHUNKS  # t1, t2, writes
         phases = [x for x in spans.values() if x["parentSpanID"] == hop["span_id"]]
         assert {p["operationName"].split(" ")[0] for p in phases} == {"kernel", "prefill", "decode"}
+        # where it ran: the llm origin's pod (the agent's Resource), the edge's host only
+        pod = {} if hop is edge else {k: scen.LLM_POD[k] for k in POD_TAGS}
+        for x in (s, *phases):
+            assert x["serviceTags"] == [{"key": "host", "value": "node-1"}] + [
+                {"key": k, "value": v} for k, v in pod.items()
+            ]
     assert list(rows(results, "request-edge/2/A")[0]) == [c for c, _ in _trace_columns()]
     # chunks over time: the origin's writes and the browser's arrivals, twelve each
     written, arrived = rows(results, "request-edge/3/A"), rows(results, "request-edge/3/B")
@@ -623,6 +629,9 @@ def test_one_request_through_a_buffering_edge_on_one_clock(results: dict[str, An
         == [float(i) for i in range(1, scen.CHUNKS + 1)]
     )
     assert arrived[0]["time"] == pytest.approx((r.t0_ns / 1e6) + err + r.arrivals_ms[0], abs=1e-2)
+
+
+POD_TAGS = ("k8s.namespace.name", "k8s.pod.name", "k8s.container.name")
 
 
 def _trace_columns() -> tuple[tuple[str, str], ...]:

@@ -15,6 +15,8 @@ static __always_inline void px_srtt(struct px_conn *c, u64 sk) {
 // A read with data of request bytes: from the socket, or (tls) SSL_read's plaintext.
 static __always_inline void px_on_read_conn(struct px_active *a, struct px_conn *c, u64 id,
                                             long ret, u64 t, int tls) {
+    if (px_h2_read(a, c, id, ret, t, tls))
+        return;  // HTTP/2 (http2.h)
     u64 sk = a->sk;
     px_flush(id, a->fd, sk, c, t, 0);
     u32 zero = 0;
@@ -100,6 +102,10 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
                                              long ret, u64 t, u64 t_done) {
     if (ret <= 0)
         return;
+    if (c->h2 & PX_H2_ON) {
+        px_h2_event(a, c, id, ret, t, 1, 0);  // HTTP/2 (http2.h)
+        return;
+    }
     u64 sk = a->sk;
     u32 zero = 0;
     struct px_ev_resp *e = px_scratch_resp.lookup(&zero);

@@ -244,8 +244,9 @@ enum {
     S_GPU_PREFILL_UTIL, S_GPU_DECODE_UTIL, S_GPU_COVERAGE, S_GPU_INFLIGHT,
     S_OFFSETS,
     N_SLOTS,
-    R_SERVICE = N_SLOTS, R_HOST, R_PID, /* resource attributes */
-    N_NAMES
+    R_SERVICE = N_SLOTS, R_HOST, R_PID, /* resource attributes with a column */
+    R_KEPT,                             /* the identity kept in `attributes`: otlp._STORED */
+    N_NAMES = R_KEPT + 12
 };
 #define N_STR (S_STR_END - N_INT)
 #define N_DBL (S_OFFSETS - S_GPU_PREFILL_UTIL)
@@ -526,6 +527,7 @@ static int span_attr(Rd kvr, Attrs *at) {
 
 typedef struct {
     PyObject *service, *host, *pid; /* per ResourceSpans */
+    PyObject *ident;                /* its kept identity attributes: a dict, or NULL */
     PyObject *received_ms;
     int64_t oldest_ns, now_ns;
     PyObject *rows, *tids;
@@ -749,6 +751,16 @@ static int span(Rd r, Ctx *c) {
             goto give_up;
     }
 
+    /* Who served it (the Resource's identity) into `attributes`, winning over a span
+     * attribute of the same name (the reference's rest.update(ident)). */
+    if (c->ident != NULL) {
+        if (at.rest == NULL) {
+            if ((at.rest = PyDict_Copy(c->ident)) == NULL)
+                goto give_up;
+        } else if (PyDict_Update(at.rest, c->ident) < 0) {
+            goto give_up;
+        }
+    }
     PyObject *row = PyTuple_New(N_ROW), *path = NULL, *hroute, *route = NULL;
     if (row == NULL)
         goto give_up;
@@ -847,9 +859,20 @@ static int names_eq(Rd k, int i) {
     return names[i].n == k.end - k.p && memcmp(names[i].s, k.p, names[i].n) == 0;
 }
 
-/* service.name / host.name (strings) and process.pid (an int) are read; other resource
- * attributes are only checked. Another type for the three gives up. */
-static int resource_attr(Rd kvr, PyObject **service, PyObject **host, PyObject **pid) {
+/* The identity attribute a key names (its index in names), or -1. */
+static int kept_of(Rd k) {
+    for (int i = R_KEPT; i < N_NAMES; i++)
+        if (names_eq(k, i))
+            return i;
+    return -1;
+}
+
+/* service.name / host.name (strings) and process.pid (an int) are read, and the identity
+ * attributes (strings) into *ident (a later duplicate replaces, as in the reference's dict);
+ * other resource attributes are only checked. Another type for any of them gives up, and
+ * so does a NUL in a string (the reference rejects the spans: invalid_string). */
+static int resource_attr(Rd kvr, PyObject **service, PyObject **host, PyObject **pid,
+                         PyObject **ident) {
     Rd key, val;
     Any a;
     if (rd_kv(kvr, &key, &val) < 0)
@@ -858,8 +881,21 @@ static int resource_attr(Rd kvr, PyObject **service, PyObject **host, PyObject *
                      : names_eq(key, R_HOST)  ? host
                      : names_eq(key, R_PID)   ? pid
                                               : NULL;
-    if (dst == NULL)
-        return (utf8_ok(key) < 0 || check_msg(val, &D_ANY, 1) < 0) ? GIVE_UP : 0;
+    if (dst == NULL) {
+        int i = kept_of(key);
+        if (i < 0)
+            return (utf8_ok(key) < 0 || check_msg(val, &D_ANY, 1) < 0) ? GIVE_UP : 0;
+        if (rd_any(val, &a) < 0 || a.which != 1)
+            return GIVE_UP;
+        PyObject *k = PyTuple_GET_ITEM(names_keep, i), *v = str_of(a.s);
+        if (v == NULL || (*ident == NULL && (*ident = PyDict_New()) == NULL) ||
+            PyDict_SetItem(*ident, k, v) < 0) {
+            Py_XDECREF(v);
+            return GIVE_UP;
+        }
+        Py_DECREF(v);
+        return 0;
+    }
     if (rd_any(val, &a) < 0 || a.which != (dst == pid ? 3u : 1u))
         return GIVE_UP;
     PyObject *o = dst == pid ? PyLong_FromLongLong((int64_t)a.u) : str_of(a.s);
@@ -892,7 +928,7 @@ static int scope_spans(Rd r, Ctx *c) {
 static int resource_spans(Rd r, Ctx *c) {
     Rd all = r, sub;
     int seen_resource = 0, ret = GIVE_UP;
-    PyObject *service = NULL, *host = NULL, *pid = NULL;
+    PyObject *service = NULL, *host = NULL, *pid = NULL, *ident = NULL;
     /* Pass 1: the resource (it may follow the spans on the wire) and the checks. */
     while (r.p < r.end) {
         uint32_t num, wt;
@@ -917,7 +953,7 @@ static int resource_spans(Rd r, Ctx *c) {
                 goto out;
             if (num == 1) {
                 if (wt != WT_LEN || rd_len(&sub, &kv) < 0 ||
-                    resource_attr(kv, &service, &host, &pid) < 0)
+                    resource_attr(kv, &service, &host, &pid, &ident) < 0)
                     goto out;
             } else if (num == 2) {
                 if (wt != WT_VARINT || skip(&sub, wt) < 0)
@@ -937,6 +973,7 @@ static int resource_spans(Rd r, Ctx *c) {
     c->pid = pid ? new_ref(pid) : PyLong_FromLong(0);
     if (c->pid == NULL)
         goto out;
+    c->ident = ident; /* borrowed: freed below */
     /* Pass 2: the spans. */
     r = all;
     while (r.p < r.end) {
@@ -951,6 +988,8 @@ out:
     Py_CLEAR(c->service);
     Py_CLEAR(c->host);
     Py_CLEAR(c->pid);
+    c->ident = NULL;
+    Py_XDECREF(ident);
     Py_XDECREF(service);
     Py_XDECREF(host);
     Py_XDECREF(pid);

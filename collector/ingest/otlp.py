@@ -2,7 +2,9 @@
 
 Only SERVER spans are stored (an app's SDK also exports internal and client spans; those
 are counted as ignored, not rejected). Attributes named in parallax_contracts become typed
-columns; the rest are kept as strings in ``attributes``.
+columns; the rest are kept as strings in ``attributes``, and with them who served the span:
+the Resource's container and Kubernetes identity (``sa.RESOURCE_STORED``, string values only;
+the Resource's value wins over a span attribute of the same name).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
 
 _ZERO_TRACE = bytes(16)
+_STORED = frozenset(sa.RESOURCE_STORED)
 _ZERO_SPAN = bytes(8)
 _SERVER = Span.SpanKind.SPAN_KIND_SERVER
 
@@ -289,12 +292,13 @@ def parse_python(
         service = str(res.get(sa.RESOURCE_SERVICE_NAME) or "unknown_service")
         host = str(res.get(sa.RESOURCE_HOST_NAME) or "")
         pid = _int(res.get(sa.RESOURCE_PROCESS_PID)) or 0
+        ident = {k: v for k, v in res.items() if k in _STORED and type(v) is str}
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 if sp.kind != _SERVER:
                     out.ignored += 1
                     continue
-                row = _span_row(sp, service, host, pid, received_ms, oldest_ns, now_ns, out)
+                row = _span_row(sp, service, host, pid, ident, received_ms, oldest_ns, now_ns, out)
                 if row is not None:
                     out.rows.append(row)
                     out.trace_ids.append(row[3])
@@ -306,6 +310,7 @@ def _span_row(
     service: str,
     host: str,
     pid: int,
+    ident: dict[str, str],
     received_ms: int,
     oldest_ns: int,
     now_ns: int,
@@ -416,7 +421,9 @@ def _span_row(
         return None
     # A NUL in a string the row stores: the beacon contract's rule (parallax_contracts.beacon).
     strs = (sp.name, service, host, url_path, http_target, http_route, method_v, http_method)
-    if _has_nul(*strs, source, server_address, client_address, *(extra or {}).items()):
+    if _has_nul(
+        *strs, source, server_address, client_address, *(extra or {}).items(), *ident.values()
+    ):
         out.rejected["invalid_string"] += 1
         return None
     path = str(url_path or http_target or "")
@@ -428,6 +435,8 @@ def _span_row(
     status = status if type(status) is int and 0 <= status < 65536 else _u16(_int(status))
     # Attributes without a column of their own are kept as strings (few, for the agent).
     rest = {} if extra is None else {k: _str(v) for k, v in extra.items()}
+    if ident:  # who served it (the Resource's identity): wins over a span attribute
+        rest.update(ident)
     # The sampling the span states (tracestate ot=th:…); none or an invalid one: kept with
     # probability 1 (threshold 0), as any span from a source that does not sample.
     ts = sp.trace_state
@@ -502,8 +511,9 @@ def _gpu_columns(raw: list[Any]) -> tuple[Any, ...]:
 
 # --- the compiled decoder (collector/ingest/_otlp_fast.c, built by build_fast) ---------
 # Attribute names in the C decoder's slot order: the ints, the strings and the flags (each
-# in _SLOT_NAMES order), the doubles, the offsets array, then the three resource attributes
-# it reads. The tests draw attributes by these groups.
+# in _SLOT_NAMES order), the doubles, the offsets array, then the resource attributes it
+# reads: the three with a column, then the identity kept in ``attributes``
+# (sa.RESOURCE_STORED). The tests draw attributes by these groups.
 _FLAGS = (_PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED)
 _FAST_INTS = tuple(n for n in _SLOT_NAMES if _INT_SLOT(n) is not None)
 _FAST_STRS = tuple(n for n in _SLOT_NAMES if _STR_SLOT(n) is not None)
@@ -516,8 +526,10 @@ _FAST_NAMES = (
     sa.RESOURCE_SERVICE_NAME,
     sa.RESOURCE_HOST_NAME,
     sa.RESOURCE_PROCESS_PID,
+    *sa.RESOURCE_STORED,
 )
-assert len(_FAST_NAMES) == 41 and frozenset(_FAST_NAMES[:38]) == _CONSUMED
+# 12 identity names: N_NAMES in _otlp_fast.c (a longer list needs the C changed with it).
+assert len(_FAST_NAMES) == 41 + 12 and frozenset(_FAST_NAMES[:38]) == _CONSUMED
 
 
 def _load_fast() -> tuple[Any, str]:

@@ -75,8 +75,9 @@ def _phase_sums(name: str, window: str) -> str:
 
 
 # Window lengths in µs: prefill = ttft; decode = duration − ttft (unknown without ttft).
-_PREFILL = "toFloat64(ifNull(ttft_us, 0))"
-_DECODE = "toFloat64(if(ttft_us IS NULL, 0, greatest(duration_us - ttft_us, 0)))"
+# Public: the route dashboard (dashboards/route.py) weighs GPU busy by the same windows.
+PREFILL_WINDOW_US = "toFloat64(ifNull(ttft_us, 0))"
+DECODE_WINDOW_US = "toFloat64(if(ttft_us IS NULL, 0, greatest(duration_us - ttft_us, 0)))"
 
 
 def _aggregates_sql(db: str, start: datetime, end: datetime) -> str:
@@ -86,8 +87,8 @@ def _aggregates_sql(db: str, start: datetime, end: datetime) -> str:
     sumIf({d}, gpu_sample_coverage IS NOT NULL),
     sumIf(gpu_inflight_mean * {d}, gpu_inflight_mean IS NOT NULL),
     sumIf({d}, gpu_inflight_mean IS NOT NULL),
-    {_phase_sums("prefill", _PREFILL)},
-    {_phase_sums("decode", _DECODE)},
+    {_phase_sums("prefill", PREFILL_WINDOW_US)},
+    {_phase_sums("decode", DECODE_WINDOW_US)},
     groupUniqArray(16)(toString(gpu_uuid))
 FROM {db}.{schema.SPANS}
 PREWHERE time >= '{_ts(start)}' AND time <= '{_ts(end)}' AND ({_GPU_PRESENT})

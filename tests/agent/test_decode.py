@@ -8,6 +8,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import h2.config
+import h2.connection
+
 from agent import events
 from agent.clock import MonoClock
 from agent.connections import Connections
@@ -111,3 +114,96 @@ def test_unknown_short_and_lost_records() -> None:
     # dropped (counted), not matched to a response it may not own
     a.on_event(_hdr(events.EV_RESP, 2000, lost=1) + events.RESP.pack(3, 3) + b"HTT")
     assert a.stats.lost_exchanges == 1 and not a.out.q
+
+
+def _h2(
+    t: int, data: bytes, direction: int, cap: int, past: dict[int, bytes], tail: int = 0
+) -> bytes:
+    """An EV_H2 record as bpf/agent/http2.h lays it out: READ's fields (``skipped`` = the
+    direction), the frame walk (in step, the headers past the copy), the copied bytes and
+    the last ``tail`` bytes."""
+    n = len(data)
+    body = events.READ.pack(0, 0, 0, n, cap, 8080, 50000, events.AF_INET, direction, LA, RA)
+    offs = list(past)
+    pad = [0] * (events.H2_HDRS - len(offs))
+    walk = events.H2_WALK.pack(1, len(offs), tail, *offs, *pad)
+    hdrs = b"".join(h + bytes(3) for h in past.values()) + bytes(12 * (events.H2_HDRS - len(offs)))
+    return _hdr(events.EV_H2, t) + body + walk + hdrs + data[:cap] + data[n - tail : n]
+
+
+def test_an_h2_stream_from_packed_records() -> None:
+    """Reads and writes of an HTTP/2 connection (bytes from the ``h2`` package's own
+    client and server), one write's later frame headers past its copy: one record."""
+    ms = 1_000_000
+    cli = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    srv = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    cli.initiate_connection()
+    srv.initiate_connection()
+    cli.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":path", "/pkg.Svc/Gen"),
+            (":scheme", "http"),
+            (":authority", "x"),
+            ("content-type", "application/grpc"),
+        ],
+        end_stream=True,
+    )
+    req = cli.data_to_send()
+    srv.receive_data(req)
+    srv.send_headers(1, [(":status", "200")])
+    srv.send_data(1, b"a" * 5000)
+    srv.send_data(1, b"b" * 10)
+    srv.send_headers(1, [("grpc-status", "0")], end_stream=True)
+    out = srv.data_to_send()
+    # the frames (the server's SETTINGS and ACK, HEADERS, DATA 5000, DATA 10, trailers):
+    # the copy ends inside the big DATA frame, the walk gives the headers after it, the
+    # write's last 256 bytes hold the trailers' header block
+    pos, offs = 0, []
+    while pos < len(out):
+        offs.append(pos)
+        pos += 9 + int.from_bytes(out[pos : pos + 3], "big")
+    big = next(i for i, o in enumerate(offs) if int.from_bytes(out[o : o + 3], "big") == 5000)
+    cap = offs[big] + 9 + 100
+    past = {o: out[o : o + 9] for o in offs[big + 1 :]}
+    a = _table()
+    a.clock.offset_ns = 0
+    a.on_event(_h2(10 * ms, req, 0, len(req), {}))
+    a.on_event(_h2(12 * ms, out, 1, cap, past, tail=256))
+    [rec] = list(a.out.q)
+    assert (rec["method"], rec["path"], rec["version"], rec["status"]) == (
+        "POST",
+        "/pkg.Svc/Gen",
+        "2",
+        200,
+    )
+    assert rec["rpc_system"] == "grpc" and rec["grpc_status"] == 0
+    assert rec["ttfb_us"] == 2000 and rec["chunks"] == 2 and rec["sample_th"] == "0"
+    assert not a.h2_stats.desync
+
+
+def test_an_open_h2_stream_counts_as_in_flight() -> None:
+    """open_requests (the GPU side's requests in flight): an HTTP/2 stream answered and not
+    ended is in flight on its service; ended, it is not."""
+    ms = 1_000_000
+    cli = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    srv = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    cli.initiate_connection()
+    srv.initiate_connection()
+    cli.send_headers(
+        1, [(":method", "GET"), (":path", "/s"), (":scheme", "http"), (":authority", "x")]
+    )
+    req = cli.data_to_send()
+    srv.receive_data(req)
+    srv.send_headers(1, [(":status", "200")])
+    head = srv.data_to_send()
+    srv.send_data(1, b"tok", end_stream=True)
+    end = srv.data_to_send()
+    a = _table()
+    a.on_event(_h2(10 * ms, req, 0, len(req), {}))
+    assert a.open_requests("svc") == []  # read, not answered yet
+    a.on_event(_h2(11 * ms, head, 1, len(head), {}))
+    assert a.open_requests("svc") == [10 * ms] and a.open_requests("other") == []
+    a.on_event(_h2(12 * ms, end, 1, len(end), {}))
+    assert a.open_requests("svc") == [] and len(a.out.q) == 1

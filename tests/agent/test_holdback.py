@@ -131,10 +131,12 @@ def test_nagle_holds_writes_until_the_delayed_ack(env: dict[str, Any]) -> None:
     assert rec["wire_hold_reason"] == "nagle", rec
     assert rec["wire_hold_writes"] >= len(held) - 1, (rec, client)
     assert rec["wire_hold_untimed"] == 0, rec
-    # the longest hold the kernel timed is the longest delay the client saw: never more,
-    # and less only by the delivery and the client's wake-up (ms on a busy 2-core machine)
+    # the longest hold the kernel timed is never more than the longest delay the client saw
+    # (which adds the delivery and the client's wake-up), and at least the typical delay of
+    # the held chunks (a busy 2-core machine can delay one wake-up by more than a hold)
     assert 10_000 <= rec["wire_hold_max_us"] <= 60_000, rec
-    assert max(client) - 5_000 <= rec["wire_hold_max_us"] <= max(client) + 500, (rec, client)
+    typical = sorted(held)[len(held) // 2]
+    assert typical - 2_000 <= rec["wire_hold_max_us"] <= max(client) + 500, (rec, client)
     assert 0 < rec["wire_hold_bytes"] < 200, rec
     assert rec["wire_hold_sum_us"] >= rec["wire_hold_max_us"], rec
 

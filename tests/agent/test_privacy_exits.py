@@ -1,15 +1,18 @@
 """Privacy on every way out of the agent: a request's cookie, authorization header, body,
 query string and path parameters appear in none of the JSONL records, the agent's stderr,
 its /metrics text or the OTLP export (raw protobuf bytes as posted to a receiver on
-loopback), while the span itself does arrive with its path and the query's traceparent."""
+loopback), while the span itself does arrive with its path and the query's traceparent —
+over HTTP/1.1 and over HTTP/2, whose header blocks the agent decodes whole (HPACK)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from parallax_contracts import trace_context
@@ -90,3 +93,67 @@ def test_secrets_leave_by_no_exit(env: tuple[int, Agent, OtlpReceiver]) -> None:
     }
     found = leaks(exits, secrets)
     assert not found, found
+
+
+def test_h2_secrets_leave_by_no_exit(tmp_path: Path) -> None:
+    """The same over HTTP/2 (h2c, Hypercorn): the agent decodes every header block (HPACK's
+    dynamic table needs it) and keeps only the documented fields; the cookie, authorization,
+    other headers, body, query and path parameters leave by no exit."""
+    rx = OtlpReceiver()
+    srv = Proc([PY, "-m", "tests.agent.servers.h2_app", "--timing-log", str(tmp_path / "t.jsonl")])
+    try:
+        port = srv.port()
+        agent = Agent(tmp_path, [port], ["--otlp", rx.url])
+    except Exception:
+        srv.stop()
+        rx.close()
+        raise
+    try:
+        uid = trace_context.new_span_id()
+        secrets = {
+            k: f"secret-{k}-{uid}" for k in ("cookie", "auth", "body", "query", "param", "header")
+        }
+        ctx = trace_context.generate()
+        path = f"/priv-{uid}"
+
+        async def send() -> None:
+            async with httpx.AsyncClient(http1=False, http2=True, trust_env=False) as c:
+                for _ in range(2):  # the second time, HPACK's dynamic table indexes them
+                    r = await c.post(
+                        f"http://127.0.0.1:{port}{path};jsessionid={secrets['param']}"
+                        f"?{secrets['query']}",
+                        headers={
+                            "traceparent": ctx.header(),
+                            "cookie": f"session={secrets['cookie']}",
+                            "authorization": f"Bearer {secrets['auth']}",
+                            "x-api-key": secrets["header"],
+                        },
+                        content=f'{{"prompt": "{secrets["body"]}"}}'.encode(),
+                    )
+                    assert r.http_version == "HTTP/2"
+
+        asyncio.run(send())
+        recs = agent.wait_for(lambda r: r["path"] == path, count=2)
+        assert len(recs) == 2 and all(r["version"] == "2" for r in recs), recs
+        assert recs[0]["trace_id"] == ctx.trace_id and recs[0]["method"] == "POST"
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5
+        ).read()
+        assert agent.stop() == 0
+        deadline = time.monotonic() + 5
+        while not any(path.encode() in b for _, b in rx.posts) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        otlp = b"".join(rx.traces())
+        assert path.encode() in otlp
+        exits = {
+            "jsonl": agent.jsonl.read_bytes(),
+            "stderr": agent.err.read_bytes(),
+            "metrics": metrics,
+            "otlp": otlp,
+        }
+        found = leaks(exits, secrets)
+        assert not found, found
+    finally:
+        agent.stop()
+        srv.stop()
+        rx.close()

@@ -132,11 +132,12 @@ def wait_for(pred: Any, timeout_s: float = 20.0, every_s: float = 0.1) -> Any:
     raise TimeoutError(f"condition not met in {timeout_s}s (last: {last!r})")
 
 
-def run_store_script(script: str, data_dir: Path) -> dict[str, Any]:
+def run_store_script(script: str, data_dir: Path, *args: str) -> dict[str, Any]:
     """Run ``script`` (which prints one JSON line last) in a fresh interpreter against a
-    chDB store in ``data_dir``: chDB allows one store path per process."""
+    chDB store in ``data_dir`` (its argv[1]; ``args`` follow): chDB allows one store path per
+    process."""
     p = subprocess.run(
-        [sys.executable, "-c", script, str(data_dir)],
+        [sys.executable, "-c", script, str(data_dir), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -36,6 +36,7 @@ from bench.collector import _bodies
 from collector.ingest import build_fast, otlp
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
 from collector.store import schema
+from parallax_contracts import span_attributes as sa
 
 NOW = time.time_ns()
 OLDEST = NOW - 86_400 * 10**9  # a one-day retention: older spans are rejected
@@ -45,6 +46,7 @@ STR_NAMES = otlp._FAST_STRS
 BOOL_NAMES = otlp._FLAGS
 DOUBLE_NAMES = otlp._GPU_DOUBLES  # the GPU shares and means
 OFFSETS = otlp._OFFSETS
+K8S_NAMES = sa.RESOURCE_STORED  # the Resource's identity, kept in each row's attributes
 SDK_NAMES = ("http.scheme", "user_agent.original", "network.peer.port", "net.host.name", "")
 GPU_A = "GPU-8f2c0b1e-5a4d-4c3b-9a2f-0e1d2c3b4a59"
 GPU_B = "GPU-1b2c3d4e-0000-4c3b-9a2f-0e1d2c3b4a5a"
@@ -224,7 +226,8 @@ def fill(av: AnyValue, value: tuple[str, Any]) -> None:
 @st.composite
 def attribute(draw: st.DrawFn, odd: int) -> tuple[str, tuple[str, Any]]:
     """One span attribute: a slot's name with its type (or, now and then, anything)."""
-    group = draw(st.sampled_from(["int", "int", "str", "bool", "double", "offsets", "other"]))
+    groups = ["int", "int", "str", "bool", "double", "offsets", "other", "other", "k8s"]
+    group = draw(st.sampled_from(groups))
     if group == "int":
         name = draw(st.sampled_from(INT_NAMES))
         ints = odd_int(name) if rare(draw, odd) else plain_int(name)
@@ -244,6 +247,8 @@ def attribute(draw: st.DrawFn, odd: int) -> tuple[str, tuple[str, Any]]:
     elif group == "offsets":
         name = OFFSETS
         value = ("array", draw(st.lists(st.integers(0, 10**7), max_size=8)))
+    elif group == "k8s":  # a span attribute named as an identity one: the Resource's wins
+        name, value = draw(st.sampled_from(K8S_NAMES)), ("str", draw(TEXT))
     else:
         # (hypothesis also draws the string literals of the code under test: a slot's name)
         name = draw(st.one_of(st.sampled_from(SDK_NAMES), TEXT))
@@ -326,8 +331,14 @@ def request(draw: st.DrawFn, odd: bool) -> bytes:
             ("telemetry.sdk.language", ("str", "python")),
         ]
         res = draw(st.lists(st.sampled_from(res), max_size=5))
+        if draw(st.booleans()):  # an agent's Kubernetes identity (some of it, any order)
+            res += draw(st.lists(k8s_attribute(), max_size=len(K8S_NAMES) + 2))
         if rare(draw, pct):
             res += draw(st.lists(st.tuples(st.sampled_from(["service.name", "x"]), ODD_VALUE)))
+        if rare(draw, pct):  # odd identity values: other types, a NUL, empty
+            res += draw(st.lists(st.tuples(st.sampled_from(K8S_NAMES), ODD_VALUE), min_size=1))
+        if draw(st.booleans()):
+            res = draw(st.permutations(res))
         for k, v in res:
             kv = rs.resource.attributes.add()
             kv.key = k
@@ -338,6 +349,14 @@ def request(draw: st.DrawFn, odd: bool) -> bytes:
             ss.spans.extend(draw(st.lists(span(pct), min_size=1, max_size=4)))
     body: bytes = req.SerializeToString()
     return body
+
+
+def k8s_attribute() -> st.SearchStrategy[tuple[str, tuple[str, Any]]]:
+    """One identity attribute as the agent sends it: a string (repeats allowed)."""
+    values = st.one_of(
+        st.sampled_from(["shop", "chat-7c9d6b5f4-x2x9q", "a" * 64, "node-1", "", "ß"]), TEXT
+    )
+    return st.tuples(st.sampled_from(K8S_NAMES), st.tuples(st.just("str"), values))
 
 
 FAST_SETTINGS = settings(
@@ -366,11 +385,12 @@ def test_bench_corpus_takes_the_fast_path(fast: Fast) -> None:
         assert check(fast, body)
 
 
-def sdk_body() -> bytes:
+def sdk_body(resource: dict[str, Any] | None = None) -> bytes:
     """Spans from the real OpenTelemetry SDK, encoded by its OTLP exporter's encoder: SERVER
     spans with HTTP attributes, an event and a status, INTERNAL children with a link."""
     exp = InMemorySpanExporter()
-    tp = TracerProvider(resource=Resource.create({"service.name": "shop", "process.pid": 7}))
+    res = {"service.name": "shop", "process.pid": 7, **(resource or {})}
+    tp = TracerProvider(resource=Resource.create(res))
     tp.add_span_processor(SimpleSpanProcessor(exp))
     tracer = tp.get_tracer("test.scope", "1.2")
     for i in range(20):
@@ -401,6 +421,97 @@ def test_real_sdk_spans_take_the_fast_path(fast: Fast) -> None:
     assert check(fast, body)
     got = fast(body)
     assert got is not None and len(got[0]) == 20 and got[2] == 20
+
+
+# An agent's Resource in Kubernetes (agent/resource.py), the identity in full.
+K8S_RESOURCE = {
+    "host.name": "node-a",
+    sa.RESOURCE_CONTAINER_ID: "3f2a" * 16,
+    sa.RESOURCE_K8S_NODE_NAME: "node-a",
+    sa.RESOURCE_K8S_NAMESPACE_NAME: "shop",
+    sa.RESOURCE_K8S_POD_NAME: "chat-7c9d6b5f4-x2x9q",
+    sa.RESOURCE_K8S_POD_UID: "0b6d2a8e-63f1-4f7e-9b3a-5d2c1e0f9a87",
+    sa.RESOURCE_K8S_CONTAINER_NAME: "chat",
+    sa.RESOURCE_K8S_REPLICASET_NAME: "chat-7c9d6b5f4",
+    sa.RESOURCE_K8S_DEPLOYMENT_NAME: "chat",
+    sa.RESOURCE_K8S_STATEFULSET_NAME: "db",
+    sa.RESOURCE_K8S_DAEMONSET_NAME: "agent",
+    sa.RESOURCE_K8S_JOB_NAME: "nightly-28934100",
+    sa.RESOURCE_K8S_CRONJOB_NAME: "nightly",
+}
+
+
+def test_real_sdk_k8s_resource_takes_the_fast_path(fast: Fast) -> None:
+    """The SDK's Resource with the identity: every SERVER row carries it in ``attributes``
+    (after the span's own), on both decoders; the SDK's telemetry.sdk.* are not stored."""
+    body = sdk_body(K8S_RESOURCE)
+    assert check(fast, body)
+    ref = reference(body)
+    assert ref is not None and len(ref.rows) == 20
+    want = {k: v for k, v in K8S_RESOURCE.items() if k in sa.RESOURCE_STORED}
+    assert set(want) == set(sa.RESOURCE_STORED)
+    for row in ref.rows:
+        attrs = row[36]
+        assert list(attrs)[:2] == ["network.peer.port", "user_agent.original"]
+        assert {k: attrs[k] for k in list(attrs)[2:]} == want
+        assert row[9] == "node-a" and row[8] == "shop"
+
+
+def _k8s_body(res: list[tuple[str, tuple[str, Any]]], span_attrs: dict[str, str]) -> bytes:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for k, v in res:
+        kv = rs.resource.attributes.add()
+        kv.key = k
+        fill(kv.value, v)
+    sp = rs.scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id, sp.kind = os.urandom(16), os.urandom(8), Span.SPAN_KIND_SERVER
+    sp.start_time_unix_nano, sp.end_time_unix_nano = NOW - 10**9, NOW
+    for k, s in span_attrs.items():
+        kv = sp.attributes.add()
+        kv.key, kv.value.string_value = k, s
+    body: bytes = req.SerializeToString()
+    return body
+
+
+def test_k8s_identity_rules(fast: Fast) -> None:
+    """The rules for the identity, on both decoders: the Resource's value wins over a span
+    attribute of the same name (which stays where the Resource has none); a later duplicate
+    in the Resource replaces; only string values are kept (the compiled decoder leaves the
+    others to the reference); a NUL in one rejects the Resource's SERVER spans
+    (invalid_string); other Resource attributes are not stored."""
+    pod, ns = sa.RESOURCE_K8S_POD_NAME, sa.RESOURCE_K8S_NAMESPACE_NAME
+
+    def row_attrs(res: list[tuple[str, tuple[str, Any]]], span: dict[str, str]) -> Any:
+        body = _k8s_body(res, span)
+        ref = reference(body)
+        assert ref is not None
+        answered = check(fast, body)
+        return (ref.rows[0][36] if ref.rows else ref.rejected), answered
+
+    assert row_attrs([(pod, ("str", "p1")), (ns, ("str", "shop"))], {pod: "app", "x": "1"}) == (
+        {pod: "p1", "x": "1", ns: "shop"},
+        True,
+    )
+    assert row_attrs([(ns, ("str", "shop"))], {pod: "app"}) == ({pod: "app", ns: "shop"}, True)
+    assert row_attrs([(pod, ("str", "a")), (ns, ("str", "")), (pod, ("str", "b"))], {}) == (
+        {pod: "b", ns: ""},
+        True,
+    )
+    assert row_attrs(
+        [("process.executable.name", ("str", "py")), ("k8s.pod.labels", ("str", "x"))], {}
+    ) == ({}, True)
+    for odd in (
+        ("int", 7),
+        ("bool", True),
+        ("array", [1]),
+        ("kvlist", {"a": "b"}),
+        ("empty", None),
+    ):
+        assert row_attrs([(pod, odd), (ns, ("str", "shop"))], {}) == ({ns: "shop"}, False), odd
+    assert row_attrs([(pod, ("str", "p\x00"))], {}) == ({"invalid_string": 1}, False)
+    # A NUL in a span attribute the Resource's value would replace: still invalid_string.
+    assert row_attrs([(pod, ("str", "p1"))], {pod: "\x00"}) == ({"invalid_string": 1}, False)
 
 
 def test_rejections_give_up(fast: Fast) -> None:

@@ -78,11 +78,13 @@ def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack
     assert "network" in ttfb["sentence"], ttfb["sentence"]
 
 
-@pytest.mark.parametrize(("render_ms", "expect"), [(40, "out_of_band"), (2, "ok")])
+@pytest.mark.parametrize(("render_ms", "expect"), [(60, "out_of_band"), (2, "ok")])
 def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, expect: str) -> None:
     ingest, query = collector
     # 300 chats: a P95 interval from ~120 samples is too wide to clear a 50 ms band; two
     # pages, not three: frames are what is measured, and a busier renderer delays them.
+    # 60 ms, not 40: at 40 a run at load 5 measured 66 ms with its interval from 49.6 ms,
+    # just inside the 50 ms band ("uncertain").
     sc = Scenario(
         f"e2e-render-{render_ms}",
         app_args=FAST,
