@@ -99,6 +99,52 @@ def lookup(
     return out, ids
 
 
+def member_bits(
+    wanted: list[tuple[str, str]], path: Path = VMLINUX
+) -> dict[tuple[str, str], tuple[int, int] | None]:
+    """(bit offset, bit width; 0 for a whole member) of each (struct, member), bitfields
+    included (``tcp_sock.nonagle`` is one), None where missing."""
+    out: dict[tuple[str, str], tuple[int, int] | None] = dict.fromkeys(wanted)
+    try:
+        types, strings, members = _parse(path.read_bytes())
+        names = {s for s, _ in wanted}
+        by_name: dict[str, int] = {}
+        for tid, (name_off, kind, _size, _kflag) in enumerate(types):
+            if kind == _STRUCT and name_off:
+                name = _name(strings, name_off)
+                if name in names and name not in by_name:
+                    by_name[name] = tid
+        for struct_name, member in wanted:
+            if struct_name in by_name:
+                out[(struct_name, member)] = _find_bits(
+                    types, strings, members, by_name[struct_name], member, 0
+                )
+    except (OSError, BtfError, struct.error, ValueError, IndexError):
+        return dict.fromkeys(wanted)
+    return out
+
+
+def _find_bits(
+    types: list[tuple[int, int, int, int]],
+    strings: bytes,
+    members: dict[int, list[tuple[int, int, int]]],
+    tid: int,
+    member: str,
+    base_bits: int,
+) -> tuple[int, int] | None:
+    kflag = types[tid][3]
+    for name_off, mtype, off in members.get(tid, []):
+        bits = off & 0xFFFFFF if kflag else off
+        size = off >> 24 if kflag else 0
+        if name_off == 0:
+            inner = _find_bits(types, strings, members, mtype, member, base_bits + bits)
+            if inner is not None:
+                return inner
+        elif _name(strings, name_off) == member:
+            return (base_bits + bits, size)
+    return None
+
+
 def _find(
     types: list[tuple[int, int, int, int]],
     strings: bytes,

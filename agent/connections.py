@@ -185,7 +185,8 @@ class Connections:
                 if t_first and t_first == st.snap_t_first:
                     return  # already taken from the map snapshot
                 times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
-                out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags)
+                hold = events.hold_at(raw)
+                out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags, hold)
             if out:
                 self.emit(st, out)
             # the sweep looks only at Content-Length responses still open
@@ -346,6 +347,8 @@ class Connections:
                 continue
             if not v.t_last or v.t_first == st.snap_t_first:
                 continue
+            if getattr(v, "hold_pend", 0):
+                continue  # its last bytes are still in the socket (bpf/agent/hold.h)
             if a.body_out + v.bytes < a.content_length:
                 continue
             try:
@@ -359,7 +362,19 @@ class Connections:
         n = int(v.n)
         times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
         st.snap_t_first = v.t_first
-        self.emit(st, st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags)))
+        hold = None
+        if getattr(v, "hold_on", 0):  # (a program compiled without PX_HOLDS has no field)
+            hold = events.Hold.of(
+                int(v.hold_max_us),
+                int(v.hold_sum_us),
+                int(v.hold_n),
+                int(v.hold_untimed),
+                int(v.hold_why),
+                int(v.hold_mask),
+                int(v.hold_bytes),
+            )
+        out = st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags), hold)
+        self.emit(st, out)
 
     def flush_all(self, aggs: Any) -> None:
         """Stopping: every connection's body writes still in the kernel aggregate, then what

@@ -32,6 +32,12 @@ READ_ADDRS = struct.Struct("<16s16s")
 RESP = struct.Struct("<II")  # n caplen
 TLS = struct.Struct("<II")  # lport pad
 AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
+# the write-to-wire holdback of the same writes (bpf/agent/hold.h): block_t max_us sum_us n
+# untimed why mask pend on bytes
+HOLD = struct.Struct("<QIIHHBBBBI")
+HOLD_AT = HDR.size + AGG.size
+# reasons (PX_WHY_*), by number
+HOLD_WHY = ("", "nagle", "cork", "cwnd", "rwnd", "sndbuf", "stack")
 READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
 # EV_H2 (bpf/agent/http2.h): READ's fields, then the kernel's frame walk — in step (walk),
 # how many frame headers past the copy (nhdr), the event's last bytes after the copy
@@ -40,7 +46,7 @@ H2_HDRS = 8
 H2_WALK = struct.Struct(f"<III{H2_HDRS}I")
 H2_DATA = READ_DATA + H2_WALK.size + 12 * H2_HDRS
 RESP_DATA = HDR.size + RESP.size
-OFFS_AT = HDR.size + AGG.size
+OFFS_AT = HDR.size + AGG.size + HOLD.size
 _OFFS: dict[int, struct.Struct] = {}
 AF_INET = 2
 
@@ -102,6 +108,52 @@ class RespEv:
     data: bytes
 
 
+@dataclass(slots=True, frozen=True)
+class Hold:
+    """The write-to-wire holdback of a run of body writes (bpf/agent/hold.h): how long the
+    held ones waited to leave the socket, and why."""
+
+    writes: int  # held writes timed
+    max_us: int
+    sum_us: int
+    untimed: int  # held writes whose departure was not seen
+    why: str  # the reason of the longest ("" when none was held)
+    reasons: tuple[str, ...]  # every reason seen
+    bytes_max: int  # the most bytes left unsent at a write's return
+
+    @staticmethod
+    def of(
+        max_us: int, sum_us: int, n: int, untimed: int, why: int, mask: int, nbytes: int
+    ) -> Hold:
+        names = tuple(w for i, w in enumerate(HOLD_WHY) if i and mask >> i & 1)
+        name = HOLD_WHY[why] if 0 < why < len(HOLD_WHY) else ""
+        return Hold(n, max_us, sum_us, untimed, name, names, nbytes)
+
+
+def merge_hold(a: Hold | None, b: Hold | None) -> Hold | None:
+    """Two runs of writes of one response (a stream flushed in parts)."""
+    if a is None or b is None:
+        return a or b
+    top = b if b.writes and (not a.writes or b.max_us > a.max_us) else a
+    return Hold(
+        a.writes + b.writes,
+        top.max_us,
+        a.sum_us + b.sum_us,
+        a.untimed + b.untimed,
+        top.why,
+        tuple(w for w in HOLD_WHY if w and (w in a.reasons or w in b.reasons)),
+        max(a.bytes_max, b.bytes_max),
+    )
+
+
+def hold_at(buf: bytes, off: int = HOLD_AT) -> Hold | None:
+    """The holdback part of a WAGG record; None where the writes were not checked."""
+    _bt, max_us, sum_us, n, untimed, why, mask, _pend, on, nbytes = HOLD.unpack_from(buf, off)
+    if not on:
+        return None
+    return Hold.of(max_us, sum_us, n, untimed, why, mask, nbytes)
+
+
 @dataclass(slots=True)
 class WaggEv:
     """Writes after a response head, aggregated in the kernel."""
@@ -114,6 +166,7 @@ class WaggEv:
     n: int
     flags: int
     offs_us: list[int] = field(default_factory=list)  # first min(n, 256) writes − t_first
+    hold: Hold | None = None
 
     def times_ns(self) -> list[int]:
         return [self.t_first + o * 1000 for o in self.offs_us]
@@ -160,7 +213,7 @@ def decode(buf: bytes) -> Event | None:
     if h.type == EV_WAGG:
         t_first, t_last, nbytes, gap, n, flags = AGG.unpack_from(buf, off)
         offs = list(offsets(buf, OFFS_AT, n))
-        return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs)
+        return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs, hold_at(buf))
     if h.type in (EV_CLOSE, EV_PEER_FIN, EV_SOCK_CLOSE):
         return CloseEv(h)
     if h.type == EV_TLS and len(buf) >= off + TLS.size:

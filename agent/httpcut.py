@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from agent import httphead
-from agent.events import WAGG_END, WAGG_PARTIAL
+from agent.events import WAGG_END, WAGG_PARTIAL, Hold, merge_hold
 from parallax_contracts import trace_context
 from parallax_contracts.span_attributes import CHUNK_OFFSETS_CAP
 
@@ -59,6 +59,7 @@ class Exchange:
     head_request: bool = False
     ended: bool = False  # chunked terminator seen
     sample_th: int = 0  # the kernel's sampling threshold it was kept under (0: all kept)
+    hold: Hold | None = None  # write-to-wire holdback of its body writes (None: unmeasured)
     rpc_system: str | None = None  # "grpc": an HTTP/2 stream of content-type application/grpc
     grpc_status: int | None = None  # its trailers' grpc-status
 
@@ -323,16 +324,25 @@ class Conn:
         return out
 
     def on_writes(
-        self, t_last: int, times: list[int], n: int, nbytes: int, gap_max_ns: int, flags: int
+        self,
+        t_last: int,
+        times: list[int],
+        n: int,
+        nbytes: int,
+        gap_max_ns: int,
+        flags: int,
+        hold: Hold | None = None,
     ) -> list[Exchange]:
         """Aggregated body writes (``times``: the first ≤ 256 of ``n``)."""
         self.t_last_event = t_last
         if self.mode == "ws":
-            return self._ws_writes(t_last, times, n, nbytes, gap_max_ns)
+            return self._ws_writes(t_last, times, n, nbytes, gap_max_ns, hold)
         ex = self.active
         if ex is None:
             return []
         self._merge_writes(ex, t_last, times, n, nbytes, gap_max_ns)
+        if hold is not None:
+            ex.hold = merge_hold(ex.hold, hold)
         ex.body_out += nbytes
         out: list[Exchange] = []
         if flags & WAGG_PARTIAL and not flags & WAGG_END:
@@ -504,7 +514,13 @@ class Conn:
         return out
 
     def _ws_writes(
-        self, t_last: int, times: list[int], n: int, nbytes: int, gap_max_ns: int
+        self,
+        t_last: int,
+        times: list[int],
+        n: int,
+        nbytes: int,
+        gap_max_ns: int,
+        hold: Hold | None = None,
     ) -> list[Exchange]:
         ex = self.ws_cur
         if ex is None:
@@ -512,4 +528,6 @@ class Conn:
         if not ex.t2 and times:
             ex.t2 = times[0]
         self._merge_writes(ex, t_last, times, n, nbytes, gap_max_ns)
+        if hold is not None:
+            ex.hold = merge_hold(ex.hold, hold)
         return []

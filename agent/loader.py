@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import btf, kernel_headers, ringbuf, tpbtf, tracefs
+from agent import btf, holdback, kernel_headers, ringbuf, tpbtf, tracefs
 from agent.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
@@ -244,6 +244,7 @@ def load(opts: Options) -> Loaded:
         if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and None not in chain:
             sock_flags.append("-DPX_LAZY_SEND_START")
             sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
+        sock_flags += holdback.cflags(degraded)
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
@@ -283,6 +284,8 @@ def load(opts: Options) -> Loaded:
     lazy = "-DPX_LAZY_SEND_START" in extra
     if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
         attach_send_start(b)
+    if "-DPX_HOLDS" in extra:
+        holdback.attach(b, degraded)
     attached = sorted(
         {
             k.decode() if isinstance(k, bytes) else str(k)

@@ -124,6 +124,33 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         # HTTP/2 streams of gRPC (agent/http2.py): "grpc" and the trailers' grpc-status
         "rpc_system": ex.rpc_system,
         "grpc_status": ex.grpc_status,
+        **_hold_fields(ex),
+    }
+
+
+_NO_HOLD: dict[str, Any] = {
+    "wire_hold_writes": None,
+    "wire_hold_max_us": None,
+    "wire_hold_sum_us": None,
+    "wire_hold_bytes": None,
+    "wire_hold_reason": None,
+    "wire_hold_untimed": None,
+}
+
+
+def _hold_fields(ex: Exchange) -> dict[str, Any]:
+    """Write-to-wire holdback (bpf/agent/hold.h): absent (None) where not measured."""
+    h = ex.hold
+    if h is None:
+        return _NO_HOLD
+    return {
+        "wire_hold_writes": h.writes,
+        # none held: 0; held but none timed: unknown
+        "wire_hold_max_us": h.max_us if h.writes else (None if h.untimed else 0),
+        "wire_hold_sum_us": h.sum_us,
+        "wire_hold_bytes": h.bytes_max,
+        "wire_hold_reason": h.why or None,
+        "wire_hold_untimed": h.untimed,
     }
 
 
@@ -153,6 +180,7 @@ _ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
     ("rpc_system", sa.RPC_SYSTEM),
     ("grpc_status", sa.RPC_GRPC_STATUS_CODE),
     ("source", sa.SOURCE),
+    *((sa.record_field(a), a) for a in sa.WIRE_HOLD),
     *((sa.record_field(a), a) for a in sa.GPU),
 )
 _BOOL_ATTRS = (

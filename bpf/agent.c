@@ -11,6 +11,7 @@
 //   PX_RAW_SYSCALLS  else: raw_syscalls:sys_enter/exit (x86-64), else per-syscall ones
 //   PX_OFF_TCP_SRTT, PX_OFF_SKC_NUM  tcp_sock.srtt_us, sock_common.skc_num (from BTF)
 //   PX_OFF_TASK_TGID, PX_OFF_TASK_PID  task_struct.tgid, .pid (from BTF; direct loads)
+//   PX_HOLDS         write-to-wire holdback (hold.h), with its PX_OFF_TCP_*, PX_OFF_SKB_*
 //   PX_SDR_BTF       compile px_sdr_btf, sk_data_ready as a BTF tracepoint (agent/tpbtf.py)
 //   C_<COUNTER>      the px_counters indices (agent/loader.py COUNTERS)
 //
@@ -40,6 +41,7 @@
 #include "agent/sample.h"
 #include "agent/uio.h"
 #include "agent/tls.h"
+#include "agent/hold.h"
 #include "agent/http2.h"
 #include "agent/http.h"
 #include "agent/syscalls.h"

@@ -4,7 +4,8 @@ Starts the collector on the embedded store (data in .parallax/demo/), the eBPF a
 LLM-style streaming app (first-token wait, then tokens; chunked fetch, SSE and WebSocket)
 whose event loop stalls now and then, an inference-like service whose engine runs on
 stand-ins for the NVIDIA libraries (demo/gpu: no GPU needed; the agent's GPU path is the
-real one), and headless Chromium running a chat page with the probe. It drives chats for a
+real one), a twin of the app that leaves Nagle's algorithm on (its WebSocket tokens leave in
+pairs), and headless Chromium running a chat page with the probe. It drives chats for a
 while with a progress line, then prints the per-route SLA table with its explanations, and
 keeps serving the SLA page until Ctrl-C (DEMO_EXIT=1: exit once the table is printed).
 Afterwards, `parallax-collector sla --once --json --data-dir .parallax/demo` shows the same
@@ -40,7 +41,16 @@ PACING = ["--first-token-ms", "120", "--token-gap-ms", "25", "--tokens", "12"]
 # The injected trap: the app's event loop blocks 60 ms every 200 ms. Its own timings stay
 # fast; users wait in the kernel's receive queue. The checker should say exactly that.
 STALL = ["--block-ms", "60", "--block-every-ms", "200"]
+# The holdback trap: a twin of the app (no stalls) that leaves Nagle's algorithm on, as many
+# servers do, streaming a token every 10 ms over WebSocket in conversations of three turns.
+# A prompt sent as the last answer ends puts the browser's kernel in delayed-ACK mode: Nagle
+# holds the tokens written while the first one waits for its ACK (up to 40 ms), and they
+# arrive in a burst; the agent names the holdback.
+NAGLE = ["--nagle", "--first-token-ms", "120", "--token-gap-ms", "10", "--tokens", "12"]
+NAGLE_SERVICE = "chat-nagle"
 KINDS = ("fetch", "sse", "ws", "gen")  # gen: the inference service's /v1/generate
+# one more page holds the Nagle twin's conversations (the others' share of chats unchanged)
+NAGLE_KINDS = ("nagle",)
 INFER_SERVICE = "infer-demo"
 PAGES = 4
 # The collector reads sla.yaml from its data directory, and so does `sla --once --data-dir`
@@ -119,11 +129,11 @@ def drive(browser_url: str, seconds: float, progress: Any) -> int:
     }"""
     with chromium() as browser:
         pages = []
-        for i in range(PAGES):
+        for i, kinds in enumerate([KINDS] * PAGES + [NAGLE_KINDS]):
             page = browser.new_page()
             page.goto(browser_url, wait_until="load")
             page.wait_for_function("typeof window.chat === 'function'")
-            page.evaluate(script, [list(KINDS), seconds * 1000, i])
+            page.evaluate(script, [list(kinds), seconds * 1000, i])
             pages.append(page)
         start = time.monotonic()
         while True:
@@ -198,15 +208,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"  app         {app}  ({SERVICE}: SSE, chunked fetch, WebSocket; event loop"
                 " stalls 60 ms every 200 ms)"
             )
+            os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE
+            try:
+                nagle = stack.llm_app(*NAGLE, name="nagle_app")
+            finally:
+                os.environ["OTEL_SERVICE_NAME"] = SERVICE
+            nagle_port = int(nagle.rsplit(":", 1)[1])
+            print(
+                f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 10 ms,"
+                " TCP_NODELAY off)"
+            )
             gpu_env, infer = start_infer(stack)
             infer_port = int(infer.rsplit(":", 1)[1])
             print(
                 f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
                 " stand-in GPU, power-capped)"
             )
-            stack.agent([app_port, infer_port], ingest, env=gpu_env)
+            stack.agent([app_port, nagle_port, infer_port], ingest, env=gpu_env)
             print(
-                f"  agent       tracing ports {app_port}, {infer_port}, exporting OTLP to {ingest}"
+                f"  agent       tracing ports {app_port}, {nagle_port}, {infer_port}, exporting"
+                f" OTLP to {ingest}"
             )
         except StartError as e:
             print(f"demo: {e}")
@@ -228,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 last_line[0] = elapsed
                 print(text, flush=True)
 
-        done = drive(chat_url(app, ingest, gen=infer), args.seconds, progress)
+        done = drive(chat_url(app, ingest, gen=infer, nagle=nagle), args.seconds, progress)
         print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
         try:
             report = wait_for_evaluation(query, after=time.time() + 2.0)

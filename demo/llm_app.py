@@ -335,6 +335,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def keep_nagle() -> None:
+    """Leave Nagle's algorithm on for every connection asyncio accepts, as many servers and
+    proxies do. (asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP; this
+    app's listening socket, like the one uvicorn binds itself, is made with proto 0, so on
+    Python 3.11 its connections run with Nagle on anyway — the agent found that in the demo.
+    This makes it so whatever asyncio does.) A token written while the previous one is
+    unacknowledged waits for the client's ACK — delayed up to 40 ms by a client that has just
+    sent (a WebSocket prompt) — and tokens leave in bursts (the demo's holdback trap)."""
+    asyncio.base_events._set_nodelay = lambda sock: None  # type: ignore[attr-defined]
+
+
 def serve(app: LlmApp, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app,
@@ -362,7 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-log", type=Path, help="append one JSON line per exchange")
     ap.add_argument("--block-ms", type=float, default=0.0, help="block the event loop B ms ...")
     ap.add_argument("--block-every-ms", type=float, default=0.0, help="... every P ms")
+    ap.add_argument(
+        "--nagle", action="store_true", help="leave Nagle's algorithm on (no TCP_NODELAY)"
+    )
     args = ap.parse_args(argv)
+    if args.nagle:
+        keep_nagle()
     try:
         sock = bind(args.host, args.port)
     except OSError as e:

@@ -149,6 +149,41 @@ TRACEPARENT_MISSED = Attr(
 )
 SOURCE = Attr("parallax.source", "string", "", "Who measured the span: `ebpf` for the agent.")
 
+# --- Parallax: write-to-wire holdback (agent, docs/agent.md "Write-to-wire holdback") ----
+# For each body write, the time from the write to the departure of the segment carrying its
+# last byte (handed to the device). Absent when not measured (TLS, kernels without the
+# socket hooks or the BTF fields); 0 held writes when measured and none was held.
+WIRE_HOLD_WRITES = Attr(
+    "parallax.wire_hold.writes",
+    "int",
+    "",
+    "Body writes whose bytes the kernel held back after the write returned, timed.",
+)
+WIRE_HOLD_MAX_US = Attr(
+    "parallax.wire_hold.max_us",
+    "int",
+    "us",
+    "Longest wait of a body write's last byte between the write and its segment's departure.",
+)
+WIRE_HOLD_SUM_US = Attr(
+    "parallax.wire_hold.sum_us", "int", "us", "Sum of those waits over the held writes."
+)
+WIRE_HOLD_BYTES = Attr(
+    "parallax.wire_hold.bytes", "int", "By", "Most response bytes left unsent at a write's return."
+)
+WIRE_HOLD_REASON = Attr(
+    "parallax.wire_hold.reason",
+    "string",
+    "",
+    "Why the longest-held write waited: `nagle`, `cork`, `cwnd`, `rwnd`, `sndbuf` or `stack`.",
+)
+WIRE_HOLD_UNTIMED = Attr(
+    "parallax.wire_hold.untimed",
+    "int",
+    "",
+    "Held writes whose departure was not seen (still held at the response's end, queue full).",
+)
+
 # --- Parallax: GPU time beside the request (agent, docs/gpu.md) ----------------------
 # Windows: prefill = t1 → the first body write (ttft), decode = first body write → the last
 # write. GPU activity is the *service's*: its GPU processes (the traced process and those in
@@ -342,6 +377,12 @@ ALL: tuple[Attr, ...] = (
     CLIENT_ABORTED,
     TRACEPARENT_MISSED,
     SOURCE,
+    WIRE_HOLD_WRITES,
+    WIRE_HOLD_MAX_US,
+    WIRE_HOLD_SUM_US,
+    WIRE_HOLD_BYTES,
+    WIRE_HOLD_REASON,
+    WIRE_HOLD_UNTIMED,
     GPU_PREFILL_LAUNCHES,
     GPU_DECODE_LAUNCHES,
     GPU_PREFILL_WAIT_US,
@@ -353,6 +394,7 @@ ALL: tuple[Attr, ...] = (
     GPU_UUID,
 )
 GPU: tuple[Attr, ...] = tuple(a for a in ALL if a.name.startswith("parallax.gpu."))
+WIRE_HOLD: tuple[Attr, ...] = tuple(a for a in ALL if a.name.startswith("parallax.wire_hold."))
 BY_NAME: dict[str, Attr] = {a.name: a for a in ALL}
 CHUNK_OFFSETS_CAP = 256
 

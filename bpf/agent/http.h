@@ -215,9 +215,17 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
     g->bytes += ret;
     g->t_last = t_done;
     c->agg_pending = 1;
+#ifdef PX_HOLDS
+    if (!(c->tls & PX_TLS_ON))  // (TLS: SSL_write's plaintext, not the socket's bytes)
+        px_hold_write(sk, g, t, t_done);
+#endif
     struct px_cfg *cfg = px_cfg_get();
     if (!flags && cfg && cfg->stream_limit_ns && t - g->t_first >= cfg->stream_limit_ns)
         flags = WAGG_PARTIAL;
+#ifdef PX_HOLDS
+    if (flags == WAGG_END && px_hold_end(g))
+        return;  // flushed when its held writes leave (hold.h)
+#endif
     if (flags)
         px_flush(id, a->fd, sk, c, t, flags);
 }

@@ -47,6 +47,7 @@ struct px_ev_wagg {
 BPF_RINGBUF_OUTPUT(px_events, PX_RINGBUF_PAGES);
 BPF_PERCPU_ARRAY(px_scratch_read, struct px_ev_read, 1);
 BPF_PERCPU_ARRAY(px_scratch_resp, struct px_ev_resp, 1);
+BPF_PERCPU_ARRAY(px_scratch_wagg, struct px_ev_wagg, 1);
 
 static __always_inline void px_hdr_fill(struct px_hdr *h, u32 type, u64 id, u32 fd, u64 sk,
                                          struct px_conn *c, u64 t) {
@@ -89,15 +90,41 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
     struct px_agg *a = px_aggs.lookup(&sk);
     if (!a || a->t_last == 0)
         return;
-    struct px_ev_wagg *e = px_events.ringbuf_reserve(sizeof(struct px_ev_wagg));
-    if (!e) {
-        px_lost(c);
-    } else {
+#ifdef PX_HOLDS
+    // Held writes still waiting to leave at the response's end (a boundary, not the
+    // stream limit's partial flush, whose response goes on): untimed, and forgotten.
+    if (a->hold_pend && !(extra_flags & WAGG_PARTIAL)) {
+        a->hold_untimed += a->hold_pend;
+        a->hold_pend = 0;
+        px_hold_forget(sk);
+    }
+#endif
+    // Built aside and sent with only the offsets it fills: a one-write response's record
+    // is ~130 bytes instead of the ~1.1 KB of the whole array (the ring holds more of them).
+    u32 zero = 0;
+    struct px_ev_wagg *e = px_scratch_wagg.lookup(&zero);
+    if (e) {
         px_hdr_fill(&e->h, EV_WAGG, id, fd, sk, c, t);
         bpf_probe_read_kernel(&e->a, sizeof(struct px_agg), a);  // too big for an inline memcpy
         e->a.flags |= extra_flags;
-        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        u64 k = a->n < PX_CHUNKS ? a->n : PX_CHUNKS;
+        u64 size = sizeof(struct px_ev_wagg) - 4 * (PX_CHUNKS - k);
+        asm volatile("" : "+r"(size));
+        if (size > sizeof(struct px_ev_wagg))
+            size = sizeof(struct px_ev_wagg);
+        if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+            px_lost(c);
     }
+#ifdef PX_HOLDS
+    a->hold_max_us = 0;
+    a->hold_sum_us = 0;
+    a->hold_n = 0;
+    a->hold_untimed = 0;
+    a->hold_why = 0;
+    a->hold_mask = 0;
+    a->hold_on = 0;
+    a->hold_bytes = 0;
+#endif
     a->n = 0;
     a->bytes = 0;
     a->flags = 0;
@@ -120,4 +147,7 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)
         px_count(C_AGGS_DEL);
+#ifdef PX_HOLDS
+    px_hold_forget(sk);
+#endif
 }

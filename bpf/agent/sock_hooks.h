@@ -56,6 +56,10 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
         // write's start must not become the next write's.
         if (!is_read)
             px_send_abandon(sk);
+#ifdef PX_HOLDS
+        if (!is_read && ret == -11)  // EAGAIN: the send buffer is full
+            px_hold_blocked(sk, bpf_ktime_get_ns());
+#endif
         return;
     }
     px_tls_note(id, sk, is_read);

@@ -79,6 +79,18 @@ struct px_agg {
     u64 gap_max_ns;
     u32 n;
     u32 flags;
+    u64 hold_block_t;  // a write failed with EAGAIN (send buffer full): when (hold.h)
+    // Write-to-wire holdback of these writes (hold.h): how long a write's last byte waited
+    // in the socket before the segment carrying it was handed to the device.
+    u32 hold_max_us;   // the longest such wait
+    u32 hold_sum_us;
+    u16 hold_n;        // writes whose bytes were held, timed
+    u16 hold_untimed;  // held writes whose departure was not seen (see hold.h)
+    u8 hold_why;       // the reason of the longest (PX_WHY_*)
+    u8 hold_mask;      // every reason seen (1 << PX_WHY_*)
+    u8 hold_pend;      // held writes still waiting to leave
+    u8 hold_on;        // 1: the writes were checked (0: not measured, e.g. TLS)
+    u32 hold_bytes;    // the most bytes left unsent at a write's return
     u32 offs_us[PX_CHUNKS];
 };
 
@@ -92,6 +104,40 @@ BPF_TABLE("lru_hash", u64, struct px_fd, px_fds, PX_MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct px_conn, px_conns, PX_MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct px_agg, px_aggs, PX_MAX_CONNS);
 BPF_PERCPU_ARRAY(px_agg_zero, struct px_agg, 1);  // never written: the zero value for inits
+
+#ifdef PX_HOLDS
+// Write-to-wire holdback (hold.h): per socket, the writes whose last byte had not left
+// when the write returned, oldest first, until the segment carrying it is transmitted.
+#define PX_HOLD_Q 8
+struct px_hold {
+    u64 t[PX_HOLD_Q];    // the write's start
+    u32 seq[PX_HOLD_Q];  // tcp_sock.write_seq at its return: the sequence after its last byte
+    u8 why[PX_HOLD_Q];   // PX_WHY_*
+    u32 head;
+    u32 n;
+};
+// An entry lives as long as its connection (deleted with it): none is freed under a
+// departure on another CPU.
+BPF_HASH(px_holds, u64, struct px_hold, PX_MAX_CONNS);
+// Sockets with held writes, node-wide: the per-packet departure hook returns at once at 0.
+BPF_ARRAY(px_hold_count, s64, 1);
+
+static __always_inline void px_hold_count_add(s64 d) {
+    u32 zero = 0;
+    s64 *v = px_hold_count.lookup(&zero);
+    if (v)
+        __sync_fetch_and_add(v, d);
+}
+
+static __always_inline void px_hold_forget(u64 sk) {
+    struct px_hold *h = px_holds.lookup(&sk);
+    if (!h)
+        return;
+    if (h->n)
+        px_hold_count_add(-1);
+    px_holds.delete(&sk);
+}
+#endif
 
 #if !defined(PX_HAVE_SOCK_RECV_LENGTH) || !defined(PX_HAVE_SOCK_SEND_LENGTH)
 // Before Linux 6.3 (no sock_*_length): link fd and socket by the peer address that accept()

@@ -149,6 +149,9 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)
         px_count(C_AGGS_DEL);
+#ifdef PX_HOLDS
+    px_hold_forget(sk);
+#endif
     return 0;
 }
 

@@ -18,7 +18,7 @@ SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) A
        traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms,
        gpu_prefill_launches, gpu_decode_launches, gpu_prefill_wait_us, gpu_decode_wait_us,
        gpu_prefill_sm_util_pct, gpu_decode_sm_util_pct, gpu_sample_coverage,
-       gpu_inflight_mean, gpu_uuid, sample_th
+       gpu_inflight_mean, gpu_uuid, sample_th, wire_hold_max_us, wire_hold_reason
 FROM {db}.server_spans
 """
 ENTRY_SELECT = """

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collector.store import schema
+from parallax_contracts import span_attributes as sa
 from parallax_contracts.span_attributes import SOURCE_EBPF
 
 Span = dict[str, Any]
@@ -107,6 +108,27 @@ def _sub(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+_HOLD_MAX, _HOLD_REASON = sa.WIRE_HOLD_MAX_US.name, sa.WIRE_HOLD_REASON.name
+
+
+def hold_of(span: Span | None, attrs: dict[str, Any] | None) -> tuple[float | None, str]:
+    """(longest write-to-wire hold in ms, its reason) of a span: from the store's columns
+    (``span``, read back) or from its attributes as the ingest wrote them (``attrs``);
+    (None, '') where not measured."""
+    if span is not None and "wire_hold_max_us" in span:
+        v, why = span["wire_hold_max_us"], span.get("wire_hold_reason") or ""
+    else:
+        raw = (attrs or {}).get(_HOLD_MAX)
+        try:
+            v = int(raw) if raw is not None and raw != "" else None
+        except ValueError:
+            v = None
+        why = str((attrs or {}).get(_HOLD_REASON) or "")
+    if v is None or v < 0:
+        return None, ""
+    return v / 1000.0, why
+
+
 def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
     """The derived parts of one exchange (all ms; None where not measurable)."""
     t0, t3 = entry.get("request_start_ms"), entry.get("response_start_ms")
@@ -123,6 +145,7 @@ def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
     if not hops:
         return out
     edge, origin = hops[0], hops[-1]
+    out["wire_hold_ms"], out["wire_hold_reason"] = hold_of(origin, origin.get("attributes"))
     o_ttft = origin.get("ttft_us")
     out.update(
         server_ttfb_ms=_ttfb_us(origin) / 1000.0,
@@ -219,8 +242,8 @@ S_SERVICE, S_METHOD, S_ROUTE, S_STATUS, S_ARRIVAL = (
 S_TTFB, S_RECVQ, S_TTFT, S_DUR, S_OFFSETS = (
     _SN[n] for n in ("ttfb_us", "recv_queue_us", "ttft_us", "duration_us", "chunk_offsets_us")
 )
-S_SRTT, S_RETRANS, S_WS_SEQ, S_SAMPLE_TH = (
-    _SN[n] for n in ("srtt_us", "retransmits", "ws_seq", "sample_th")
+S_SRTT, S_RETRANS, S_WS_SEQ, S_SAMPLE_TH, S_ATTRS = (
+    _SN[n] for n in ("srtt_us", "retransmits", "ws_seq", "sample_th", "attributes")
 )
 E_TIME, E_SITE, E_SESSION, E_TRACE, E_SPAN, E_KIND, E_SEQ = (
     _EN[n] for n in ("time", "site", "session", "trace_id", "span_id", "kind", "seq")
@@ -279,6 +302,7 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
     ttft = s[S_TTFT]
     srtt = s[S_SRTT]
     server_itl = [(b - a) * 1e-3 for a, b in itertools.pairwise(offsets)]
+    hold_ms, hold_why = hold_of(None, s[S_ATTRS])
     return (
         e[E_TIME],
         version_ns,
@@ -322,6 +346,8 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
         theta,
         network if theta is not None else None,
         s[S_SAMPLE_TH],
+        hold_ms,
+        hold_why,
     )
 
 

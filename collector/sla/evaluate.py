@@ -214,7 +214,10 @@ def evaluate_window(
         far = w.far_off_sessions.get((service, route), 0)
         parts = parts_json(series)
         rr = RouteResult(service, route, {}, w.sessions.get((service, route), 0), far)
-        rr.server = gpu.server_json(label, split_of(series), w.gpu.get((service, route)))
+        # the kernel's holdback of the app's writes is a server-side fact, said whatever the
+        # divergence's verdict (its trap clause joins a divergence's sentence too)
+        held = explain.holdback(series, explain.HOLD_NOTABLE_MS)
+        rr.server = gpu.server_json(label, split_of(series), w.gpu.get((service, route)), held)
         # the pairs of the route: its most measured metric's server side
         most = max(
             (series[f"{m}:server"] for m in METRIC_ORDER if f"{m}:server" in series),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.sla.source import HOP_PREFIX
+from collector.sla.source import HOLD_PREFIX, HOLD_REASONS, HOP_PREFIX
 from collector.sla.stats import SeriesStats
 from collector.sla.words import ms, signed
 
@@ -100,6 +100,9 @@ def traps(
     """(trap id, clause) for the known ways the two lines of sight part."""
     found: list[tuple[str, str]] = []
     notable = max(band_ms / 2, abs(divergence) / 4)
+    held = (
+        holdback(series, notable) if metric in ("itl", "ttft", "visible_ttft", "duration") else ""
+    )
     # A buffering proxy: regular writes at the origin, bursts further out.
     if metric in ("itl", "ttft", "visible_ttft", "duration"):
         s50 = p50(series, "itl_p50:server")
@@ -115,7 +118,7 @@ def traps(
                         f"P95 {ms(e95)})",
                     )
                 )
-            elif u50 is not None and u50 < s50 / 4:
+            elif u50 is not None and u50 < s50 / 4 and not held:  # (else the kernel's)
                 found.append(
                     (
                         "buffering_proxy",
@@ -125,6 +128,8 @@ def traps(
                         "browser buffers",
                     )
                 )
+    if held:
+        found.append(("wire_holdback", held))
     if metric == "visible_ttft":
         r = p95(series, "render")
         if r is not None and r >= notable:
@@ -156,6 +161,45 @@ def traps(
             )
         )
     return found
+
+
+# What holds a server's writes in its socket, in words (the agent's reasons, hold.h).
+_HOLD_WORDS = {
+    "nagle": "Nagle's algorithm holds each small write until the client's delayed ACK of the "
+    "previous one{cadence}, so segments leave in bursts — set TCP_NODELAY on the server's socket",
+    "sndbuf": "the send buffer is full: writes wait for the client to read{cadence} — a slow "
+    "reader, or a send buffer too small for the stream",
+    "rwnd": "the client's receive window is full: the client reads slower than the app "
+    "writes{cadence}",
+    "cwnd": "TCP's congestion window holds them{cadence} (losses, or a connection still in slow "
+    "start)",
+    "cork": "the socket is corked (TCP_CORK or MSG_MORE) between writes{cadence} — uncork "
+    "after each token",
+}
+
+
+# A holdback worth saying on its own (the route's server sentence), whatever the divergence.
+HOLD_NOTABLE_MS = 5.0
+
+
+def holdback(series: dict[str, SeriesStats], notable: float) -> str:
+    """The clause for writes the server's kernel held back before they left (the agent's
+    write-to-wire holdback), naming the commonest reason; '' when none is notable."""
+    h = p95(series, "wire_hold")
+    if h is None or h < max(notable, 2.0):
+        return ""
+    shares = {
+        why: (series[f"{HOLD_PREFIX}{why}"].share() or 0.0)
+        for why in HOLD_REASONS
+        if f"{HOLD_PREFIX}{why}" in series
+    }
+    why = max(shares, key=lambda w: shares[w]) if shares else ""
+    s50 = p50(series, "itl_p50:server")
+    cadence = f" (the app writes every {ms(s50)})" if s50 is not None and s50 >= 1 else ""
+    head = f"the server's kernel holds its writes P95 {ms(h)} before they leave"
+    if not why or shares[why] <= 0:
+        return head
+    return f"{head}: {_HOLD_WORDS[why].format(cadence=cadence)}"
 
 
 # Say so when sampling leaves a window worth markedly fewer pairs than it holds.

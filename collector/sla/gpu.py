@@ -210,9 +210,12 @@ def _r(v: float | None, nd: int = 2) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def server_json(label: str, split: Split, gpu: GpuRoute | None) -> dict[str, Any]:
-    """The route's ``server`` object of the SLA document (docs/sla.md)."""
+def server_json(label: str, split: Split, gpu: GpuRoute | None, held: str = "") -> dict[str, Any]:
+    """The route's ``server`` object of the SLA document (docs/sla.md); ``held``: the
+    clause for writes the kernel held back (collector/sla/explain.py holdback), if any."""
     found = findings(split, gpu)
+    if held:
+        found.append(Finding("wire_holdback", None, held))
     head = split_sentence(split)
     clauses = [x for x in [head, *(f.sentence for f in found)] if x]
     gpu_doc = None

@@ -59,6 +59,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
 }
 METRIC_ORDER = tuple(METRICS)
 
+HOLD_PREFIX = "wire_hold:"  # wire_hold:<reason>
+# the reasons the agent names (bpf/agent/hold.h) that the SLA checker puts in words
+HOLD_REASONS = ("nagle", "sndbuf", "rwnd", "cwnd", "cork")
 # parts: one value per pair where measured
 PARTS: dict[str, str] = {
     "network": "network_ms",
@@ -79,6 +82,13 @@ PARTS: dict[str, str] = {
     "prefill": "server_ttft_ms",
     "decode": "if(server_duration_ms IS NULL OR server_ttft_ms IS NULL, NULL, "
     "greatest(server_duration_ms - server_ttft_ms, 0))",
+    # write-to-wire holdback at the origin, and per reason the share of requests it explains
+    "wire_hold": "wire_hold_ms",
+    **{
+        f"{HOLD_PREFIX}{why}": f"if(wire_hold_ms IS NULL, NULL, "
+        f"toFloat64(wire_hold_ms > 0 AND wire_hold_reason = '{why}'))"
+        for why in HOLD_REASONS
+    },
 }
 HOP_PREFIX = "hop:"  # hop:<index>:<service>, for every hop but the origin
 

@@ -156,6 +156,20 @@ def adjusted_count_sql(th: str = "sample_th") -> str:
     return f"(1 / (1 - {th} / 72057594037927936))"
 
 
+# Write-to-wire holdback (parallax_contracts.span_attributes.WIRE_HOLD, migration 5): computed
+# by the store from the span's `attributes`, where both parsers keep the parallax.wire_hold.*
+# attributes as text; so no parser changes, the row tuples keep their order, and rows written
+# before read as absent (NULL, ''). Not in SPAN_COLUMNS: an insert never lists them.
+_ATTR = "attributes['parallax.wire_hold.{}']"
+SPAN_HOLD_COLUMNS: tuple[Column, ...] = (
+    _c(
+        "wire_hold_writes",
+        f"Nullable(UInt32) MATERIALIZED toUInt32OrNull({_ATTR.format('writes')})",
+    ),
+    _c("wire_hold_max_us", f"Nullable(Int64) MATERIALIZED toInt64OrNull({_ATTR.format('max_us')})"),
+    _c("wire_hold_reason", f"LowCardinality(String) MATERIALIZED {_ATTR.format('reason')}"),
+)
+
 # The row tuples the parsers build follow this order (the v1 columns, the GPU ones, then the
 # sampling threshold).
 SPAN_COLUMNS: tuple[Column, ...] = _SPAN_COLUMNS_V1 + SPAN_GPU_COLUMNS + SPAN_SAMPLING_COLUMNS
@@ -251,7 +265,13 @@ _PAIR_COLUMNS_V1: tuple[Column, ...] = (
 # Under consistent sampling (every hop decides on the trace id's randomness) the pair exists
 # when any of them was kept, so its adjusted count is that of the most permissive one.
 PAIR_SAMPLING_COLUMNS: tuple[Column, ...] = (_c("sample_th", "UInt64", _INT),)
-PAIR_COLUMNS: tuple[Column, ...] = _PAIR_COLUMNS_V1 + PAIR_SAMPLING_COLUMNS
+# Write-to-wire holdback of the origin hop (migration 5): the longest wait of a body write's
+# last byte in the socket (ms) and its reason (`nagle`, `sndbuf`, …; '' when not measured).
+PAIR_HOLD_COLUMNS: tuple[Column, ...] = (
+    _c("wire_hold_ms", "Nullable(Float64)"),
+    _c("wire_hold_reason", "LowCardinality(String)"),
+)
+PAIR_COLUMNS: tuple[Column, ...] = _PAIR_COLUMNS_V1 + PAIR_SAMPLING_COLUMNS + PAIR_HOLD_COLUMNS
 
 
 # One row per metric point of the GPU series (parallax_contracts.agent_metrics DEVICE and
@@ -442,11 +462,18 @@ def migrations(
             f"{daily}\nORDER BY (service, port, host, metric, time)\n{_ttl(r)}\n{_settings(lay)}",
         ),
     ]
+    v5 = [
+        stmt
+        for t, cols in ((SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
+        for c in cols
+        for stmt in lay.alter(db, t, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[t])
+    ]
     return [
         (1, "spans, browser entries, pairs", v1),
         (2, "trace id lookup tables", v2),
         (3, "GPU span columns, gpu_samples", v3),
         (4, "sampling thresholds of spans and pairs, request_counts", v4),
+        (5, "write-to-wire holdback of spans and pairs", v5),
     ]
 
 

@@ -38,7 +38,8 @@ def _resp(t: int, data: bytes) -> bytes:
 def _wagg(t_first: int, t_last: int, offs_us: list[int], nbytes: int, gap_ns: int) -> bytes:
     offs = struct.pack(f"<{events.CHUNKS}I", *offs_us, *[0] * (events.CHUNKS - len(offs_us)))
     agg = events.AGG.pack(t_first, t_last, nbytes, gap_ns, len(offs_us), events.WAGG_END)
-    return _hdr(events.EV_WAGG, t_last) + agg + offs
+    hold = events.HOLD.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # not measured
+    return _hdr(events.EV_WAGG, t_last) + agg + hold + offs
 
 
 def _table() -> Connections:

@@ -46,6 +46,13 @@ def span_spec(draw: st.DrawFn) -> dict[str, Any]:
         "service": draw(st.sampled_from(["app", "nginx"])),
         "route": draw(st.sampled_from([None, "/api/chat"])),
         "status": draw(st.sampled_from([None, 200, 503])),
+        # the agent's write-to-wire holdback: (longest µs, reason) or not measured
+        "hold": draw(
+            st.one_of(
+                st.none(),
+                st.tuples(st.integers(0, 90_000), st.sampled_from(["", "nagle", "sndbuf"])),
+            )
+        ),
     }
 
 
@@ -74,6 +81,10 @@ def _otlp(specs: list[dict[str, Any]]) -> bytes:
         for k in ("ttfb_us", "ttft_us", "recv_queue_us", "srtt_us", "retransmits"):
             if sp_spec[k] is not None:
                 attrs[f"parallax.{k}"] = sp_spec[k]
+        if sp_spec.get("hold") is not None:
+            attrs["parallax.wire_hold.max_us"], why = sp_spec["hold"]
+            if why:
+                attrs["parallax.wire_hold.reason"] = why
         for k, v in (
             ("server.port", sp_spec["port"]),
             ("parallax.ws_seq", sp_spec["ws_seq"]),

@@ -2,7 +2,8 @@
 its rows keep reading (GPU columns NULL, not 0), new rows carry the GPU values, the new table
 has the TTL and settings of the others, and a second start changes nothing. 4 (the sampling
 thresholds of spans and pairs, request_counts): old spans and pairs read threshold 0 (every
-request kept: adjusted count 1), new rows carry theirs, and the SLA checker reads both."""
+request kept: adjusted count 1), new rows carry theirs, and the SLA checker reads both. 5 (the
+write-to-wire holdback of spans and pairs): old rows read it absent."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ V1_SPAN_COLUMNS = [
 
 def test_previous_store_migrates(tmp_path: Path) -> None:
     out = run_store_script(_SCRIPT, tmp_path / "chdb")
-    assert out["applied"] == [3, 4] and out["again"] == []
+    assert out["applied"] == [3, 4, 5] and out["again"] == []
     assert out["old_row"] == [[None] * 8 + ["", 500]]  # absent, not zero
     assert out["new_row"] == [[40, None, 100000, 0, 97.5, None, 0.5, 14.0, "GPU-x,GPU-y"]]
     assert out["samples"] == 1
@@ -158,9 +159,11 @@ span.update(time=time.time_ns() - 10**9, end_time=time.time_ns(), received=time.
             client_port=1, duration_us=1000, chunk_offsets_us=[], ws_seq=0, partial=False,
             client_aborted=False, traceparent_missed=False, attributes={}, gpu_uuid='')
 c.insert(f'{db}.server_spans', [[span[n] for n in v3]], column_names=v3)
-pn = [col.name for col in schema.PAIR_COLUMNS if col.name != 'sample_th']
+pn = [col.name for col in schema.PAIR_COLUMNS
+      if col.name != 'sample_th' and not col.name.startswith('wire_hold')]
 def pair(i, t, th=None):
-    p = {n: None for n in pn}
+    p = {n: None for n in schema.column_names(schema.PAIR_COLUMNS)}
+    p.update(wire_hold_reason='')
     p.update(time=t, version=1, paired_at=t, site='s', session='x', service='app',
              route='/r', method='GET', status=200, kind='fetch', trace_id=f'{i:032x}',
              span_id=f'{i:016x}', seq=0, coarse=False, chunks_coarse=False, user_itl_ms=[],
@@ -214,7 +217,7 @@ def test_store_of_the_previous_version_migrates_to_sampling(tmp_path: Path) -> N
     columns (the old summary reads weight 1 per pair), and a window mixing old pairs with
     new ones sampled at 1/4 weighs the new ones 4 each (effective sample size below n)."""
     out = run_store_script(_SCRIPT_V4, tmp_path / "chdb")
-    assert out["applied"] == [4] and out["again"] == []
+    assert out["applied"] == [4, 5] and out["again"] == []
     assert out["old_span_th"] == 0 and out["old_pair_th"] == 0
     assert out["old_summary"] == [["3.0", "3.0", "[1.0, 2.0]", "[1.0, 2.0]"]]
     assert out["before"] == [200, 200]
@@ -225,3 +228,86 @@ def test_store_of_the_previous_version_migrates_to_sampling(tmp_path: Path) -> N
     ddl = out["ddl"]
     assert "ReplacingMergeTree" in ddl and "ORDER BY (service, port, host, metric, time)" in ddl
     assert "toIntervalDay(7)" in ddl and "merge_selector_base = 10" in ddl
+
+
+_SCRIPT_V5 = (
+    _EARLIER.format(k=4)
+    + """
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from collector.ingest import otlp
+now = time.time_ns()
+names = schema.column_names(schema.SPAN_COLUMNS)  # migration 5 adds none a parser fills
+span = {n: None for n in names}
+span.update(time=now - 10**9, end_time=now, received=now // 10**6, trace_id='a' * 32,
+            span_id='b' * 16, parent_span_id='', span_name='GET /old', source='ebpf',
+            service='app', host='h', pid=1, method='GET', route='/old', path='/old',
+            status=200, server_address='', server_port=80, client_address='', client_port=1,
+            duration_us=1000, chunk_offsets_us=[], ws_seq=0, partial=False,
+            client_aborted=False, traceparent_missed=False, attributes={}, gpu_uuid='',
+            sample_th=0)
+c.insert(f'{db}.server_spans', [[span[n] for n in names]], column_names=names)
+pn = [col.name for col in schema.PAIR_COLUMNS if not col.name.startswith('wire_hold')]
+pair = {n: None for n in pn}
+pair.update(time=now // 1000, version=1, paired_at=now // 10**6, site='s', session='x',
+            service='app', route='/old', method='GET', status=200, kind='fetch',
+            trace_id='a' * 32, span_id='c' * 16, seq=0, coarse=False, chunks_coarse=False,
+            user_itl_ms=[], server_itl_ms=[], server_timed=True, hops=1, hop_span_ids=['b'],
+            hop_services=['app'], hop_added_ms=[1.0], edge_itl_ms=[], linked_span_ids=[],
+            reconnects=0, sample_th=0)
+c.insert(f'{db}.pairs', [[pair[n] for n in pn]], column_names=pn)
+out = {'applied': st.migrate(7), 'again': st.migrate(7)}
+q = f"SELECT wire_hold_writes, wire_hold_max_us, wire_hold_reason FROM {db}.server_spans "
+out['old_span'] = [list(r) for r in c.query(q + "WHERE route = '/old'").result_rows]
+out['old_pair'] = [list(r) for r in c.query(
+    f"SELECT wire_hold_ms, wire_hold_reason FROM {db}.pairs").result_rows]
+# Spans as the agent sends them (OTLP), through the collector's parser and insert path: one
+# with its writes held by Nagle, one measured with none held, one not measured.
+req = ExportTraceServiceRequest()
+rs = req.resource_spans.add()
+kv = rs.resource.attributes.add()
+kv.key, kv.value.string_value = 'service.name', 'app'
+for i, attrs in enumerate([
+    {'parallax.wire_hold.writes': 12, 'parallax.wire_hold.max_us': 42071,
+     'parallax.wire_hold.reason': 'nagle'},
+    {'parallax.wire_hold.writes': 0, 'parallax.wire_hold.max_us': 0},
+    {},
+]):
+    sp = rs.scope_spans.add().spans.add()
+    sp.trace_id, sp.span_id = bytes([i + 1]) * 16, bytes([i + 1]) * 8
+    sp.kind, sp.name = 2, 'GET /new'
+    sp.start_time_unix_nano, sp.end_time_unix_nano = now - 10**8, now
+    for k, v in {'url.path': f'/new{i}', 'parallax.source': 'ebpf', **attrs}.items():
+        a = sp.attributes.add()
+        a.key = k
+        if isinstance(v, str):
+            a.value.string_value = v
+        else:
+            a.value.int_value = v
+rows = otlp.parse(req.SerializeToString(), False, now, 0, now).rows
+st.insert_rows(schema.SPANS, rows, names, token='t5')
+out['new'] = [list(r) for r in c.query(
+    q.replace('SELECT ', 'SELECT path, ') + "WHERE path LIKE '/new%' ORDER BY path").result_rows]
+print(json.dumps(out))
+"""
+)
+
+
+def test_store_of_the_previous_version_migrates_to_holdback(tmp_path: Path) -> None:
+    """Migration 5: old spans and pairs read the holdback as absent (NULL, ''), not 0; a span
+    the agent sends reads its parallax.wire_hold.* attributes back as columns, computed by the
+    store (the parsers keep them in ``attributes``): measured-and-none-held reads 0."""
+    out = run_store_script(_SCRIPT_V5, tmp_path / "chdb")
+    assert out["applied"] == [5] and out["again"] == []
+    assert out["old_span"] == [[None, None, ""]]
+    assert out["old_pair"] == [[None, ""]]
+    assert out["new"] == [
+        ["/new0", 12, 42071, "nagle"],
+        ["/new1", 0, 0, ""],
+        ["/new2", None, None, ""],
+    ]
+    v5 = "\n".join(schema.migrations("parallax", 7)[4][2])
+    for col in (*schema.SPAN_HOLD_COLUMNS, *schema.PAIR_HOLD_COLUMNS):
+        assert f"ADD COLUMN IF NOT EXISTS {col.ddl()}" in v5
+    assert [c.name for c in schema.SPAN_HOLD_COLUMNS] == [
+        sa.record_field(a) for a in (sa.WIRE_HOLD_WRITES, sa.WIRE_HOLD_MAX_US, sa.WIRE_HOLD_REASON)
+    ]

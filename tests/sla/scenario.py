@@ -165,6 +165,33 @@ def gen_proxy_stream(rng: np.random.Generator, n: int) -> dict[str, Any]:
     }
 
 
+def gen_nagle(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    """The app writes a token every 20 ms on a socket without TCP_NODELAY; the client's
+    delayed ACK (40 ms) releases them two at a time: the agent's write-to-wire holdback
+    names Nagle for ~half the writes, the longest waiting ~40 ms."""
+    tokens = 30
+    server_itl = [list(20 + rng.normal(0, 0.3, tokens - 1)) for _ in range(n)]
+    user_itl = [
+        [
+            float(40 + rng.uniform(0, 2)) if i % 2 else float(rng.uniform(0.05, 0.3))
+            for i in range(tokens - 1)
+        ]
+        for _ in range(n)
+    ]
+    server = rng.normal(30, 3, n).clip(1)
+    hold = rng.uniform(18, 42, n)
+    return {
+        "server_ttfb_ms": server,
+        "user_ttfb_ms": server + 2,
+        "network_ms": np.full(n, 1.0),
+        "server_itl_ms": server_itl,
+        "edge_itl_ms": server_itl,
+        "user_itl_ms": user_itl,
+        "wire_hold_ms": hold,
+        "wire_hold_reason": ["nagle"] * n,
+    }
+
+
 ROUTES: dict[str, tuple[Gen, int]] = {
     "/v1/ok": (gen_ok, 1500),
     "/v1/render": (gen_render, 1500),
@@ -173,6 +200,7 @@ ROUTES: dict[str, tuple[Gen, int]] = {
     "/v1/cached": (gen_negative, 1500),
     "/v1/rare": (gen_sparse, 40),
     "/v1/stream": (gen_proxy_stream, 600),
+    "/v1/nagle": (gen_nagle, 600),
 }
 FAR_OFF_ROUTE, FAR_OFF_SESSIONS = "/v1/render", 12
 

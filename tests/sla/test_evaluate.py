@@ -40,6 +40,7 @@ EXPECT = {
     "/v1/cached": {"ttfb": "out_of_band"},
     "/v1/rare": {"ttfb": "insufficient_data"},
     "/v1/stream": {"ttfb": "ok", "itl": "out_of_band"},
+    "/v1/nagle": {"ttfb": "ok", "itl": "out_of_band"},
     scenario.GPU_ROUTE: {"ttfb": "ok"},  # (its GPU findings: tests/sla/test_gpu.py)
     # +29 ms from 1795 pairs, but worth 457: the busy phase's pairs weigh 10 each
     scenario.SAMPLED_ROUTE: {"ttfb": "uncertain"},
@@ -123,6 +124,32 @@ def test_buffering_proxy_is_found_at_the_edge(ev: Evaluation) -> None:
         {"index": 1, "service": "nginx", "added_p95_ms": pytest.approx(1, abs=0.1)}
     ]
     assert "a proxy buffers the stream" in m.sentence and "edge hop sends bursts" in m.sentence
+
+
+def test_writes_held_by_nagle_are_named(ev: Evaluation) -> None:
+    """The agent's write-to-wire holdback (reason nagle) explains bursts the browser sees
+    while the app writes evenly: the sentence says so and what to do."""
+    m = _m(ev, "/v1/nagle", "itl")
+    assert m.verdict == "out_of_band", m.sentence
+    assert "wire_holdback" in m.traps and "buffering_proxy" not in m.traps
+    assert m.server["p95"] == pytest.approx(20.5, abs=1) and m.user["p95"] > 40
+    assert "the server's kernel holds its writes P95 4" in m.sentence, m.sentence
+    assert "Nagle's algorithm" in m.sentence and "delayed ACK" in m.sentence
+    assert "(the app writes every 20 ms)" in m.sentence
+    assert m.sentence.endswith("set TCP_NODELAY on the server's socket."), m.sentence
+    # the other routes' writes were not measured as held: no such clause there
+    assert "wire_holdback" not in _m(ev, "/v1/stream", "itl").traps
+    # ... and the route's server sentence says it whatever the divergence's verdict
+    server = {r.route: r.server for r in ev.routes}
+    found = [f for f in server["/v1/nagle"]["findings"] if f["id"] == "wire_holdback"]
+    assert found and "Nagle's algorithm" in found[0]["sentence"], server["/v1/nagle"]
+    assert found[0]["sentence"] in server["/v1/nagle"]["sentence"]
+    assert all(
+        f["id"] != "wire_holdback"
+        for r, sv in server.items()
+        if r != "/v1/nagle"
+        for f in sv["findings"]
+    )
 
 
 def _fig(v: float) -> str:

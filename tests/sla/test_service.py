@@ -61,6 +61,7 @@ def test_api_documents(app: FastAPI, service: SlaService) -> None:
         ("/v1/cached", "ttfb"),
         ("/v1/render", "visible_ttft"),
         ("/v1/stream", "itl"),
+        ("/v1/nagle", "itl"),
     }
     stored = {(a["route"], a["state"]) for a in alerts["recent"]}
     assert ("/v1/net", "firing") in stored  # each change is in sla_alerts
@@ -156,7 +157,7 @@ def test_ui_in_chromium(server: str, service: SlaService) -> None:
         assert "Too few requests" in rare.locator("summary").inner_text()
         assert "40 paired requests (needs 100)" in rare.locator("summary").inner_text()
         alerts = page.locator("#alerts li.firing")
-        assert alerts.count() == 5
+        assert alerts.count() == 6
         assert "/v1/net" in page.locator("#alerts").inner_text()
         # one click away: the interval, the parts and the chart
         net.locator("summary").click()

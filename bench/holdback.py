@@ -1,0 +1,184 @@
+"""``python -m bench.holdback``: what the write-to-wire holdback measure (bpf/agent/hold.h)
+adds per request, side by side in one run.
+
+The agent with the measure compiled out (``PARALLAX_AGENT_NO_HOLDS=1``) and with it, rounds
+interleaved, each against two http.server instances (tests/agent/servers/py_server.py)
+answering ``/stream?n=8&gap_ms=0`` — a head and 8 small chunked body writes per response, as
+a token stream writes — over one keep-alive connection: one server with TCP_NODELAY (no
+write held: the common cost, two 4-byte reads per body write and the departure hook's gate
+on every packet) and one without (Nagle holds the writes behind the first: queueing, the
+departure's header parse, the timing). BPF ns per request over all of the agent's programs
+(kernel.bpf_stats_enabled: run_time_ns of each), and for the two programs the measure
+touches (``sock_send_length``, ``px_hold_xmit``). Writes its section of docs/benchmarks.md.
+
+    python -m bench.holdback [--requests 2000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agent.holdback import NO_HOLDS
+from bench import report
+from bench.agent import AgentProc, bpf_breakdown
+from tests.agent.helpers import PY, Proc, get_head, read_response
+
+PATH = "/stream?n=8&gap_ms=0"
+WARM = 50  # requests before each measured run (their records count in the held writes)
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+_SEND = "sock_send_length"  # bcc names the classic program after its tracepoint
+_XMIT = "px_hold_xmit"
+
+
+def _drive(port: int, n: int) -> float:
+    """``n`` requests on one keep-alive connection; the seconds they took."""
+    with socket.create_connection(("127.0.0.1", port), 5) as s:
+        t0 = time.monotonic()
+        for _ in range(n):
+            s.sendall(get_head(PATH))
+            if not read_response(s).startswith(b"HTTP/1.1 200"):
+                raise RuntimeError("bad response")
+        return time.monotonic() - t0
+
+
+def _stats(pid: int) -> dict[str, tuple[int, int]]:
+    return bpf_breakdown(pid)
+
+
+def _delta(
+    a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
+    return {k: (b[k][0] - a.get(k, (0, 0))[0], b[k][1] - a.get(k, (0, 0))[1]) for k in b}
+
+
+def _prog(d: dict[str, tuple[int, int]], name: str) -> tuple[int, int]:
+    hits = [v for k, v in d.items() if name in k]
+    return (sum(v[0] for v in hits), sum(v[1] for v in hits))
+
+
+def measure(
+    ports: dict[str, int], tmp: Path, on: bool, n: int, rnd: int
+) -> dict[str, dict[str, float]]:
+    """One agent (measure on or off) over both servers: per server, BPF ns/request (all the
+    agent's programs, and the two the measure touches) and the held writes it recorded."""
+    if on:
+        os.environ.pop(NO_HOLDS, None)
+    else:
+        os.environ[NO_HOLDS] = "1"
+    run = tmp / f"{'on' if on else 'off'}{rnd}"
+    run.mkdir()
+    agent = AgentProc(ports["nodelay"], run, ("--port", str(ports["nagle"])))
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for name in ("nodelay", "nagle"):
+            _drive(ports[name], WARM)  # the connection and the server's code paths
+            STATS.write_text("1")  # (again: a concurrent bench may have restored it)
+            before = _stats(agent.p.pid)
+            _drive(ports[name], n)
+            after = _stats(agent.p.pid)
+            d = _delta(before, after)
+            total = sum(v[0] for v in d.values())
+            out[name] = {
+                "bpf_ns": total / n,
+                "send_ns": _prog(d, _SEND)[0] / n,
+                "xmit_ns": _prog(d, _XMIT)[0] / n,
+                "xmit_runs": _prog(d, _XMIT)[1] / n,
+            }
+    finally:
+        agent.stop()
+        os.environ.pop(NO_HOLDS, None)
+    held = 0
+    jsonl = run / "agent.jsonl"
+    if jsonl.exists():
+        for line in jsonl.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("local_port") == ports["nagle"]:
+                held += rec.get("wire_hold_writes") or 0
+    out["nagle"]["held_writes"] = held
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.holdback", description=__doc__)
+    ap.add_argument("--requests", type=int, default=2000, help="per server and round")
+    ap.add_argument("--rounds", type=int, default=3, help="off/on pairs, interleaved")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.holdback: needs root (eBPF)", file=sys.stderr)
+        return 1
+    tmp = Path(tempfile.mkdtemp(prefix="px-holdback-"))
+    stats_path = STATS
+    prev = stats_path.read_text().strip()
+    stats_path.write_text("1")
+    procs: dict[str, Proc] = {}
+    runs: dict[bool, list[dict[str, dict[str, float]]]] = {False: [], True: []}
+    try:
+        for name, extra in (("nodelay", ["--nodelay"]), ("nagle", [])):
+            procs[name] = Proc(
+                [PY, "-m", "tests.agent.servers.py_server", "--timing-log", "/dev/null", *extra]
+            )
+        ports = {name: p.port() for name, p in procs.items()}
+        for r in range(a.rounds):
+            for on in (False, True):
+                runs[on].append(measure(ports, tmp, on, a.requests, r))
+                print(f"round {r + 1} {'on ' if on else 'off'}: {runs[on][-1]}", flush=True)
+    finally:
+        for p in procs.values():
+            p.stop()
+        stats_path.write_text(prev)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def med(on: bool, server: str, key: str) -> float:
+        return statistics.median(r[server][key] for r in runs[on])
+
+    rows = [
+        "| Server | BPF ns/req, measure off | BPF ns/req, on | added | of it: `sock_send_length` "
+        "(off → on) | `px_hold_xmit` ns/req (runs/req) | held writes per request (on) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for server, label in (("nodelay", "TCP_NODELAY (none held)"), ("nagle", "Nagle (writes held)")):
+        off, with_ = med(False, server, "bpf_ns"), med(True, server, "bpf_ns")
+        per_req = statistics.median(r["nagle"]["held_writes"] for r in runs[True])
+        held = f"{per_req / (a.requests + WARM):.1f}" if server == "nagle" else "—"
+        rows.append(
+            f"| {label} | {off:,.0f} | {with_:,.0f} | **{with_ - off:+,.0f}** | "
+            f"{med(False, server, 'send_ns'):,.0f} → {med(True, server, 'send_ns'):,.0f} | "
+            f"{med(True, server, 'xmit_ns'):,.0f} ({med(True, server, 'xmit_runs'):.1f}) | "
+            f"{held} |"
+        )
+    md = "\n".join(
+        [
+            "## Write-to-wire holdback (`python -m bench.holdback`)",
+            "",
+            f"Machine: {report.machine()}. Commit {report.git_rev()}. Command: "
+            f"`python -m bench.holdback --requests {a.requests} --rounds {a.rounds}`.",
+            "",
+            f"Per request: `{PATH}` (a head and 8 small body writes) over one keep-alive "
+            "connection from a Python client, the agent with the measure compiled out "
+            "(`PARALLAX_AGENT_NO_HOLDS=1`) and with it, rounds interleaved, medians of "
+            f"{a.rounds}. BPF ns/req counts every run of the agent's programs during the "
+            "requests (kernel.bpf_stats_enabled), the client's packets included: "
+            "`px_hold_xmit` runs for every packet on the node (ACKs too) and stops at one "
+            "array load while no followed socket holds a write.",
+            "",
+            *rows,
+        ]
+    )
+    print(md)
+    if not a.no_write:
+        report.write_section("holdback", md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
