@@ -157,6 +157,34 @@ def bpf_breakdown(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def measure_traced(
+    agent_pid: int, idle_cores: float, load: Callable[[], dict[str, float]], settle_s: float = 0
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Run ``load`` (it returns at least ``requests``) with BPF stats on and add to its result
+    the agent's cost per request: BPF ns, user-space CPU µs (total, and marginal: the idle
+    agent's share subtracted); with each program's (ns, runs) per request. ``settle_s``: a
+    wait after the load for the agent to drain what it produced (its ring is read on a
+    timer). The caller turns stats back off (it saved the sysctl before)."""
+    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+    ns0, _ = _bpf_stats(agent_pid)
+    cpu0, t0 = _cpu_ns(agent_pid), time.monotonic()
+    b0 = bpf_breakdown(agent_pid)
+    res = load()
+    time.sleep(settle_s)
+    ns1, _ = _bpf_stats(agent_pid)
+    cpu1, t1 = _cpu_ns(agent_pid), time.monotonic()
+    b1 = bpf_breakdown(agent_pid)
+    n = max(1.0, res["requests"])
+    res["bpf_ns_per_req"] = (ns1 - ns0) / n
+    res["cpu_us_per_req"] = (cpu1 - cpu0) / 1e3 / n
+    res["marginal_us_per_req"] = ((cpu1 - cpu0) / 1e9 - idle_cores * (t1 - t0)) * 1e6 / n
+    per_prog = {
+        k: ((b1[k][0] - b0.get(k, (0, 0))[0]) / n, (b1[k][1] - b0.get(k, (0, 0))[1]) / n)
+        for k in b1
+    }
+    return res, per_prog
+
+
 def foreign_tracepoint_progs(exclude_pid: int | None = None) -> int:
     """BPF tracepoint programs loaded on the node by others (other agents, test runs): while
     any syscall tracepoint is enabled the untraced baseline already pays the slow path."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
-from bench.agent import AgentProc, _bpf_stats, _cpu_ns, _median, _range, _wait_port, bpf_breakdown
+from bench.agent import AgentProc, _cpu_ns, _median, _range, _wait_port, measure_traced
 from demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,23 +134,10 @@ def traced_run(case: Case, tmp: Path, seconds: float, rate: float, idle: float) 
     prev = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     try:
         time.sleep(1.5)  # the first rescan has found the server
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-        ns0, _ = _bpf_stats(agent.p.pid)
-        cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
-        b0 = bpf_breakdown(agent.p.pid)
-        res = load(case, seconds, rate)
-        time.sleep(0.3)  # the agent drains its ring on a timer: its CPU for these requests
-        ns1, _ = _bpf_stats(agent.p.pid)
-        cpu1, t1 = _cpu_ns(agent.p.pid), time.monotonic()
-        b1 = bpf_breakdown(agent.p.pid)
-        n = max(1.0, res["requests"])
-        res["bpf_ns_per_req"] = (ns1 - ns0) / n
-        res["cpu_us_per_req"] = (cpu1 - cpu0) / 1e3 / n
-        res["marginal_us_per_req"] = ((cpu1 - cpu0) / 1e9 - idle * (t1 - t0)) * 1e6 / n
-        case.breakdown = {
-            k: ((b1[k][0] - b0.get(k, (0, 0))[0]) / n, (b1[k][1] - b0.get(k, (0, 0))[1]) / n)
-            for k in b1
-        }
+        # (0.3 s after the load: the agent drains its ring on a timer — its CPU for these)
+        res, case.breakdown = measure_traced(
+            agent.p.pid, idle, lambda: load(case, seconds, rate), settle_s=0.3
+        )
     finally:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev)
         agent.stop()

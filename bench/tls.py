@@ -44,12 +44,11 @@ from bench.agent import (
     NGINX_CONF,
     PACED_LUA,
     AgentProc,
-    _bpf_stats,
     _cpu_ns,
     _median,
     _range,
     _wait_port,
-    bpf_breakdown,
+    measure_traced,
     wrk,
 )
 from demo.stack import free_port
@@ -219,22 +218,9 @@ def traced_run(case: Case, tmp: Path, seconds: float, lua: Path, idle_cores: flo
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no TLS probes: {agent.err.read_text()[-2000:]}")
                 time.sleep(0.1)
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-        ns0, _ = _bpf_stats(agent.p.pid)
-        cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
-        b0 = bpf_breakdown(agent.p.pid)
-        res = _wrk(case, seconds, lua)
-        ns1, _ = _bpf_stats(agent.p.pid)
-        cpu1, t1 = _cpu_ns(agent.p.pid), time.monotonic()
-        b1 = bpf_breakdown(agent.p.pid)
-        n = max(1.0, res["requests"])
-        res["bpf_ns_per_req"] = (ns1 - ns0) / n
-        res["cpu_us_per_req"] = (cpu1 - cpu0) / 1e3 / n
-        res["marginal_us_per_req"] = ((cpu1 - cpu0) / 1e9 - idle_cores * (t1 - t0)) * 1e6 / n
-        case.breakdown = {
-            k: ((b1[k][0] - b0.get(k, (0, 0))[0]) / n, (b1[k][1] - b0.get(k, (0, 0))[1]) / n)
-            for k in b1
-        }
+        res, case.breakdown = measure_traced(
+            agent.p.pid, idle_cores, lambda: _wrk(case, seconds, lua)
+        )
     finally:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev)
         agent.stop()
