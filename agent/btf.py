@@ -153,16 +153,8 @@ def _find(
     member: str,
     base_bits: int,
 ) -> int | None:
-    kflag = types[tid][3]
-    for name_off, mtype, off in members.get(tid, []):
-        bits = off & 0xFFFFFF if kflag else off
-        size = off >> 24 if kflag else 0
-        if name_off == 0:  # anonymous struct/union: its members are ours
-            inner = _find(types, strings, members, mtype, member, base_bits + bits)
-            if inner is not None:
-                return inner
-        elif _name(strings, name_off) == member:
-            if size or bits % 8:
-                return None
-            return (base_bits + bits) // 8
-    return None
+    """A member's byte offset; None for a bitfield or one not on a byte boundary."""
+    found = _find_bits(types, strings, members, tid, member, base_bits)
+    if found is None or found[1] or found[0] % 8:
+        return None
+    return found[0] // 8
