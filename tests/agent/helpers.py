@@ -201,6 +201,28 @@ def timing_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def server_record(
+    log: Path, match: str | Callable[[dict[str, Any]], bool], timeout: float = 5.0
+) -> dict[str, Any]:
+    """The first record of a test server's timing log that ``match`` accepts (a traceparent
+    header value, or a predicate), waiting for the server to write it."""
+    pred = match if callable(match) else (lambda r: r.get("traceparent") == match)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for r in timing_log(log):
+            if pred(r):
+                return r
+        time.sleep(0.05)
+    raise AssertionError(f"no server timing record in {log}")
+
+
+def one_record(agent: Agent, ctx: trace_context.TraceContext) -> dict[str, Any]:
+    """The agent's one record of this trace."""
+    recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
 def http_request(
     port: int, raw: bytes, sock: socket.socket | None = None, timeout: float = 5.0
 ) -> bytes:

@@ -35,7 +35,8 @@ from tests.agent.helpers import (
     attempts,
     gaps,
     http_request,
-    timing_log,
+    one_record,
+    server_record,
     tls_cert,
     wait_log,
 )
@@ -160,22 +161,6 @@ def _check_h2_timing(r: dict[str, Any], srv: dict[str, Any], tokens: int) -> Non
         assert abs(g - w / 1000) <= TOL_US, (got, writes)
 
 
-def _server_rec(log: Path, tp: str, timeout: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for r in timing_log(log):
-            if r.get("traceparent") == tp:
-                return r
-        time.sleep(0.05)
-    raise AssertionError(f"no server timing record in {log}")
-
-
-def _one(agent: Agent, ctx: trace_context.TraceContext) -> dict[str, Any]:
-    recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-    assert len(recs) == 1, recs
-    return recs[0]
-
-
 def test_grpc_server_stream(env: Env) -> None:
     """Six messages at a paced schedule: one record, each message one chunk whose gaps are
     the handler's within 1 ms; TTFB = the first message's write (gRPC sends the response
@@ -185,8 +170,8 @@ def test_grpc_server_stream(env: Env) -> None:
         ctx = trace_context.generate()
         got, code = _grpc_call(env.ports["grpc"], b"n=6,first_ms=40,gap_ms=25", ctx.header())
         assert code == grpc.StatusCode.OK and len(got) == 6
-        r = _one(env.agent, ctx)
-        srv = _server_rec(env.logs["grpc"], ctx.header())
+        r = one_record(env.agent, ctx)
+        srv = server_record(env.logs["grpc"], ctx.header())
         assert r["parent_span_id"] == ctx.span_id
         assert (r["method"], r["path"], r["version"], r["status"]) == ("POST", METHOD, "2", 200)
         assert r["rpc_system"] == "grpc" and r["grpc_status"] == 0
@@ -211,7 +196,7 @@ def test_grpc_error_status(env: Env) -> None:
     ctx = trace_context.generate()
     got, code = _grpc_call(env.ports["grpc"], b"status=5", ctx.header())
     assert code == grpc.StatusCode.NOT_FOUND and not got
-    r = _one(env.agent, ctx)
+    r = one_record(env.agent, ctx)
     assert r["status"] == 200 and r["grpc_status"] == 5 and r["chunks"] == 0
     assert r["rpc_system"] == "grpc" and r["path"] == METHOD
 
@@ -223,7 +208,7 @@ def test_grpc_failure_mid_stream(env: Env) -> None:
         env.ports["grpc"], b"n=5,first_ms=5,gap_ms=10,fail_after=2", ctx.header()
     )
     assert code == grpc.StatusCode.INTERNAL and len(got) == 2
-    r = _one(env.agent, ctx)
+    r = one_record(env.agent, ctx)
     assert r["grpc_status"] == 13 and r["chunks"] == 2
 
 
@@ -235,7 +220,7 @@ def test_grpc_client_cancel(env: Env) -> None:
         env.ports["grpc"], b"n=20,first_ms=5,gap_ms=30", ctx.header(), cancel_after=2
     )
     assert code == grpc.StatusCode.CANCELLED and len(got) == 2
-    r = _one(env.agent, ctx)
+    r = one_record(env.agent, ctx)
     assert r["client_aborted"] is True and r["grpc_status"] is None
     assert 2 <= r["chunks"] < 20
 
@@ -249,10 +234,10 @@ def test_h2c_concurrent_streams_on_one_connection(env: Env) -> None:
         ctxs = [trace_context.generate() for _ in range(3)]
         paths = [f"/v1/stream?first_token_ms={40 + 15 * i}&tokens=6" for i in range(3)]
         asyncio.run(_h2_get(env.ports["h2c"], paths, False, [c.header() for c in ctxs]))
-        recs = [_one(env.agent, c) for c in ctxs]
+        recs = [one_record(env.agent, c) for c in ctxs]
         assert len({r["peer_port"] for r in recs}) == 1  # one connection
         for r, ctx in zip(recs, ctxs, strict=True):
-            srv = _server_rec(env.logs["h2c"], ctx.header())
+            srv = server_record(env.logs["h2c"], ctx.header())
             assert (r["method"], r["path"], r["version"], r["status"]) == (
                 "GET",
                 "/v1/stream",
@@ -276,8 +261,8 @@ def test_h2_frames_past_the_window(env: Env) -> None:
         ctx = trace_context.generate()
         path = "/bulk?size=40000&trailers=1"
         asyncio.run(_h2_get(env.ports["h2raw"], [path], False, [ctx.header()]))
-        r = _one(env.agent, ctx)
-        srv = _server_rec(env.logs["h2raw"], ctx.header())
+        r = one_record(env.agent, ctx)
+        srv = server_record(env.logs["h2raw"], ctx.header())
         assert r["status"] == 200 and r["path"] == "/bulk" and not r["partial"]
         assert r["bytes_out"] > 40_000 and r["chunks"] == 3, r  # DATA frames: 16+16+8 KiB
         # the trailers' block, at the end of the write: the copied tail holds it
@@ -294,8 +279,8 @@ def test_h2_over_tls(env: Env) -> None:
     def check() -> None:
         ctx = trace_context.generate()
         asyncio.run(_h2_get(env.ports["h2tls"], ["/v1/stream?tokens=5"], True, [ctx.header()]))
-        r = _one(env.agent, ctx)
-        srv = _server_rec(env.logs["h2tls"], ctx.header())
+        r = one_record(env.agent, ctx)
+        srv = server_record(env.logs["h2tls"], ctx.header())
         assert r["tls"] is True and r["version"] == "2" and r["path"] == "/v1/stream"
         _check_h2_timing(r, srv, tokens=5)
 
@@ -306,7 +291,7 @@ def test_grpc_span_attributes(env: Env) -> None:
     """OTLP: OpenTelemetry's RPC attributes beside the HTTP ones."""
     ctx = trace_context.generate()
     _grpc_call(env.ports["grpc"], b"n=2,first_ms=1,gap_ms=1", ctx.header())
-    _one(env.agent, ctx)
+    one_record(env.agent, ctx)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         spans = [s for s in env.rx.spans() if s.trace_id == bytes.fromhex(ctx.trace_id)]
@@ -338,8 +323,8 @@ def test_grpc_web_over_http1(env: Env) -> None:
         ).encode() + msg
         resp = http_request(env.ports["grpcweb"], req)
         assert resp.startswith(b"HTTP/1.1 200") and b"grpc-status:0" in resp
-        r = _one(env.agent, ctx)
-        srv = _server_rec(env.logs["grpcweb"], ctx.header())
+        r = one_record(env.agent, ctx)
+        srv = server_record(env.logs["grpcweb"], ctx.header())
         assert (r["method"], r["path"], r["version"], r["status"]) == ("POST", METHOD, "1.1", 200)
         assert r["rpc_system"] is None  # HTTP/1: no gRPC fields (docs/agent.md)
         writes = srv["t_writes_ns"]

@@ -13,7 +13,6 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,6 +27,7 @@ from tests.agent.helpers import (
     gaps,
     get_head,
     http_request,
+    server_record,
     timing_log,
     wait_port,
 )
@@ -138,16 +138,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Age
     assert rc == 0, f"agent exit {rc}: {agent.err.read_text()[-2000:]}"
 
 
-def _server_rec(log: Path, pred: Any, timeout: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for r in timing_log(log):
-            if pred(r):
-                return r
-        time.sleep(0.05)
-    raise AssertionError(f"no server timing record in {log}")
-
-
 def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
     def check() -> None:
         s, agent = stack
@@ -165,7 +155,7 @@ def test_python_keepalive_three_requests(stack: tuple[Stack, Agent]) -> None:
         for r, ctx in zip(recs, ctxs, strict=True):
             assert r["trace_id"] == ctx.trace_id and r["parent_span_id"] == ctx.span_id
             assert r["status"] == 200 and r["method"] == "GET"
-            srv = _server_rec(s.logs["py"], lambda x, c=ctx: x["traceparent"] == c.header())
+            srv = server_record(s.logs["py"], ctx.header())
             want = (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000
             assert abs(r["ttfb_us"] - want) <= TOL_US, (r, srv)
             assert r["bytes_out"] > 100 and r["chunks"] == 1
@@ -187,7 +177,7 @@ def test_python_chunked_stream(stack: tuple[Stack, Agent]) -> None:
         )
         assert resp.endswith(b"0\r\n\r\n")
         [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-        srv = _server_rec(s.logs["py"], lambda x: x["traceparent"] == ctx.header())
+        srv = server_record(s.logs["py"], ctx.header())
         t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
         assert abs(r["ttfb_us"] - (writes[0] - t_read) / 1000) <= TOL_US
         body = writes[1:]  # the header write carries no body here
@@ -214,7 +204,7 @@ def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
             tid = ctx.trace_id
             [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
             assert r["path"] == path and r["service"] == "node"
-            srv = _server_rec(s.logs["node"], lambda x, c=ctx: x["traceparent"] == c.header())
+            srv = server_record(s.logs["node"], ctx.header())
             check_node_timing(r, srv, TOL_US)
 
     attempts(check)
@@ -230,7 +220,7 @@ def test_uvicorn_sse(stack: tuple[Stack, Agent]) -> None:
         )
         assert b"text/event-stream" in resp
         [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-        srv = _server_rec(s.logs["llm"], lambda x: x["traceparent"] == ctx.header())
+        srv = server_record(s.logs["llm"], ctx.header())
         assert r["path"] == "/v1/stream" and r["status"] == 200
         assert abs(r["ttfb_us"] - (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000) <= TOL_US
         writes = srv["t_writes_ns"]
@@ -320,7 +310,7 @@ def test_accept_queue_wait(stack: tuple[Stack, Agent]) -> None:
             http_request(port, b"", sock=c2)
         [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
         assert r["accept_queue_us"] >= 150_000, r  # the server slept ≤ 300 ms before accept()
-        srv = _server_rec(s.logs["acc"], lambda x: x["path"] == path)
+        srv = server_record(s.logs["acc"], lambda x: x["path"] == path)
         assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
         assert r["ttfb_us"] < 50_000
 
@@ -336,7 +326,7 @@ def test_receive_queue_wait_not_in_ttfb(stack: tuple[Stack, Agent]) -> None:
         [r] = agent.wait_for(lambda r: r["local_port"] == port and r["path"] == path)
         assert r["recv_queue_us"] >= 250_000, r  # the app read 300 ms after the bytes arrived
         assert r["ttfb_us"] < 50_000
-        srv = _server_rec(s.logs["rcv"], lambda x: x["path"] == path)
+        srv = server_record(s.logs["rcv"], lambda x: x["path"] == path)
         assert abs(r["ttfb_us"] - (srv["t_writes_ns"][0] - srv["t_read_ns"]) / 1000) <= TOL_US
         assert json.dumps(r)  # a plain JSON object
 

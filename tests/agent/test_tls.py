@@ -18,7 +18,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -34,7 +33,9 @@ from tests.agent.helpers import (
     get_head,
     http_request,
     leaks,
+    one_record,
     perf_links,
+    server_record,
     timing_log,
     tls_cert,
     tls_connect,
@@ -110,22 +111,6 @@ def warm_up(e: Env, agent: Agent, name: str) -> None:
     wait_log(agent, f"TLS: probes on pid {e.procs[name].p.pid} ")
 
 
-def _server_rec(log: Path, tp: str, timeout: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for r in timing_log(log):
-            if r.get("traceparent") == tp:
-                return r
-        time.sleep(0.05)
-    raise AssertionError(f"no server timing record in {log}")
-
-
-def _one(agent: Agent, ctx: trace_context.TraceContext) -> dict[str, Any]:
-    recs = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
-    assert len(recs) == 1, recs
-    return recs[0]
-
-
 def test_probes_where_the_process_has_openssl(env: Env) -> None:
     """Python maps the system's libssl.so.3; NodeSource's node links OpenSSL statically and
     exports its symbols: probed in the executable. The attach line says when probes go."""
@@ -150,7 +135,7 @@ def test_a_process_serving_no_tls_gets_no_probes(env: Env, tmp_path: Path) -> No
             f"/fetch?port={env.ports['up']}&tls=1", ctx.header(), "Connection: close\r\n"
         )
         assert http_request(port, req).startswith(b"HTTP/1.1 200")
-        r = _one(agent, ctx)
+        r = one_record(agent, ctx)
         assert r["path"] == "/fetch" and r["tls"] is False and r["bytes_in"] == len(req)
         maps = Path(f"/proc/{srv.p.pid}/maps").read_text()
         assert "libssl.so.3" in maps  # it does map libssl
@@ -172,8 +157,8 @@ def test_uvicorn_sse_over_tls(env: Env) -> None:
         with tls_connect(env.ports["uv"]) as c:
             resp = http_request(0, req, sock=c)
         assert b"text/event-stream" in resp and resp.endswith(b"0\r\n\r\n")
-        r = _one(env.agent, ctx)
-        srv = _server_rec(env.logs["uv"], ctx.header())
+        r = one_record(env.agent, ctx)
+        srv = server_record(env.logs["uv"], ctx.header())
         assert r["tls"] is True and r["path"] == "/v1/stream" and r["status"] == 200
         assert r["parent_span_id"] == ctx.span_id
         assert r["bytes_in"] == len(req)  # plaintext: not the TLS records' size
@@ -203,10 +188,10 @@ def test_uvicorn_keepalive_on_one_tls_connection(env: Env) -> None:
                 assert http_request(0, get_head(q, ctx.header()), sock=c).startswith(
                     b"HTTP/1.1 200"
                 )
-        recs = [_one(env.agent, ctx) for ctx in ctxs]
+        recs = [one_record(env.agent, ctx) for ctx in ctxs]
         assert len({(r["peer_port"], r["local_port"]) for r in recs}) == 1  # one connection
         for r, ctx in zip(recs, ctxs, strict=True):
-            srv = _server_rec(env.logs["uv"], ctx.header())
+            srv = server_record(env.logs["uv"], ctx.header())
             want = (srv["t_headers_ns"] - srv["t_start_ns"]) / 1000
             assert abs(r["ttfb_us"] - want) <= TOL_US, (r, srv)
             assert r["ttfb_us"] >= 5_000 and r["tls"] is True
@@ -230,9 +215,9 @@ def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
             http_request(0, get_head("/plain?n=300", a.header()), sock=c)
             http_request(0, get_head("/stream?n=5&gap_ms=30", b.header()), sock=c)
         for ctx, path in ((a, "/plain"), (b, "/stream")):
-            r = _one(env.agent, ctx)
+            r = one_record(env.agent, ctx)
             assert r["path"] == path and r["comm"] == "node" and r["tls"] is True
-            check_node_timing(r, _server_rec(env.logs["node"], ctx.header()), TOL_US)
+            check_node_timing(r, server_record(env.logs["node"], ctx.header()), TOL_US)
 
     attempts(check)
 
@@ -248,8 +233,8 @@ def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
             resp = http_request(0, get_head("/stream?n=6&gap_ms=40", a.header()), sock=c)
             assert resp.endswith(b"0\r\n\r\n")
             http_request(0, get_head("/plain?n=100", b.header()), sock=c)
-        r = _one(env.agent, a)
-        srv = _server_rec(env.logs["py"], a.header())
+        r = one_record(env.agent, a)
+        srv = server_record(env.logs["py"], a.header())
         t_read, writes = srv["t_read_ns"], srv["t_writes_ns"]
         assert r["tls"] is True and r["comm"].startswith("python")
         assert abs(r["ttfb_us"] - (writes[0] - t_read) / 1000) <= TOL_US
@@ -258,8 +243,8 @@ def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
         assert abs(r["ttft_us"] - (body[0] - t_read) / 1000) <= TOL_US
         for got, want in zip(gaps(r["chunk_offsets_us"]), gaps(body), strict=True):
             assert abs(got - want / 1000) <= TOL_US
-        r2 = _one(env.agent, b)
-        srv2 = _server_rec(env.logs["py"], b.header())
+        r2 = one_record(env.agent, b)
+        srv2 = server_record(env.logs["py"], b.header())
         assert abs(r2["ttfb_us"] - (srv2["t_writes_ns"][0] - srv2["t_read_ns"]) / 1000) <= TOL_US
         assert r2["bytes_out"] > 100 and r2["accept_queue_us"] is None
 
@@ -402,7 +387,7 @@ def test_privacy_on_tls(env: Env) -> None:
     before = env.agent.metrics().get(unparsed, 0.0)
     with tls_connect(env.ports["uv"]) as c:
         assert http_request(0, head + body, sock=c).startswith(b"HTTP/1.1 404")
-    r = _one(env.agent, ctx)
+    r = one_record(env.agent, ctx)
     assert r["path"] == path and r["method"] == "POST" and r["tls"] is True
     assert r["bytes_in"] == len(head) + len(body)
     deadline = time.monotonic() + 10
