@@ -212,6 +212,15 @@ def _parser() -> argparse.ArgumentParser:
         " (repeatable; default: the server's cgroup's processes that use a GPU)",
     )
     r.add_argument(
+        "--holdback",
+        choices=("auto", "off"),
+        default="auto",
+        help="write-to-wire holdback per response (default %(default)s: a body write the"
+        " kernel holds — Nagle, cork, congestion or receive window, a full send buffer — timed"
+        " to its departure; while a write is held every packet on the node runs one more"
+        " program; off: not measured, the wire_hold fields absent)",
+    )
+    r.add_argument(
         "--tls",
         choices=("auto", "off"),
         default="auto",
@@ -330,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                 sample_fixed=args.sample_fixed,
                 k8s_api=args.k8s_api,
                 tls=args.tls,
+                holdback=args.holdback,
             )
         )
     return 2

@@ -66,6 +66,9 @@ class Options:
     # "auto": socket hooks where the kernel allows them, else syscall tracepoints;
     # "syscalls" forces the latter (tests of the fallback, kernels where the former misbehave)
     io_hooks: str = "auto"
+    # write-to-wire holdback (agent.holdback): "auto" where the BTF has its fields, "off"
+    # (while a write is held its departure hook runs for every packet on the node)
+    holdback: str = "auto"
 
 
 @dataclass
@@ -244,7 +247,8 @@ def load(opts: Options) -> Loaded:
         if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and None not in chain:
             sock_flags.append("-DPX_LAZY_SEND_START")
             sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
-        sock_flags += holdback.cflags(degraded)
+        if opts.holdback != "off":
+            sock_flags += holdback.cflags(degraded)
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):

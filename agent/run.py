@@ -59,6 +59,7 @@ class RunConfig:
     sample_fixed: float | None = None  # tests: a keep probability held whatever the load
     k8s_api: str | None = None  # tests: the Kubernetes API's URL (agent.resource)
     tls: str = "auto"  # TLS library uprobes (agent.tls): auto | off
+    holdback: str = "auto"  # write-to-wire holdback (agent.holdback): auto | off
 
 
 class Agent:
@@ -141,6 +142,7 @@ class Agent:
             stream_limit_s=cfg.stream_limit_s,
             disabled=cfg.disabled_tracepoints,
             io_hooks=cfg.io_hooks,
+            holdback=cfg.holdback,
             **({"ringbuf_pages": cfg.ringbuf_pages} if cfg.ringbuf_pages else {}),
             **({"offs_span_ns": cfg.offs_span_ns} if cfg.offs_span_ns else {}),
         )

@@ -14,11 +14,21 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.agent.helpers import PY, Agent, Proc, get_head, http_request, timing_log, wait_log
+from tests.agent.helpers import (
+    PY,
+    Agent,
+    Proc,
+    agent_progs,
+    get_head,
+    http_request,
+    timing_log,
+    wait_log,
+)
 
 pytestmark = pytest.mark.ebpf
 GAP_MS = 30
@@ -152,7 +162,8 @@ def test_tcp_nodelay_holds_nothing(env: dict[str, Any]) -> None:
     client = _delays(arrivals, srv["t_writes_ns"][1:], _chunk_ends(head_len, CHUNKS))
     # chunks arrive as written (a busy machine delays the client's wake-up now and then)
     assert sorted(client)[len(client) // 2] < 2000, client
-    # measured, and nothing held: 0, not absent
+    # measured (the departure program is loaded), and nothing held: 0, not absent
+    assert "px_hold_xmit" in {p.get("name") for p in agent_progs(agent)}
     assert rec["wire_hold_writes"] == 0, rec
     assert rec["wire_hold_max_us"] == 0, rec
     assert rec["wire_hold_reason"] is None, rec
@@ -205,3 +216,22 @@ def test_records_say_absent_when_unmeasured() -> None:
     assert rec["wire_hold_writes"] is None and rec["wire_hold_max_us"] is None
     assert "parallax.wire_hold.writes" not in records.span_attributes(rec)
     assert json.loads(json.dumps(rec))["wire_hold_reason"] is None
+
+
+def test_holdback_off(tmp_path: Path) -> None:
+    """``--holdback off``: the same Nagle stream, no departure hook attached, and the
+    record's holdback fields absent (not measured), not zero."""
+    log = tmp_path / "nagle.jsonl"
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(log)])
+    port = srv.port()
+    agent = Agent(tmp_path, [port], ["--holdback", "off"])
+    try:
+        http_request(port, get_head("/warm?n=10"))
+        _stream(port, f"/stream?n=8&gap_ms={GAP_MS}")
+        rec = _record(agent, port, "/stream", 0, 8)
+        assert rec["wire_hold_writes"] is None and rec["wire_hold_max_us"] is None, rec
+        assert "px_hold_xmit" not in {p.get("name") for p in agent_progs(agent)}
+    finally:
+        rc = agent.stop()
+        srv.stop()
+    assert rc == 0, agent.err.read_text()[-2000:]
