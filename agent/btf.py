@@ -74,7 +74,25 @@ def lookup(
 ) -> tuple[dict[tuple[str, str], int | None], dict[str, int | None]]:
     """Member offsets (as :func:`member_offsets`) and the type ids of the ``typedefs`` named
     (e.g. ``btf_trace_sk_data_ready``, what a tp_btf program attaches to), one parse."""
-    out: dict[tuple[str, str], int | None] = dict.fromkeys(wanted)
+    bits, ids = _lookup_bits(wanted, typedefs, path)
+    out: dict[tuple[str, str], int | None] = {}
+    for key, found in bits.items():  # a bitfield, or a member off a byte boundary: none
+        out[key] = None if found is None or found[1] or found[0] % 8 else found[0] // 8
+    return out, ids
+
+
+def member_bits(
+    wanted: list[tuple[str, str]], path: Path = VMLINUX
+) -> dict[tuple[str, str], tuple[int, int] | None]:
+    """(bit offset, bit width; 0 for a whole member) of each (struct, member), bitfields
+    included (``tcp_sock.nonagle`` is one), None where missing."""
+    return _lookup_bits(wanted, [], path)[0]
+
+
+def _lookup_bits(
+    wanted: list[tuple[str, str]], typedefs: list[str], path: Path
+) -> tuple[dict[tuple[str, str], tuple[int, int] | None], dict[str, int | None]]:
+    out: dict[tuple[str, str], tuple[int, int] | None] = dict.fromkeys(wanted)
     ids: dict[str, int | None] = dict.fromkeys(typedefs)
     try:
         types, strings, members = _parse(path.read_bytes())
@@ -91,37 +109,12 @@ def lookup(
                     ids[name] = tid
         for struct_name, member in wanted:
             if struct_name in by_name:
-                out[(struct_name, member)] = _find(
+                out[(struct_name, member)] = _find_bits(
                     types, strings, members, by_name[struct_name], member, 0
                 )
     except (OSError, BtfError, struct.error, ValueError, IndexError):
         return dict.fromkeys(wanted), dict.fromkeys(typedefs)
     return out, ids
-
-
-def member_bits(
-    wanted: list[tuple[str, str]], path: Path = VMLINUX
-) -> dict[tuple[str, str], tuple[int, int] | None]:
-    """(bit offset, bit width; 0 for a whole member) of each (struct, member), bitfields
-    included (``tcp_sock.nonagle`` is one), None where missing."""
-    out: dict[tuple[str, str], tuple[int, int] | None] = dict.fromkeys(wanted)
-    try:
-        types, strings, members = _parse(path.read_bytes())
-        names = {s for s, _ in wanted}
-        by_name: dict[str, int] = {}
-        for tid, (name_off, kind, _size, _kflag) in enumerate(types):
-            if kind == _STRUCT and name_off:
-                name = _name(strings, name_off)
-                if name in names and name not in by_name:
-                    by_name[name] = tid
-        for struct_name, member in wanted:
-            if struct_name in by_name:
-                out[(struct_name, member)] = _find_bits(
-                    types, strings, members, by_name[struct_name], member, 0
-                )
-    except (OSError, BtfError, struct.error, ValueError, IndexError):
-        return dict.fromkeys(wanted)
-    return out
 
 
 def _find_bits(
@@ -143,18 +136,3 @@ def _find_bits(
         elif _name(strings, name_off) == member:
             return (base_bits + bits, size)
     return None
-
-
-def _find(
-    types: list[tuple[int, int, int, int]],
-    strings: bytes,
-    members: dict[int, list[tuple[int, int, int]]],
-    tid: int,
-    member: str,
-    base_bits: int,
-) -> int | None:
-    """A member's byte offset; None for a bitfield or one not on a byte boundary."""
-    found = _find_bits(types, strings, members, tid, member, base_bits)
-    if found is None or found[1] or found[0] % 8:
-        return None
-    return found[0] // 8

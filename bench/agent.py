@@ -32,6 +32,7 @@ import urllib.request
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from bench import report
 from demo.stack import free_port
@@ -327,6 +328,18 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         p.kill()
         p.wait(10)
+
+
+def terminate_all(procs: list[subprocess.Popen[Any]]) -> None:
+    """SIGTERM to each (servers flush their logs and close), a kill for one still up after
+    10 s."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 class TracedRun:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import report
-from bench.agent import AgentProc, _cpu_ns, _median, _range, _wait_port, measure_traced
+from bench.agent import (
+    AgentProc,
+    _cpu_ns,
+    _median,
+    _range,
+    _wait_port,
+    measure_traced,
+    terminate_all,
+)
 from demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,13 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        terminate_all(procs)
     md = summary(cases, a, idle, time.monotonic() - started)
     print(md)
     if not a.no_write:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -49,6 +48,7 @@ from bench.agent import (
     _range,
     _wait_port,
     measure_traced,
+    terminate_all,
     wrk,
 )
 from demo.stack import free_port
@@ -321,13 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        terminate_all(procs)
     md = summary(cases, a, idle, trap, time.monotonic() - started)
     print(md)
     if not a.no_write:
