@@ -457,3 +457,28 @@ def netns_ask(client: subprocess.Popen[str], path: str) -> str:
     client.stdin.flush()
     assert " 200 " in client.stdout.readline()
     return ctx.trace_id
+
+
+class ServerSet:
+    """Test servers by name, each with its timing log (``@LOG`` in its argv), a certificate
+    for the TLS ones, an OTLP receiver, and the agent a module's tests share."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cert, self.key = tls_cert(tmp)
+        self.procs: dict[str, Proc] = {}
+        self.ports: dict[str, int] = {}
+        self.logs: dict[str, Path] = {}
+        self.agent: Agent
+        self.rx = OtlpReceiver()
+
+    def start(self, name: str, argv: list[str]) -> None:
+        self.logs[name] = self.tmp / f"{name}.jsonl"
+        p = Proc([a.replace("@LOG", str(self.logs[name])) for a in argv])
+        self.procs[name] = p
+        self.ports[name] = p.port()
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.stop()
+        self.rx.close()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,14 +29,12 @@ from parallax_contracts import trace_context
 from tests.agent.helpers import (
     PY,
     Agent,
-    OtlpReceiver,
-    Proc,
+    ServerSet,
     attempts,
     gaps,
     http_request,
     one_record,
     server_record,
-    tls_cert,
     wait_log,
 )
 
@@ -53,38 +50,16 @@ METHOD = "/parallax.test.Tokens/Stream"
 NO_BUDGET = ["--cpu-budget", "0"]
 
 
-class Env:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.cert, self.key = tls_cert(tmp)
-        self.procs: dict[str, Proc] = {}
-        self.ports: dict[str, int] = {}
-        self.logs: dict[str, Path] = {}
-        self.agent: Agent
-        self.rx = OtlpReceiver()
-
-    def start(self, name: str, argv: list[str]) -> None:
-        self.logs[name] = self.tmp / f"{name}.jsonl"
-        p = Proc([*argv, "--timing-log", str(self.logs[name])])
-        self.procs[name] = p
-        self.ports[name] = p.port()
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            p.stop()
-        self.rx.close()
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    e = Env(tmp_path_factory.mktemp("h2"))
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSet]:
+    e = ServerSet(tmp_path_factory.mktemp("h2"))
     try:
-        e.start("grpc", [PY, "-m", "tests.agent.servers.grpc_server"])
-        e.start("h2c", [PY, "-m", "tests.agent.servers.h2_app"])
+        e.start("grpc", [PY, "-m", "tests.agent.servers.grpc_server", "--timing-log", "@LOG"])
+        e.start("h2c", [PY, "-m", "tests.agent.servers.h2_app", "--timing-log", "@LOG"])
         tls = ["--cert", str(e.cert), "--key", str(e.key)]
-        e.start("h2tls", [PY, "-m", "tests.agent.servers.h2_app", *tls])
-        e.start("grpcweb", [PY, "-m", "tests.agent.servers.grpc_web_app"])
-        e.start("h2raw", [PY, "-m", "tests.agent.servers.h2_raw_server"])
+        e.start("h2tls", [PY, "-m", "tests.agent.servers.h2_app", "--timing-log", "@LOG", *tls])
+        e.start("grpcweb", [PY, "-m", "tests.agent.servers.grpc_web_app", "--timing-log", "@LOG"])
+        e.start("h2raw", [PY, "-m", "tests.agent.servers.h2_raw_server", "--timing-log", "@LOG"])
         e.agent = Agent(e.tmp, list(e.ports.values()), ["--otlp", e.rx.url, *NO_BUDGET])
         # first calls: imports and first-request paths warm, so the servers' clocks measure
         # steady state; the TLS server's first connection makes the agent attach its probes
@@ -161,7 +136,7 @@ def _check_h2_timing(r: dict[str, Any], srv: dict[str, Any], tokens: int) -> Non
         assert abs(g - w / 1000) <= TOL_US, (got, writes)
 
 
-def test_grpc_server_stream(env: Env) -> None:
+def test_grpc_server_stream(env: ServerSet) -> None:
     """Six messages at a paced schedule: one record, each message one chunk whose gaps are
     the handler's within 1 ms; TTFB = the first message's write (gRPC sends the response
     HEADERS with it); the trace id from the metadata; grpc-status 0 from the trailers."""
@@ -190,7 +165,7 @@ def test_grpc_server_stream(env: Env) -> None:
     attempts(check)
 
 
-def test_grpc_error_status(env: Env) -> None:
+def test_grpc_error_status(env: ServerSet) -> None:
     """A call the handler aborts with NOT_FOUND before any message: a trailers-only
     response (HTTP 200, grpc-status 5), no chunk."""
     ctx = trace_context.generate()
@@ -201,7 +176,7 @@ def test_grpc_error_status(env: Env) -> None:
     assert r["rpc_system"] == "grpc" and r["path"] == METHOD
 
 
-def test_grpc_failure_mid_stream(env: Env) -> None:
+def test_grpc_failure_mid_stream(env: ServerSet) -> None:
     """Two messages, then INTERNAL: two chunks, grpc-status 13."""
     ctx = trace_context.generate()
     got, code = _grpc_call(
@@ -212,7 +187,7 @@ def test_grpc_failure_mid_stream(env: Env) -> None:
     assert r["grpc_status"] == 13 and r["chunks"] == 2
 
 
-def test_grpc_client_cancel(env: Env) -> None:
+def test_grpc_client_cancel(env: ServerSet) -> None:
     """The client cancels after two of twenty messages: its RST_STREAM ends the stream;
     the record says the client went away, with no grpc-status (no trailers were sent)."""
     ctx = trace_context.generate()
@@ -225,7 +200,7 @@ def test_grpc_client_cancel(env: Env) -> None:
     assert 2 <= r["chunks"] < 20
 
 
-def test_h2c_concurrent_streams_on_one_connection(env: Env) -> None:
+def test_h2c_concurrent_streams_on_one_connection(env: ServerSet) -> None:
     """Three SSE streams at once on one h2c connection (Hypercorn, the demo's app): three
     records on the same connection, each TTFB and every token gap within 1 ms of the app's
     clock."""
@@ -250,7 +225,7 @@ def test_h2c_concurrent_streams_on_one_connection(env: Env) -> None:
     attempts(check)
 
 
-def test_h2_frames_past_the_window(env: Env) -> None:
+def test_h2_frames_past_the_window(env: ServerSet) -> None:
     """A 40 KB answer written at once (an ``h2``-library server: HEADERS, three DATA frames
     and trailers in one sendall): the later frame headers lie far past the copied 4 KiB; the
     kernel's frame walk reads them where they lie and the write's last bytes (the trailers'
@@ -272,7 +247,7 @@ def test_h2_frames_past_the_window(env: Env) -> None:
     attempts(check)
 
 
-def test_h2_over_tls(env: Env) -> None:
+def test_h2_over_tls(env: ServerSet) -> None:
     """ALPN h2: SSL_read's plaintext starts with the preface, and the same h2 path frames it
     (the OpenSSL probes' timing model: docs/agent.md, "TLS")."""
 
@@ -287,7 +262,7 @@ def test_h2_over_tls(env: Env) -> None:
     attempts(check)
 
 
-def test_grpc_span_attributes(env: Env) -> None:
+def test_grpc_span_attributes(env: ServerSet) -> None:
     """OTLP: OpenTelemetry's RPC attributes beside the HTTP ones."""
     ctx = trace_context.generate()
     _grpc_call(env.ports["grpc"], b"n=2,first_ms=1,gap_ms=1", ctx.header())
@@ -308,7 +283,7 @@ def test_grpc_span_attributes(env: Env) -> None:
     assert attrs["http.route"].string_value == METHOD
 
 
-def test_grpc_web_over_http1(env: Env) -> None:
+def test_grpc_web_over_http1(env: ServerSet) -> None:
     """gRPC-Web (a POST of application/grpc-web+proto, a chunked stream of length-prefixed
     messages) falls out of the HTTP/1 cutter: one chunk per message and one for the trailer
     frame, TTFB and every gap within 1 ms of the app's clock."""
@@ -337,13 +312,13 @@ def test_grpc_web_over_http1(env: Env) -> None:
     attempts(check)
 
 
-def test_h2_metrics_say_no_desync(env: Env) -> None:
+def test_h2_metrics_say_no_desync(env: ServerSet) -> None:
     """Nothing above lost its framing: no desync counted."""
     m = env.agent.metrics()
     assert not [k for k in m if k.startswith("parallax_agent_h2_desync_total")], m
 
 
-def test_frame_headers_past_a_gathered_copy_absent_never_wrong(env: Env) -> None:
+def test_frame_headers_past_a_gathered_copy_absent_never_wrong(env: ServerSet) -> None:
     """grpcio writes a 20 KB message as one DATA frame, gathered (iovecs) with what else it
     has to send (the trailers): when one ``sendmsg`` holds a frame header past the 4 KiB
     copy of a gathered write — where the kernel's walk does not go — the connection

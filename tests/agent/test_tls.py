@@ -25,8 +25,8 @@ from parallax_contracts import trace_context
 from tests.agent.helpers import (
     PY,
     Agent,
-    OtlpReceiver,
     Proc,
+    ServerSet,
     attempts,
     check_node_timing,
     gaps,
@@ -37,7 +37,6 @@ from tests.agent.helpers import (
     perf_links,
     server_record,
     timing_log,
-    tls_cert,
     tls_connect,
     wait_log,
 )
@@ -47,31 +46,9 @@ TOL_US = 1000
 NO_BUDGET = ["--cpu-budget", "0"]
 
 
-class Env:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.cert, self.key = tls_cert(tmp)
-        self.procs: dict[str, Proc] = {}
-        self.ports: dict[str, int] = {}
-        self.logs: dict[str, Path] = {}
-        self.agent: Agent
-        self.rx = OtlpReceiver()
-
-    def start(self, name: str, argv: list[str]) -> None:
-        self.logs[name] = self.tmp / f"{name}.jsonl"
-        p = Proc([a.replace("@LOG", str(self.logs[name])) for a in argv])
-        self.procs[name] = p
-        self.ports[name] = p.port()
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            p.stop()
-        self.rx.close()
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    e = Env(tmp_path_factory.mktemp("tls"))
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSet]:
+    e = ServerSet(tmp_path_factory.mktemp("tls"))
     cert, key = str(e.cert), str(e.key)
     tls = ["--timing-log", "@LOG", "--tls-cert", cert, "--tls-key", key]
     try:
@@ -101,7 +78,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     assert rc == 0, e.agent.err.read_text()[-2000:]
 
 
-def warm_up(e: Env, agent: Agent, name: str) -> None:
+def warm_up(e: ServerSet, agent: Agent, name: str) -> None:
     """A first TLS connection to server ``name``: the agent attaches the TLS probes to
     its process then (agent/tls.py); wait for them. Also imports and first-request paths,
     so that the servers' clocks measure steady state as the kernel does."""
@@ -111,7 +88,7 @@ def warm_up(e: Env, agent: Agent, name: str) -> None:
     wait_log(agent, f"TLS: probes on pid {e.procs[name].p.pid} ")
 
 
-def test_probes_where_the_process_has_openssl(env: Env) -> None:
+def test_probes_where_the_process_has_openssl(env: ServerSet) -> None:
     """Python maps the system's libssl.so.3; NodeSource's node links OpenSSL statically and
     exports its symbols: probed in the executable. The attach line says when probes go."""
     line = next(ln for ln in env.agent.err.read_text().splitlines() if "attached" in ln)
@@ -122,7 +99,7 @@ def test_probes_where_the_process_has_openssl(env: Env) -> None:
         assert f"TLS: probes on pid {env.procs['node'].p.pid} in node " in err
 
 
-def test_a_process_serving_no_tls_gets_no_probes(env: Env, tmp_path: Path) -> None:
+def test_a_process_serving_no_tls_gets_no_probes(env: ServerSet, tmp_path: Path) -> None:
     """A plain-HTTP server that maps libssl and makes HTTPS calls of its own (an app behind
     a TLS-terminating ingress calling its model API) gets no TLS probes: each probe hit
     would cost it a trap. Its request is recorded; only libc's accept probes are attached."""
@@ -147,7 +124,7 @@ def test_a_process_serving_no_tls_gets_no_probes(env: Env, tmp_path: Path) -> No
         srv.stop()
 
 
-def test_uvicorn_sse_over_tls(env: Env) -> None:
+def test_uvicorn_sse_over_tls(env: ServerSet) -> None:
     """asyncio's memory BIO: TTFB, TTFT and every token gap within 1 ms of the app's clock;
     the traceparent read from the decrypted head; the plaintext's byte count."""
 
@@ -176,7 +153,7 @@ def test_uvicorn_sse_over_tls(env: Env) -> None:
     attempts(check)
 
 
-def test_uvicorn_keepalive_on_one_tls_connection(env: Env) -> None:
+def test_uvicorn_keepalive_on_one_tls_connection(env: ServerSet) -> None:
     """Three requests on one TLS connection: three records in order, each TTFB on the
     app's clock; only the first carries the accept-queue wait."""
 
@@ -202,7 +179,7 @@ def test_uvicorn_keepalive_on_one_tls_connection(env: Env) -> None:
     attempts(check)
 
 
-def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
+def test_node_https_plain_and_stream_keepalive(env: ServerSet) -> None:
     """Node's statically linked OpenSSL: head and first body bytes in one SSL_write (t2 =
     t_tok), every chunk on the server's clock."""
     if "node" not in env.ports:
@@ -222,7 +199,7 @@ def test_node_https_plain_and_stream_keepalive(env: Env) -> None:
     attempts(check)
 
 
-def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
+def test_python_socket_bio_stream_and_keepalive(env: ServerSet) -> None:
     """Python's http.server over ssl: SSL_read_ex and SSL_write_ex read and write the socket
     themselves (the link made inside the call); a chunked stream and a second request."""
 
@@ -251,7 +228,7 @@ def test_python_socket_bio_stream_and_keepalive(env: Env) -> None:
     attempts(check)
 
 
-def test_receive_queue_wait_under_tls(env: Env) -> None:
+def test_receive_queue_wait_under_tls(env: ServerSet) -> None:
     """The socket facts stay the socket hooks': a server that waits 300 ms after its
     handshake before reading shows it as receive-queue wait, not in TTFB."""
 
@@ -270,7 +247,7 @@ def test_receive_queue_wait_under_tls(env: Env) -> None:
     attempts(check)
 
 
-def test_the_servers_own_https_calls_are_not_theirs_to_serve(env: Env) -> None:
+def test_the_servers_own_https_calls_are_not_theirs_to_serve(env: ServerSet) -> None:
     """A traced server that is itself a TLS client (its LLM backend over HTTPS): asyncio's
     memory BIO on the server's own event-loop thread, and a socket BIO in a handler thread.
     The request served is recorded with its own bytes only; nothing of the call made."""
@@ -293,7 +270,7 @@ def test_the_servers_own_https_calls_are_not_theirs_to_serve(env: Env) -> None:
     assert not mine, mine
 
 
-def test_sampling_decides_on_the_plaintext(env: Env, tmp_path: Path) -> None:
+def test_sampling_decides_on_the_plaintext(env: ServerSet, tmp_path: Path) -> None:
     """Per-request sampling reads the traceparent from the decrypted head: at a fixed 50 %
     the trace ids whose random bits are low are dropped and the high ones kept, all of
     them (a decision on random numbers would mix them)."""
@@ -323,7 +300,7 @@ def test_sampling_decides_on_the_plaintext(env: Env, tmp_path: Path) -> None:
         assert agent.stop() == 0
 
 
-def test_syscall_hooks_path(env: Env, tmp_path: Path) -> None:
+def test_syscall_hooks_path(env: ServerSet, tmp_path: Path) -> None:
     """The fallback hooks (syscall tracepoints) note the sockets for the SSL calls too."""
     agent = Agent(
         tmp_path, [env.ports["uv"], env.ports["py"]], ["--io-hooks", "syscalls", *NO_BUDGET]
@@ -344,7 +321,7 @@ def test_syscall_hooks_path(env: Env, tmp_path: Path) -> None:
         assert agent.stop() == 0
 
 
-def test_without_probes_tls_is_counted_not_guessed(env: Env, tmp_path: Path) -> None:
+def test_without_probes_tls_is_counted_not_guessed(env: ServerSet, tmp_path: Path) -> None:
     """--tls off (as for Go's crypto/tls or a stripped static OpenSSL): no record, no
     ciphertext in the cutter; the connection counted per executable, and as unparsed once
     it closed without a request seen."""
@@ -367,7 +344,7 @@ def test_without_probes_tls_is_counted_not_guessed(env: Env, tmp_path: Path) -> 
         assert agent.stop() == 0
 
 
-def test_privacy_on_tls(env: Env) -> None:
+def test_privacy_on_tls(env: ServerSet) -> None:
     """Decrypted bytes leave the agent only as the documented fields: the cookie,
     authorization, other headers, body, query and path parameters of a TLS request are in
     none of JSONL, stderr, /metrics and the OTLP export, while its span arrives; and no
