@@ -347,6 +347,17 @@ def _settings(lay: Layout) -> str:
 _TRACE_INDEX = ",\n    INDEX idx_trace_id trace_id TYPE bloom_filter(0.001) GRANULARITY 1"
 
 
+def _add_columns(lay: Layout, db: str, *tables: tuple[str, tuple[Column, ...]]) -> list[str]:
+    """A migration's ALTER statements adding each table's new columns (on a cluster: to the
+    local tables and the Distributed ones above them)."""
+    return [
+        stmt
+        for t, cols in tables
+        for c in cols
+        for stmt in lay.alter(db, t, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[t])
+    ]
+
+
 def migrations(
     db: str, retention_days: int, cluster: str | None = None
 ) -> list[tuple[int, str, list[str]]]:
@@ -424,11 +435,7 @@ def migrations(
         )
     ]
     v3 = [
-        *(
-            stmt
-            for c in SPAN_GPU_COLUMNS
-            for stmt in lay.alter(db, SPANS, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[SPANS])
-        ),
+        *_add_columns(lay, db, (SPANS, SPAN_GPU_COLUMNS)),
         # The clock join (collector/sla/gpu_source.py) reads one GPU's clock series over a
         # time range: (hw_id, metric) first. The key ends with the point's identity, so an
         # exporter's retry of the same points collapses (ReplacingMergeTree).
@@ -443,12 +450,7 @@ def migrations(
         ),
     ]
     v4 = [
-        *(
-            stmt
-            for t, cols in ((SPANS, SPAN_SAMPLING_COLUMNS), (PAIRS, PAIR_SAMPLING_COLUMNS))
-            for c in cols
-            for stmt in lay.alter(db, t, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[t])
-        ),
+        *_add_columns(lay, db, (SPANS, SPAN_SAMPLING_COLUMNS), (PAIRS, PAIR_SAMPLING_COLUMNS)),
         # "Traced X % of a service's requests": one service's ports over a time range, so
         # (service, port) first; the key ends with the point's identity (host, metric, time),
         # so an exporter's retry collapses — and two ports' points of one export do not.
@@ -462,12 +464,7 @@ def migrations(
             f"{daily}\nORDER BY (service, port, host, metric, time)\n{_ttl(r)}\n{_settings(lay)}",
         ),
     ]
-    v5 = [
-        stmt
-        for t, cols in ((SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
-        for c in cols
-        for stmt in lay.alter(db, t, f"ADD COLUMN IF NOT EXISTS {c.ddl()}", SHARD_BY[t])
-    ]
+    v5 = _add_columns(lay, db, (SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
     return [
         (1, "spans, browser entries, pairs", v1),
         (2, "trace id lookup tables", v2),
