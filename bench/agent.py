@@ -165,16 +165,21 @@ def measure_traced(
     the agent's cost per request: BPF ns, user-space CPU µs (total, and marginal: the idle
     agent's share subtracted); with each program's (ns, runs) per request. ``settle_s``: a
     wait after the load for the agent to drain what it produced (its ring is read on a
-    timer). The caller turns stats back off (it saved the sysctl before)."""
-    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-    ns0, _ = _bpf_stats(agent_pid)
-    cpu0, t0 = _cpu_ns(agent_pid), time.monotonic()
-    b0 = bpf_breakdown(agent_pid)
-    res = load()
-    time.sleep(settle_s)
-    ns1, _ = _bpf_stats(agent_pid)
-    cpu1, t1 = _cpu_ns(agent_pid), time.monotonic()
-    b1 = bpf_breakdown(agent_pid)
+    timer). BPF stats are on for the measure only (the sysctl restored after)."""
+    stats = Path("/proc/sys/kernel/bpf_stats_enabled")
+    prev = stats.read_text().strip()
+    stats.write_text("1")
+    try:
+        ns0, _ = _bpf_stats(agent_pid)
+        cpu0, t0 = _cpu_ns(agent_pid), time.monotonic()
+        b0 = bpf_breakdown(agent_pid)
+        res = load()
+        time.sleep(settle_s)
+        ns1, _ = _bpf_stats(agent_pid)
+        cpu1, t1 = _cpu_ns(agent_pid), time.monotonic()
+        b1 = bpf_breakdown(agent_pid)
+    finally:
+        stats.write_text(prev)
     n = max(1.0, res["requests"])
     res["bpf_ns_per_req"] = (ns1 - ns0) / n
     res["cpu_us_per_req"] = (cpu1 - cpu0) / 1e3 / n

@@ -138,7 +138,6 @@ def load(case: Case, seconds: float, rate: float) -> dict[str, float]:
 def traced_run(case: Case, tmp: Path, seconds: float, rate: float, idle: float) -> None:
     tmp.mkdir()
     agent = AgentProc(case.port, tmp, ("--cpu-budget", "0"))
-    prev = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     try:
         time.sleep(1.5)  # the first rescan has found the server
         # (0.3 s after the load: the agent drains its ring on a timer — its CPU for these)
@@ -146,7 +145,6 @@ def traced_run(case: Case, tmp: Path, seconds: float, rate: float, idle: float) 
             agent.p.pid, idle, lambda: load(case, seconds, rate), settle_s=0.3
         )
     finally:
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev)
         agent.stop()
     time.sleep(1.0)
     jsonl = tmp / "agent.jsonl"

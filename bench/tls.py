@@ -208,7 +208,6 @@ def trap_cost(cert: Path, key: Path, rounds: int = 5) -> tuple[list[float], list
 def traced_run(case: Case, tmp: Path, seconds: float, lua: Path, idle_cores: float) -> None:
     tmp.mkdir()
     agent = AgentProc(case.port, tmp, ("--cpu-budget", "0"))
-    prev = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     try:
         time.sleep(1.5)  # the first rescan has found the server
         if case.tls:  # the probes go on at the server's first TLS connection
@@ -222,7 +221,6 @@ def traced_run(case: Case, tmp: Path, seconds: float, lua: Path, idle_cores: flo
             agent.p.pid, idle_cores, lambda: _wrk(case, seconds, lua)
         )
     finally:
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text(prev)
         agent.stop()
     time.sleep(1.0)  # (the JSONL is flushed at SIGTERM)
     jsonl = tmp / "agent.jsonl"
