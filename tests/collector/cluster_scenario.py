@@ -108,7 +108,10 @@ def main(config: str, path: str) -> dict[str, Any]:
     out["rewritten"] = len(REWRITTEN)
     out["columns"] = columns(single, cluster)
     out["pairing"] = {st.database: pairing(st) for st in (single, cluster)}
-    out["sla"] = {st.database: sla(st) for st in (single, cluster)}
+    # one instant for both stores: pairs generated at two different "now"s may straddle a
+    # minute boundary and fill a different number of minute rows (135 vs 112, once)
+    now = datetime.now(UTC).replace(microsecond=0)
+    out["sla"] = {st.database: sla(st, now) for st in (single, cluster)}
     out["two_shards"] = two_shards(two, ClusterStore("px2", None, skip_unavailable_shards=1))
     return out
 
@@ -234,14 +237,13 @@ def pairing(st: Any) -> dict[str, Any]:
     }
 
 
-def sla(st: Any) -> dict[str, Any]:
+def sla(st: Any, now: datetime) -> dict[str, Any]:
     """The SLA checker over generated pairs: its summaries written, its evaluation read."""
     from collector.sla.config import SlaConfig
     from collector.sla.evaluate import evaluate
     from collector.sla.source import SlaSource
     from tests.sla import scenario
 
-    now = datetime.now(UTC).replace(microsecond=0)
     data = {k: v for k, v in scenario.build(now=now, spread_s=200).items() if k in SLA_ROUTES}
     scenario.write(st.client(), st.database, data, paired_at=now)
     src = SlaSource(st.client, st.database, cluster=st.cluster)
