@@ -1,7 +1,7 @@
 """The connection table: ring-buffer events → HTTP exchanges → records, per connection.
 
 Every event of a followed connection lands here (``on_event``, the agent's hot path); each
-connection has its cutter (agent.httpcut.Conn), and each finished exchange becomes a record
+connection has its cutter (agent.protocols.http1.Conn), and each finished exchange becomes a record
 (agent.records.build) handed to the export queue. The table is a bounded LRU: a connection
 whose end is never seen (an event lost to a full ring) cannot grow it for ever.
 """
@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent import events
-from agent.clock import MonoClock
 from agent.diagnostics import where
-from agent.http2 import H2Conn, H2Stats
-from agent.httpcut import Conn, Exchange, Stats
-from agent.outputs import RecordQueue
+from agent.export.outputs import RecordQueue
+from agent.kernel import events
+from agent.kernel.clock import MonoClock
+from agent.protocols.http1 import Conn, Exchange, Stats
+from agent.protocols.http2 import H2Conn, H2Stats
 from agent.records import ConnInfo, build
 
 log = logging.getLogger("parallax.agent")
@@ -29,7 +29,7 @@ MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_co
 # a node serving thousands of downloads at once takes several sweeps to go round them.
 SWEEP_LOOKUPS = 256
 SWEEP_IDLE_NS = 20_000_000
-# the record layouts of agent.events, bound once for on_event
+# the record layouts of agent.kernel.events, bound once for on_event
 _HDR = events.HDR.unpack_from
 _HDR_SIZE = events.HDR.size
 _READ = events.READ_NOADDR.unpack_from
@@ -63,7 +63,7 @@ class ConnState:
     unparsed_counted: bool = False
     info: ConnInfo | None = None
     tls: bool = False  # its bytes are TLS records: the plaintext comes from the SSL uprobes
-    h2: H2Conn | None = None  # it began with HTTP/2's client preface (agent/http2.py)
+    h2: H2Conn | None = None  # it began with HTTP/2's client preface (agent/protocols/http2.py)
 
 
 class Connections:
@@ -108,7 +108,7 @@ class Connections:
 
     # -- events ---------------------------------------------------------------------
     def on_event(self, raw: bytes) -> None:
-        """One ring-buffer record (the layouts of agent.events), decoded in place: the hot
+        """One ring-buffer record (the layouts of agent.kernel.events), decoded in place: the hot
         path of the agent (two or three calls per request), so no event object is built and
         the fields go straight to the cutter."""
         try:

@@ -14,8 +14,8 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent import btf, kernel_headers, tpbtf, tracefs
-from agent.tracepoints import TRACEPOINTS
+from agent.kernel import btf, headers, tpbtf, tracefs
+from agent.kernel.tracepoints import TRACEPOINTS
 
 # Capability bits (linux/capability.h)
 CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38, "CAP_BPF": 39}
@@ -127,8 +127,8 @@ def check_uprobes(tfs: Path | None) -> Check:
 
 
 def check_tls() -> Check:
-    """Whether the TLS probes (agent.tls) can go on here."""
-    from agent.uprobes import uretprobe_hazard  # noqa: PLC0415  (keeps doctor's imports light)
+    """Whether the TLS probes (agent.kernel.tls_probes) can go on here."""
+    from agent.kernel.uprobes import uretprobe_hazard  # noqa: PLC0415  (keeps doctor's imports light)
 
     if not Path("/sys/bus/event_source/devices/uprobe").exists():
         why = "no uprobe PMU"
@@ -164,7 +164,7 @@ def check_io_hooks(tfs: Path | None) -> Check:
 
 
 def check_sdr_btf() -> Check:
-    """Whether sk_data_ready can run as a BTF tracepoint (agent/tpbtf.py): a one-instruction
+    """Whether sk_data_ready can run as a BTF tracepoint (agent/kernel/tpbtf.py): a one-instruction
     tp_btf program on it, loaded and closed (needs the agent's privileges)."""
     name = "sk_data_ready as BTF tracepoint"
     _, ids = btf.lookup([], ["btf_trace_sk_data_ready"])
@@ -186,12 +186,12 @@ def check_kprobes() -> Check:
 
 
 def check_headers() -> Check:
-    src = kernel_headers.resolve()
+    src = headers.resolve()
     if src is None:
         return Check(
             "kernel headers",
             "missing",
-            f"no {kernel_headers.running_kernel_build()} and no fallback: run make setup",
+            f"no {headers.running_kernel_build()} and no fallback: run make setup",
             fatal=True,
         )
     return Check("kernel headers", "ok", src.describe())

@@ -1,5 +1,5 @@
-"""Record assembly: an :class:`agent.httpcut.Exchange` plus connection and process identity →
-the exported record (JSON object; OTel span attributes use the names of
+"""Record assembly: an exchange (:mod:`agent.protocols.exchange`) plus connection and process
+identity → the exported record (JSON object; OTel span attributes use the names of
 parallax_contracts.span_attributes)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from agent.clock import MonoClock
-from agent.httpcut import Exchange
+from agent.kernel.clock import MonoClock
+from agent.protocols.http1 import Exchange
 from parallax_contracts import sampling, trace_context
 from parallax_contracts import span_attributes as sa
 
@@ -23,7 +23,7 @@ class ConnInfo:
     local_port: int
     peer_addr: str
     peer_port: int
-    tls: bool = False  # the plaintext came from the TLS library probes (agent/tls.py)
+    tls: bool = False  # the plaintext came from the TLS library probes (agent/kernel/tls_probes.py)
 
 
 class _Ids:
@@ -121,7 +121,7 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "tls": conn.tls,
         # the kernel's sampling threshold (OpenTelemetry's th, hex; "0": every request kept)
         "sample_th": _TH_HEX.get(ex.sample_th) or _th_hex(ex.sample_th),
-        # HTTP/2 streams of gRPC (agent/http2.py): "grpc" and the trailers' grpc-status
+        # HTTP/2 streams of gRPC (agent/protocols/http2.py): "grpc" and the trailers' grpc-status
         "rpc_system": ex.rpc_system,
         "grpc_status": ex.grpc_status,
         **_hold_fields(ex),

@@ -1,9 +1,10 @@
 """``parallax-agent run``: load the probes, follow connections, export one record per request.
 
 The agent is wired from parts, one module each (docs/ARCHITECTURE.md, "Where things live"):
-the traced processes (agent.processes), the connection table that cuts events into records
-(agent.connections), the export queue and thread (agent.outputs, agent.export), and
-shedding (agent.shedding). This module starts them, runs the main loop and stops them.
+the traced processes (agent.identity.processes), the connection table that cuts events into
+records (agent.connections), the export queue and thread (agent.export.outputs,
+agent.export.spans), and shedding (agent.shedding). This module starts them, runs the main
+loop and stops them.
 
 Threads: the main loop drains the ring buffer on a short timer (records are submitted
 without wakeup), cuts events into exchanges and queues records; an exporter thread writes
@@ -22,16 +23,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import loader, metrics, resource
+from agent import metrics
 from agent.budget import default_cores
-from agent.clock import MonoClock
 from agent.connections import Connections
 from agent.diagnostics import where
+from agent.export.outputs import Exporter, ExportThread, Processor, RecordQueue
 from agent.gpu.side import GpuConfig, GpuSide
 from agent.gpu.stage import GpuStage
-from agent.outputs import Exporter, ExportThread, Processor, RecordQueue
-from agent.processes import Processes
-from agent.resource import ResourceStage
+from agent.identity import resource
+from agent.identity.processes import Processes
+from agent.identity.resource import ResourceStage
+from agent.kernel import loader
+from agent.kernel.clock import MonoClock
 from agent.shedding import Shedding
 
 log = logging.getLogger("parallax.agent")
@@ -57,9 +60,9 @@ class RunConfig:
     ringbuf_pages: int = 0  # 0: the loader's default (tests shrink it)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     sample_fixed: float | None = None  # tests: a keep probability held whatever the load
-    k8s_api: str | None = None  # tests: the Kubernetes API's URL (agent.resource)
-    tls: str = "auto"  # TLS library uprobes (agent.tls): auto | off
-    holdback: str = "auto"  # write-to-wire holdback (agent.holdback): auto | off
+    k8s_api: str | None = None  # tests: the Kubernetes API's URL (agent.identity.resource)
+    tls: str = "auto"  # TLS library uprobes (agent.kernel.tls_probes): auto | off
+    holdback: str = "auto"  # write-to-wire holdback (agent.kernel.holdback): auto | off
 
 
 class Agent:
@@ -102,13 +105,14 @@ class Agent:
     def _open_outputs(self) -> str | None:
         """The configured outputs; a one-line reason when one cannot be opened."""
         cfg = self.cfg
-        from agent import export  # noqa: PLC0415  (the OpenTelemetry SDK: only when used)
+        # the OpenTelemetry SDK: only when used
+        from agent.export import spans  # noqa: PLC0415
 
         try:
             if cfg.jsonl:
-                self.exporters.append(export.JsonlExporter(cfg.jsonl))
+                self.exporters.append(spans.JsonlExporter(cfg.jsonl))
             if cfg.otlp:
-                self.exporters.append(export.OtlpExporter(cfg.otlp))
+                self.exporters.append(spans.OtlpExporter(cfg.otlp))
         except OSError as e:
             return f"cannot write {cfg.jsonl}: {e.strerror}"
         return None
@@ -173,7 +177,7 @@ class Agent:
             self.bpf, cfg.cpu_budget, self.m, self.conns.resync_all, cfg.sample_fixed
         )
         if cfg.otlp:  # after the GPU side: its series are registered with the meter
-            from agent.export_metrics import OtlpMetricsExporter  # noqa: PLC0415
+            from agent.export.otlp_metrics import OtlpMetricsExporter  # noqa: PLC0415
 
             self.exporters.append(
                 OtlpMetricsExporter(
@@ -244,8 +248,8 @@ class Agent:
 
     def _on_tls(self, pid: int, lport: int) -> None:
         """A TLS connection (the kernel saw a TLS record): its process gets the TLS probes
-        now if it has none (agent.tls: at its first TLS connection); where none can go, its
-        requests go unseen — counted per executable and logged once each."""
+        now if it has none (agent.kernel.tls_probes: at its first TLS connection); where none can
+        go, its requests go unseen — counted per executable and logged once each."""
         tls = self.procs.tls_probes
         if tls is not None and tls.on_tls(pid):
             return

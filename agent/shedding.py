@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent import loader
 from agent.budget import Sampler, Shedder
+from agent.kernel import loader
 from agent.metrics import Metrics
 from parallax_contracts import sampling
 

@@ -251,7 +251,7 @@ def dd_floor(count: int, base: float, text: bytes = FLOOR_PROGRAMS) -> float:
     tracing slow path, and for per-syscall tracepoints the record building), which no
     program body can remove."""
     sys.path.insert(0, str(ROOT))
-    from agent.kernel_headers import configure_bcc
+    from agent.kernel.headers import configure_bcc
 
     configure_bcc()
     from bcc import BPF

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.holdback import NO_HOLDS
+from agent.kernel.holdback import NO_HOLDS
 from bench import report
 from bench.agent import AgentProc, bpf_breakdown
 from tests.agent.helpers import PY, Proc, get_head, read_response

@@ -31,7 +31,7 @@ from collector.store import native, schema
 from collector.store.client import Store
 from parallax_contracts import span_attributes as sa
 
-# An agent's Resource in Kubernetes (agent/resource.py): a Deployment's pod.
+# An agent's Resource in Kubernetes (agent/identity/resource.py): a Deployment's pod.
 IDENTITY: tuple[tuple[str, str], ...] = (
     (sa.RESOURCE_CONTAINER_ID, "3f2a9c" * 10 + "0b1d"),
     (sa.RESOURCE_K8S_NODE_NAME, "node-1"),

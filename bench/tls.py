@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import loader
-from agent.tls import TlsProbes
+from agent.kernel import loader
+from agent.kernel.tls_probes import TlsProbes
 from bench import report
 from bench.agent import (
     NGINX_CONF,
@@ -171,7 +171,7 @@ def _tls_request(port: int, path: str) -> None:
 
 def trap_cost(cert: Path, key: Path, rounds: int = 5) -> tuple[list[float], list[float]]:
     """µs per SSL_write + SSL_read pair in a process of its own, without and then with the
-    agent's TLS probes on it (agent.tls, as a server gets them at its first TLS
+    agent's TLS probes on it (agent.kernel.tls_probes, as a server gets them at its first TLS
     connection): what each probed SSL call costs the process, apart from any socket."""
     p = subprocess.Popen(
         [sys.executable, "-c", SSL_PAIRS, str(cert), str(key), "20000"],

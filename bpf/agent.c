@@ -42,8 +42,8 @@
 #include "agent/uio.h"
 #include "agent/tls.h"
 #include "agent/hold.h"
-#include "agent/http2.h"
-#include "agent/http.h"
+#include "agent/proto/http2.h"
+#include "agent/proto/http1.h"
 #include "agent/syscalls.h"
 #ifdef PX_SOCK_HOOKS
 #include "agent/sock_hooks.h"

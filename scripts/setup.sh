@@ -58,7 +58,7 @@ fi
 
 # --- Kernel-header fallback ----------------------------------------------------------
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
-    .venv/bin/python -m agent.kernel_headers build --quiet
+    .venv/bin/python -m agent.kernel.headers build --quiet
 fi
 
 # --- Browser probe (npm, from the lock file) ----------------------------------------

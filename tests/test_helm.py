@@ -23,7 +23,7 @@ import yaml
 
 from agent import budget
 from agent import cli as agent_cli
-from agent.export import OtlpExporter
+from agent.export.spans import OtlpExporter
 from collector import cli as collector_cli
 from collector.sla import config as sla_config
 from demo.stack import free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import kernel_headers
+from agent.kernel import headers
 
 PROGRAM = r"""
 import socket
@@ -43,14 +43,14 @@ def _snapshot(p: Path) -> list[tuple[str, float]]:
 def test_fallback_compiles_a_tracepoint_program_without_touching_lib_modules(
     tmp_path: Path,
 ) -> None:
-    if kernel_headers.running_kernel_build().exists():
+    if headers.running_kernel_build().exists():
         pytest.skip("this kernel ships its own headers; the fallback is not used here")
-    trees = kernel_headers.debian_trees()
+    trees = headers.debian_trees()
     assert trees is not None, "linux-headers-<arch> missing: make setup installs it"
     before = _snapshot(Path("/lib/modules"))
     env = {**os.environ, "PARALLAX_CACHE_DIR": str(tmp_path)}
     build = subprocess.run(
-        [sys.executable, "-m", "agent.kernel_headers", "build"],
+        [sys.executable, "-m", "agent.kernel.headers", "build"],
         env=env,
         capture_output=True,
         text=True,
@@ -74,9 +74,9 @@ def test_fallback_compiles_a_tracepoint_program_without_touching_lib_modules(
 @pytest.mark.ebpf
 def test_either_tree_alone_does_not_compile(tmp_path: Path) -> None:
     """Why the merge exists: pointing bcc at one Debian tree alone fails (DESIGN.md)."""
-    if kernel_headers.running_kernel_build().exists():
+    if headers.running_kernel_build().exists():
         pytest.skip("this kernel ships its own headers")
-    trees = kernel_headers.debian_trees()
+    trees = headers.debian_trees()
     assert trees is not None
     env = {**os.environ, "BCC_KERNEL_SOURCE": str(trees[0])}
     run = subprocess.run(

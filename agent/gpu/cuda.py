@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import kernel_headers, loader
-from agent.uprobes import LibraryProbes, Probe, uretprobe_hazard
+from agent.kernel import headers, loader
+from agent.kernel.uprobes import LibraryProbes, Probe, uretprobe_hazard
 
 log = logging.getLogger("parallax.agent")
 CUDA_SOURCE = loader.BPF_DIR / "cuda.c"
@@ -57,7 +57,7 @@ class Bucket:
 def probes(hazard: bool) -> list[Probe]:
     out = [Probe(s, "px_cu_launch", optional=s not in REQUIRED) for s in LAUNCHES]
     out += [Probe(s, "px_cu_graph", optional=True) for s in GRAPHS]
-    if not hazard:  # waits need a uretprobe (see agent.uprobes.uretprobe_hazard)
+    if not hazard:  # waits need a uretprobe (see agent.kernel.uprobes.uretprobe_hazard)
         for s in WAITS:
             out.append(Probe(s, "px_cu_wait_enter", optional=s not in REQUIRED))
             out.append(Probe(s, "px_cu_wait_exit", ret=True, optional=s not in REQUIRED))
@@ -68,7 +68,7 @@ class CudaProbes:
     """Compiles bpf/cuda.c and follows the GPU processes it is given (``set_pids``)."""
 
     def __init__(self) -> None:
-        if kernel_headers.configure_bcc() is None:
+        if headers.configure_bcc() is None:
             raise loader.LoadError("no kernel headers: run `make setup`")
         from bcc import BPF  # noqa: PLC0415  (Debian's python3-bpfcc)
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from agent import procinfo
-from agent.uprobes import mapped_path
+from agent.identity import procinfo
+from agent.kernel.uprobes import mapped_path
 
 GROUP_SCAN_S = 10.0  # every process's cgroup is read at most this often
 _LIBCUDA = re.compile(r"/libcuda\.so(?:\.[0-9]+)*$")

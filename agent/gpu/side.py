@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent import loader
 from agent.gpu import attribution as at
 from agent.gpu.cuda import CudaProbes
 from agent.gpu.nvml import NvmlPoller, ProcessSample
 from agent.gpu.processes import GpuProcesses
+from agent.kernel import loader
 from agent.metrics import Metrics
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent.clock import MonoClock
 from agent.gpu import attribution as at
+from agent.kernel.clock import MonoClock
 from parallax_contracts import span_attributes as sa
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class _Intervals:
 
 
 class GpuStage:
-    """A record processor (agent.outputs): ``process`` takes records and returns those
+    """A record processor (agent.export.outputs): ``process`` takes records and returns those
     ready; ``flush`` returns every record still held (stopping)."""
 
     def __init__(

@@ -13,7 +13,7 @@
 #define EV_PEER_FIN 5
 #define EV_SOCK_CLOSE 6  // the socket closed without a close() we saw (process killed, exit)
 #define EV_TLS 7  // the connection carries TLS records (tls.h): its bytes come from uprobes
-#define EV_H2 8   // a read or write of an HTTP/2 connection (http2.h)
+#define EV_H2 8   // a read or write of an HTTP/2 connection (proto/http2.h)
 
 #define KIND_READ 1
 #define KIND_WRITE 2
@@ -28,7 +28,7 @@
 #define PX_TLS_SEEN 1  // px_conn.tls: its first read with data was looked at
 #define PX_TLS_ON 2    // ... and began with a TLS record: the socket carries ciphertext
 #define PX_H2_SEEN 1  // px_conn.h2: its first read with data was looked at for the preface
-#define PX_H2_ON 2    // ... and was HTTP/2's client preface: reads and writes take http2.h
+#define PX_H2_ON 2    // ... and was HTTP/2's client preface: reads and writes take proto/http2.h
 #define PX_H2_DEAD 4  // ... and tracing paused since: user space gave it up, nothing is sent
 #define PX_PID_TLS 2   // px_pids bit: the process carries the TLS probes (agent/tls.py)
 

@@ -62,12 +62,12 @@ struct px_conn {
     u8 dn;           // how many (at most 8; pipelining deeper shares the last decision)
     u8 dlast;        // the last decision taken from dq
     u8 tls;          // PX_TLS_SEEN, PX_TLS_ON (tls.h): the socket carries TLS records
-    u8 h2;           // PX_H2_SEEN, PX_H2_ON (http2.h): the connection speaks HTTP/2
+    u8 h2;           // PX_H2_SEEN, PX_H2_ON (proto/http2.h): the connection speaks HTTP/2
     // TLS (tls.h): the SSL object the connection's plaintext last came through, and the
     // arrival of the ciphertext its last socket read took (the decrypting read's t_arr)
     u64 tls_ssl;
     u64 tls_arr;
-    // HTTP/2 (http2.h): per direction (0 read, 1 write), the bytes of the current frame
+    // HTTP/2 (proto/http2.h): per direction (0 read, 1 write), the bytes of the current frame
     // still to come at the next event (PX_H2_LOST: the kernel's walk gave up)
     u32 h2_left[2];
 };
@@ -161,7 +161,7 @@ static __always_inline void px_conn_epoch(struct px_conn *c) {
         c->lost = 1;
         c->sf_left = 0;
         // HTTP/2 cannot be framed again mid-stream (HPACK state): user space gives the
-        // connection up after a pause, so nothing more is copied for it (http2.h)
+        // connection up after a pause, so nothing more is copied for it (proto/http2.h)
         if (c->h2 & PX_H2_ON)
             c->h2 |= PX_H2_DEAD;
     }

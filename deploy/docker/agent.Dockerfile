@@ -19,7 +19,7 @@ RUN python3 -m venv /opt/parallax/venv \
  && /opt/parallax/venv/bin/pip install --no-cache-dir -c requirements.lock . \
  && ln -s /usr/lib/python3/dist-packages/bcc \
       "$(/opt/parallax/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/bcc" \
- && PARALLAX_CACHE_DIR=/var/cache/parallax /opt/parallax/venv/bin/python -m agent.kernel_headers build
+ && PARALLAX_CACHE_DIR=/var/cache/parallax /opt/parallax/venv/bin/python -m agent.kernel.headers build
 ENV PATH=/opt/parallax/venv/bin:$PATH \
     PARALLAX_CACHE_DIR=/var/cache/parallax \
     PARALLAX_CONTRACTS_DIR=/opt/parallax/docs/contracts

@@ -1,5 +1,5 @@
 """A cgroup named as a node's would be for one container of a pod, for tests that place a
-process there (agent.containers reads it back from /proc/<pid>/cgroup)."""
+process there (agent.identity.containers reads it back from /proc/<pid>/cgroup)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A stand-in for the Kubernetes API on 127.0.0.1 (plain HTTP/1.1): it answers the pod list
 and watch requests of ``GET /api/v1/pods`` from a script and records every request, so the
-real ``kubernetes`` client (agent.k8s) talks to it as to an API server.
+real ``kubernetes`` client (agent.identity.k8s) talks to it as to an API server.
 
 The answers are written in the API's own shapes (tests/agent/k8s_api/, as ``kubectl get
 pods -o json`` and the API server's errors show them; there is no cluster here to record

@@ -1,5 +1,5 @@
 """Data arrival times (t_arr, hence recv_queue_us) through the BTF sk_data_ready program
-(bpf/agent.c px_sdr_btf, loaded by agent/tpbtf.py) and its fallback, the classic program:
+(bpf/agent.c px_sdr_btf, loaded by agent/kernel/tpbtf.py) and its fallback, the classic program:
 the program this kernel runs, and arrivals that a closed socket left unread, which must not
 be taken for the request of a later connection that reuses the socket's memory."""
 

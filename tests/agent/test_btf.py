@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import btf
+from agent.kernel import btf
 
 pytestmark = pytest.mark.skipif(not btf.VMLINUX.exists(), reason="kernel without BTF")
 

@@ -1,4 +1,4 @@
-"""pid → container id and pod uid from /proc/<pid>/cgroup (agent.containers): the file
+"""pid → container id and pod uid from /proc/<pid>/cgroup (agent.identity.containers): the file
 contents each runtime and cgroup driver produce, as published with their versions, and this
 machine's own files for processes placed in such cgroups. Pure Python except the last test
 (root and a writable cgroup hierarchy)."""
@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from agent import containers
-from agent.containers import ContainerRef
+from agent.identity import containers
+from agent.identity.containers import ContainerRef
 from tests.agent.cgroups import PodCgroup
 
 # Real file contents. Sources: the cgroup tests of NeuVector (share/system/cgroup_test.go,

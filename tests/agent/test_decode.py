@@ -1,6 +1,7 @@
 """The agent's in-place decoding of ring-buffer records (Connections.on_event reads the
-layouts of agent.events without building event objects): records packed as bpf/agent.c lays them out
-give the fields agent.events.decode reads from them, and the exported record they imply.
+layouts of agent.kernel.events without building event objects): records packed as
+bpf/agent.c lays them out give the fields agent.kernel.events.decode reads from them, and
+the exported record they imply.
 Pure Python: no kernel."""
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Any
 import h2.config
 import h2.connection
 
-from agent import events
-from agent.clock import MonoClock
 from agent.connections import Connections
-from agent.outputs import RecordQueue
+from agent.export.outputs import RecordQueue
+from agent.kernel import events
+from agent.kernel.clock import MonoClock
 
 LA = bytes([127, 0, 0, 1]) + bytes(12)
 RA = bytes([127, 0, 0, 2]) + bytes(12)
@@ -119,7 +120,7 @@ def test_unknown_short_and_lost_records() -> None:
 def _h2(
     t: int, data: bytes, direction: int, cap: int, past: dict[int, bytes], tail: int = 0
 ) -> bytes:
-    """An EV_H2 record as bpf/agent/http2.h lays it out: READ's fields (``skipped`` = the
+    """An EV_H2 record as bpf/agent/proto/http2.h lays it out: READ's fields (``skipped`` = the
     direction), the frame walk (in step, the headers past the copy), the copied bytes and
     the last ``tail`` bytes."""
     n = len(data)

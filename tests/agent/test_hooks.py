@@ -125,7 +125,7 @@ def test_sendfile_body_is_one_chunk_per_call(stack: tuple[int, Agent, Path]) -> 
     ],
 )
 def test_uretprobe_kept_off_where_seccomp_would_kill(release: str, hazard: bool) -> None:
-    from agent.uprobes import uretprobe_hazard
+    from agent.kernel.uprobes import uretprobe_hazard
 
     assert uretprobe_hazard(release) is hazard
 

@@ -1,5 +1,5 @@
-"""HTTP/2 and gRPC (bpf/agent/http2.h, agent/http2.py): real servers on 127.0.0.1, real
-clients, real kernel probes; one record per stream, timed against the servers' own
+"""HTTP/2 and gRPC (bpf/agent/proto/http2.h, agent/protocols/http2.py): real servers on 127.0.0.1,
+real clients, real kernel probes; one record per stream, timed against the servers' own
 CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test_timing.py).
 
 * a grpcio server-streaming service (tests/agent/servers/grpc_server.py: a generic handler,

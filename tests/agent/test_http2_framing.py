@@ -1,4 +1,4 @@
-"""agent/http2.py without a kernel: byte streams built with the ``h2`` package's own
+"""agent/protocols/http2.py without a kernel: byte streams built with the ``h2`` package's own
 connection objects (a real client and a real server talking to each other in memory), cut
 into reads and writes the way the kernel would send them — whole, split mid-frame, with a
 capture window shorter than the write — and what is never guessed (desync reasons)."""
@@ -11,8 +11,8 @@ import h2.events
 import pytest
 from hpack import Encoder
 
-from agent.http2 import PREFACE, H2Conn, H2Stats
-from agent.httpcut import Exchange
+from agent.protocols.http1 import Exchange
+from agent.protocols.http2 import PREFACE, H2Conn, H2Stats
 from parallax_contracts import trace_context
 
 TP = trace_context.generate()
@@ -165,7 +165,7 @@ def test_a_frame_header_beyond_the_capture_desyncs(window: int) -> None:
 
 
 def test_frame_headers_the_kernel_walked_past_the_capture() -> None:
-    """The kernel's walk (bpf/agent/http2.h) sends the frame headers past the copied bytes
+    """The kernel's walk (bpf/agent/proto/http2.h) sends the frame headers past the copied bytes
     by offset: framing goes on through them."""
     p = Pair()
     conn = H2Conn(H2Stats())

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import httphead
-from agent.events import WAGG_END
-from agent.httpcut import Conn, Exchange
+from agent.kernel.events import WAGG_END
+from agent.protocols import http1_head
+from agent.protocols.http1 import Conn, Exchange
 from parallax_contracts import trace_context
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -77,7 +77,7 @@ def test_any_split_of_a_pipelined_stream_gives_the_same_records(
 
 
 def test_query_dropped_but_traceparent_param_read() -> None:
-    h = httphead.parse_request(
+    h = http1_head.parse_request(
         f"GET /v1/stream?q=secret&traceparent={TP} HTTP/1.1\r\n\r\n".encode()
     )
     assert h is not None and h.path == "/v1/stream"
@@ -134,7 +134,7 @@ def test_disconnect_mid_stream_ends_the_record_as_aborted() -> None:
 
 
 def test_partial_record_at_stream_limit_then_final() -> None:
-    from agent.events import WAGG_PARTIAL
+    from agent.kernel.events import WAGG_PARTIAL
 
     c = Conn()
     r = _req("GET", "/long")

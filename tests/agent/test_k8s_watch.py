@@ -1,5 +1,5 @@
-"""The node's pods from the Kubernetes API (agent.k8s) and the Resource per process
-(agent.resource): the real ``kubernetes`` client against a stand-in API server on loopback
+"""The node's pods from the Kubernetes API (agent.identity.k8s) and the Resource per process
+(agent.identity.resource): the real ``kubernetes`` client against a stand-in API server on loopback
 (tests/agent/k8s_replay.py) that answers a pod list, watch streams (ADDED, MODIFIED,
 BOOKMARK, DELETED), 410 Gone, 403 Forbidden and a dropped connection. No kernel needed."""
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from agent import k8s, procinfo, resource
-from agent.containers import ContainerRef
-from agent.k8s import Pod, PodCache, PodWatch, pod_from_object
-from agent.resource import ResourceStage
+from agent.identity import k8s, procinfo, resource
+from agent.identity.containers import ContainerRef
+from agent.identity.k8s import Pod, PodCache, PodWatch, pod_from_object
+from agent.identity.resource import ResourceStage
 from parallax_contracts import span_attributes as sa
 from tests.agent.k8s_replay import ApiReplay, Json, Stream, bookmark, event, fixture, pod_list
 

@@ -254,7 +254,7 @@ def test_worker_forked_later_is_traced(tmp_path: Path) -> None:
 
 
 def test_children_of_a_process() -> None:
-    from agent import procinfo
+    from agent.identity import procinfo
 
     p = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from agent.export import OtlpExporter
+from agent.export.spans import OtlpExporter
 from demo.stack import free_port
 from parallax_contracts import trace_context
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import httphead
-from agent.httpcut import Conn
+from agent.protocols import http1_head
+from agent.protocols.http1 import Conn
 
 WINDOW = 16384  # the largest --head-window
 
@@ -33,11 +33,11 @@ def _head(first: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2000))
 def test_arbitrary_bytes_parse_to_none_or_a_head(data: bytes) -> None:
-    r = httphead.parse_request(data)
-    assert r is None or isinstance(r, httphead.RequestHead)
-    s = httphead.parse_response(data)
-    assert s is None or isinstance(s, httphead.ResponseHead)
-    httphead.looks_like_request(data)
+    r = http1_head.parse_request(data)
+    assert r is None or isinstance(r, http1_head.RequestHead)
+    s = http1_head.parse_response(data)
+    assert s is None or isinstance(s, http1_head.ResponseHead)
+    http1_head.looks_like_request(data)
 
 
 @settings(max_examples=200, deadline=None)
@@ -47,8 +47,8 @@ def test_arbitrary_bytes_parse_to_none_or_a_head(data: bytes) -> None:
 )
 def test_untrusted_numbers_in_heads(first: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     head = _head(first, headers)
-    req = httphead.parse_request(head)
-    resp = httphead.parse_response(head)
+    req = http1_head.parse_request(head)
+    resp = http1_head.parse_response(head)
     lengths = [v for k, v in headers if k.lower() == b"content-length"]
     valid = bool(lengths) and 0 < len(lengths[0].strip()) <= 19 and lengths[0].strip().isdigit()
     if req is not None:
@@ -59,12 +59,12 @@ def test_untrusted_numbers_in_heads(first: bytes, headers: list[tuple[bytes, byt
 
 def test_content_length_is_1_to_19_ascii_digits() -> None:
     def req(v: bytes) -> int:
-        r = httphead.parse_request(_head(b"POST / HTTP/1.1", [(b"Content-Length", v)]))
+        r = http1_head.parse_request(_head(b"POST / HTTP/1.1", [(b"Content-Length", v)]))
         assert r is not None
         return r.content_length
 
     def resp(v: bytes) -> int | None:
-        r = httphead.parse_response(_head(b"HTTP/1.1 200 OK", [(b"Content-Length", v)]))
+        r = http1_head.parse_response(_head(b"HTTP/1.1 200 OK", [(b"Content-Length", v)]))
         assert r is not None
         return r.content_length
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent import httphead
+from agent.protocols import http1_head
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _path(target: str) -> str:
-    r = httphead.parse_request(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    r = http1_head.parse_request(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     assert r is not None
     return r.path
 
@@ -35,7 +35,7 @@ def test_path_parameters_are_dropped(target: str, path: str) -> None:
 
 
 def test_traceparent_in_the_query_still_read_behind_path_parameters() -> None:
-    r = httphead.parse_request(
+    r = http1_head.parse_request(
         f"GET /events;jsessionid=s3cret?traceparent={TP} HTTP/1.1\r\n\r\n".encode()
     )
     assert r is not None and r.path == "/events"

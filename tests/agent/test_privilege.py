@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import tracefs
+from agent.kernel import tracefs
 from parallax_contracts import trace_context
 from tests.agent.helpers import (
     PY,
@@ -71,7 +71,7 @@ def test_accept_times_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
         [r] = agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)
         assert r["accept_queue_us"] is not None
         assert "no accept times" not in agent.err.read_text()
-        # the BTF sk_data_ready (agent/tpbtf.py) loads with these capabilities too
+        # the BTF sk_data_ready (agent/kernel/tpbtf.py) loads with these capabilities too
         assert "px_sdr_btf" in {p["name"] for p in agent_progs(agent)}
         assert r["recv_queue_us"] is not None
     finally:

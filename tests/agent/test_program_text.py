@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agent import loader
+from agent.kernel import loader
 
 _LINE = re.compile(r'^#line (\d+) "([^"]+)"$')
 
@@ -28,6 +28,6 @@ def test_every_line_maps_back_to_its_file_and_line() -> None:
         assert lines[n - 1] == out, f"{name}:{n}"
         checked.add(name)
         where = (name, n + 1)
-    parts = {f"bpf/agent/{p.name}" for p in Path(loader.BPF_DIR, "agent").glob("*.h")}
+    parts = {p.relative_to(root).as_posix() for p in Path(loader.BPF_DIR, "agent").rglob("*.h")}
     assert checked == {"bpf/agent.c"} | parts  # every header is part of the program
     assert '#include "agent/' not in text  # all inlined

@@ -1,4 +1,4 @@
-"""The in-place ring-buffer reader (agent.ringbuf) against a real BPF ring buffer: a tiny
+"""The in-place ring-buffer reader (agent.kernel.ringbuf) against a real BPF ring buffer: a tiny
 ring that wraps many times, records of varying sizes, none lost, none out of order, and
 the same bytes bcc's own consumer delivers."""
 
@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from agent import kernel_headers, ringbuf
+from agent.kernel import headers, ringbuf
 
 pytestmark = pytest.mark.ebpf
 
@@ -46,7 +46,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_getppid) {
 def test_reader_follows_a_wrapping_ring_in_order() -> None:
     if not ringbuf.supported():
         pytest.skip("in-place reader is x86-64 only (bcc's consumer elsewhere)")
-    if kernel_headers.configure_bcc() is None:
+    if headers.configure_bcc() is None:
         pytest.skip("no kernel headers")
     from bcc import BPF
 

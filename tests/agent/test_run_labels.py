@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import connections, processes
-from agent.clock import MonoClock
-from agent.httpcut import Conn, Exchange
-from agent.outputs import RecordQueue
+from agent import connections
+from agent.export.outputs import RecordQueue
+from agent.identity import processes
+from agent.kernel.clock import MonoClock
+from agent.protocols.http1 import Conn, Exchange
 from tests.agent.helpers import PY, Proc
 
 

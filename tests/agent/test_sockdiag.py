@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sockdiag import Listener, ListenerStats
+from agent.kernel.sockdiag import Listener, ListenerStats
 
 
 def _listen_drops() -> int:
@@ -143,7 +143,7 @@ def test_without_cap_sys_admin_a_namespace_counts_as_one(other_netns: tuple[int,
     are reported instead, as port 0. Run in a child without the capability."""
     pid, _ = other_netns
     code = (
-        "import json, sys; from agent.sockdiag import ListenerStats; s = ListenerStats(); "
+        "import json, sys; from agent.kernel.sockdiag import ListenerStats; s = ListenerStats(); "
         "print(json.dumps([(x.port, x.drops) for x in s.read([int(sys.argv[1])]) "
         "if x.netns != s.own_netns]))"
     )

@@ -1,6 +1,6 @@
-"""TLS through library uprobes (agent/tls.py, bpf/agent/tls.h, tls_uprobes.h): real servers
-terminating TLS themselves on 127.0.0.1, with a certificate made at test time, timed against
-their own CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test_timing.py).
+"""TLS through library uprobes (agent/kernel/tls_probes.py, bpf/agent/tls.h, tls_uprobes.h):
+real servers terminating TLS themselves on 127.0.0.1, with a certificate made at test time,
+timed against their own CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test_timing.py).
 
 * uvicorn ``--ssl-*`` (demo/llm_app.py under asyncio's SSL transport: a memory BIO, the
   socket read by the event loop just before SSL_read_ex decrypts it);
@@ -80,8 +80,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSet]:
 
 def warm_up(e: ServerSet, agent: Agent, name: str) -> None:
     """A first TLS connection to server ``name``: the agent attaches the TLS probes to
-    its process then (agent/tls.py); wait for them. Also imports and first-request paths,
-    so that the servers' clocks measure steady state as the kernel does."""
+    its process then (agent/kernel/tls_probes.py); wait for them. Also imports and
+    first-request paths, so that the servers' clocks measure steady state as the kernel does."""
     path = "/v1/complete?first_token_ms=1&tokens=1" if name == "uv" else "/plain"
     with tls_connect(e.ports[name]) as c:
         http_request(0, get_head(path), sock=c)

@@ -4,10 +4,10 @@ and a TLS connection whose plaintext never showed a request counts as unparsed, 
 
 from __future__ import annotations
 
-from agent import events
-from agent.clock import MonoClock
 from agent.connections import Connections
-from agent.outputs import RecordQueue
+from agent.export.outputs import RecordQueue
+from agent.kernel import events
+from agent.kernel.clock import MonoClock
 from tests.agent.test_decode import TGID, _hdr, _read, _resp
 
 MS = 1_000_000

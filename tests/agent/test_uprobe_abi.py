@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import kernel_headers
+from agent.kernel import headers
 from tests.agent.helpers import PY, Agent, Proc
 
 pytestmark = pytest.mark.ebpf
@@ -23,7 +23,7 @@ LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
 
 def test_the_agents_accept_probe_leaves_the_place_to_other_tools(tmp_path: Path) -> None:
-    if not Path(LIBC).exists() or kernel_headers.configure_bcc() is None:
+    if not Path(LIBC).exists() or headers.configure_bcc() is None:
         pytest.skip("no glibc at the Debian path, or no kernel headers")
     from bcc import BPF, libbcc
 

@@ -423,7 +423,7 @@ def test_real_sdk_spans_take_the_fast_path(fast: Fast) -> None:
     assert got is not None and len(got[0]) == 20 and got[2] == 20
 
 
-# An agent's Resource in Kubernetes (agent/resource.py), the identity in full.
+# An agent's Resource in Kubernetes (agent/identity/resource.py), the identity in full.
 K8S_RESOURCE = {
     "host.name": "node-a",
     sa.RESOURCE_CONTAINER_ID: "3f2a" * 16,

@@ -16,12 +16,13 @@ from typing import Any
 _DIR = os.environ.get("PARALLAX_TEST_FAULT_DIR")
 
 if _DIR:
-    from agent import httpcut, processes
+    from agent.identity import processes
+    from agent.protocols import http1
 
-    _on_read = httpcut.Conn.on_read
+    _on_read = http1.Conn.on_read
     _rescan = processes.Processes.rescan
 
-    def on_read(self: httpcut.Conn, t: int, n: int, data: bytes, *rest: Any) -> Any:
+    def on_read(self: http1.Conn, t: int, n: int, data: bytes, *rest: Any) -> Any:
         if b"/boom" in data:
             raise ValueError("bad header value: Cookie: s3cret-cookie")
         return _on_read(self, t, n, data, *rest)
@@ -31,5 +32,5 @@ if _DIR:
             raise RuntimeError("injected failure of the main loop")
         _rescan(self, counters)
 
-    httpcut.Conn.on_read = on_read  # type: ignore[method-assign,assignment]
+    http1.Conn.on_read = on_read  # type: ignore[method-assign,assignment]
     processes.Processes.rescan = rescan  # type: ignore[method-assign]

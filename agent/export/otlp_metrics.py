@@ -36,7 +36,7 @@ def tpot_s(rec: dict[str, Any]) -> float | None:
 
 
 class OtlpMetricsExporter:
-    """An Exporter (agent.outputs) of records into histograms, and the GPU series'
+    """An Exporter (agent.export.outputs) of records into histograms, and the GPU series'
     callbacks. ``failed`` counts nothing: the SDK's exporter retries and logs."""
 
     def __init__(
@@ -46,7 +46,7 @@ class OtlpMetricsExporter:
         export_s: float = EXPORT_S,
         requests: Callable[[], dict[int, tuple[int, int]]] | None = None,
         probability: Callable[[], float] | None = None,
-        host: str | None = None,  # in Kubernetes the node's name (agent.resource)
+        host: str | None = None,  # in Kubernetes the node's name (agent.identity.resource)
         service_of_port: Callable[[int], str | None] = lambda port: None,
     ) -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415

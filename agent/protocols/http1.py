@@ -18,8 +18,8 @@ import copy
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent import httphead
-from agent.events import WAGG_END, WAGG_PARTIAL, Hold, merge_hold
+from agent.kernel.events import WAGG_END, WAGG_PARTIAL, Hold, merge_hold
+from agent.protocols import http1_head
 from parallax_contracts import trace_context
 from parallax_contracts.span_attributes import CHUNK_OFFSETS_CAP
 
@@ -154,7 +154,7 @@ class Conn:
                 return []
         if self.mode == "resync":
             # after bytes we could not frame: pick up again at a read that starts a request
-            if not (data[pos:] and httphead.looks_like_request(bytes(data[pos : pos + 11]))):
+            if not (data[pos:] and http1_head.looks_like_request(bytes(data[pos : pos + 11]))):
                 return []
             self.mode = "http"
             self.buf.clear()
@@ -189,7 +189,7 @@ class Conn:
     def _cut(self, t: int, truncated: bool) -> list[Exchange]:
         out: list[Exchange] = []
         while self.buf and self.mode == "http":
-            if not httphead.looks_like_request(bytes(self.buf[:11])):
+            if not http1_head.looks_like_request(bytes(self.buf[:11])):
                 self.stats.unparsed += 1
                 self.mode = "dead" if self.requests == 0 else "resync"
                 self.buf.clear()
@@ -217,7 +217,7 @@ class Conn:
         """One whole request head: its exchange queued (bytes_in: the head) and its body
         length. None where framing stops: not a request (the connection is given up or
         resynchronises) or a chunked body (queued, then resync after it)."""
-        req = httphead.parse_request(head)
+        req = http1_head.parse_request(head)
         if req is None:
             self.stats.unparsed += 1
             self.mode = "dead" if self.requests == 0 else "resync"
@@ -239,14 +239,14 @@ class Conn:
         self.stats.head_too_large += 1
         line_end = self.buf.find(b"\r\n")
         if line_end > 0:
-            req = httphead.parse_request(bytes(self.buf[:line_end]) + b"\r\n\r\n")
+            req = http1_head.parse_request(bytes(self.buf[:line_end]) + b"\r\n\r\n")
             if req is not None:
                 ex = self._new_exchange(req, t, missed=True)
                 ex.bytes_in = self.cur_bytes
                 self._queue(ex)
         self._lose_sync()
 
-    def _new_exchange(self, req: httphead.RequestHead, t: int, missed: bool) -> Exchange:
+    def _new_exchange(self, req: http1_head.RequestHead, t: int, missed: bool) -> Exchange:
         self.requests += 1
         ex = Exchange(
             req.method,
@@ -276,7 +276,7 @@ class Conn:
         self.t_last_event = t
         if self.mode in {"ws", "dead"}:
             return []
-        rh = httphead.parse_response(data)
+        rh = http1_head.parse_response(data)
         if rh is None:
             return []
         out: list[Exchange] = []

@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-from agent import btf
+from agent.kernel import btf
 
 log = logging.getLogger("parallax.agent")
 NO_HOLDS = "PARALLAX_AGENT_NO_HOLDS"  # bench: the agent without the measure, side by side

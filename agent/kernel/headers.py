@@ -11,8 +11,8 @@ The fallback is valid for **tracepoint programs only**: they read tracepoint arg
 whose layout the kernel describes at run time, never kernel structs, whose layout the
 mismatched headers would get wrong.
 
-    python -m agent.kernel_headers build     # what `make setup` runs
-    python -m agent.kernel_headers show
+    python -m agent.kernel.headers build     # what `make setup` runs
+    python -m agent.kernel.headers show
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def cache_dir() -> Path:
     env = os.environ.get("PARALLAX_CACHE_DIR")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if (root / "pyproject.toml").is_file():
         return root / ".cache"
     return Path("/var/cache/parallax")
@@ -147,7 +147,7 @@ def configure_bcc() -> HeaderSource | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m agent.kernel_headers",
+        prog="python -m agent.kernel.headers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

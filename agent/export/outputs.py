@@ -1,5 +1,5 @@
 """The export fan-out: a bounded record queue, filled by the main loop and emptied by one
-exporter thread into every configured output (agent.export: JSON lines, OTLP).
+exporter thread into every configured output (agent.export.spans: JSON lines, OTLP).
 
 An output is anything with the :class:`Exporter` methods; adding one is a new module and
 one line where the agent builds its list (agent.run).

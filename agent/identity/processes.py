@@ -15,9 +15,10 @@ import threading
 import time
 from typing import Any
 
-from agent import loader, procinfo, uprobes
-from agent.sockdiag import ListenerStats
-from agent.tls import TlsProbes
+from agent.identity import procinfo
+from agent.kernel import loader, uprobes
+from agent.kernel.sockdiag import ListenerStats
+from agent.kernel.tls_probes import TlsProbes
 
 log = logging.getLogger("parallax.agent")
 # --port mode: every process's fds are scanned for the listeners when one opens or closes

@@ -139,7 +139,7 @@ class OtlpExporter:
         return self.dropped + self.refused + self.abandoned
 
     def _resource(self, pid: int, service: str, comm: str, extra: dict[str, Any] | None) -> Any:
-        """The process's Resource; ``extra``: the record's ``resource`` (agent.resource:
+        """The process's Resource; ``extra``: the record's ``resource`` (agent.identity.resource:
         host, container, pod), one dict per process state, so a new one means a rebuild."""
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
 

@@ -1,7 +1,7 @@
 """Compile bpf/agent.c for the running kernel, attach it, and drain its ring buffer.
 
 Only the tracepoints the kernel has (with the fields the program reads) are compiled in;
-each missing optional one is logged once with what it degrades (agent.tracepoints).
+each missing optional one is logged once with what it degrades (agent.kernel.tracepoints).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import btf, holdback, kernel_headers, ringbuf, tpbtf, tracefs
-from agent.tracepoints import TRACEPOINTS, Tracepoint
+from agent.kernel import btf, headers, holdback, ringbuf, tpbtf, tracefs
+from agent.kernel.tracepoints import TRACEPOINTS, Tracepoint
 
 log = logging.getLogger("parallax.agent")
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "agent.c"
-_INCLUDE = re.compile(rb'^#include "([a-z0-9_]+/[a-z0-9_]+\.h)"[ \t]*$', re.MULTILINE)
+_INCLUDE = re.compile(rb'^#include "([a-z0-9_]+(?:/[a-z0-9_]+)+\.h)"[ \t]*$', re.MULTILINE)
 # The kernel's counters (px_counters), in index order: (name in user space, C macro). The
 # loader defines the macros (-DC_LOST=0 ...), so the two sides cannot disagree.
 COUNTERS = (
@@ -66,7 +66,7 @@ class Options:
     # "auto": socket hooks where the kernel allows them, else syscall tracepoints;
     # "syscalls" forces the latter (tests of the fallback, kernels where the former misbehave)
     io_hooks: str = "auto"
-    # write-to-wire holdback (agent.holdback): "auto" where the BTF has its fields, "off"
+    # write-to-wire holdback (agent.kernel.holdback): "auto" where the BTF has its fields, "off"
     # (while a write is held its departure hook runs for every packet on the node)
     holdback: str = "auto"
 
@@ -78,7 +78,7 @@ class Loaded:
     degraded: list[str]
     ring_bytes: int = 0
     # how reads and writes are seen: "socket" (sock_*_length, no syscall tracepoint; accept
-    # times from libc uretprobes, agent.uprobes), "raw syscalls" or "syscalls"
+    # times from libc uretprobes, agent.kernel.uprobes), "raw syscalls" or "syscalls"
     hooks: str = "syscalls"
     # the write-start hook (tcp_sendmsg_locked) waits for a blocking socket: attach_send_start
     send_start_lazy: bool = False
@@ -108,7 +108,7 @@ def available(disabled: frozenset[str] = frozenset()) -> tuple[list[Tracepoint],
 
 def program_text(path: Path) -> bytes:
     """A BPF program as bcc must get it: one text. Its parts (headers by concern under
-    bpf/, ``#include "agent/http.h"``) are inlined here because bcc generates tracepoint
+    bpf/, ``#include "agent/proto/http1.h"``) are inlined here because bcc generates tracepoint
     argument types and rewrites map calls in its main file only; ``#line`` markers keep the
     compiler's messages pointing at the header and line where the code lives."""
     rel = path.relative_to(BPF_DIR.parent).as_posix().encode()
@@ -140,7 +140,7 @@ def load(opts: Options) -> Loaded:
     req_missing = [tp.id for tp in missing if tp.required]
     if req_missing:
         raise LoadError(f"required tracepoints missing: {', '.join(req_missing)}")
-    src = kernel_headers.configure_bcc()
+    src = headers.configure_bcc()
     if src is None:
         raise LoadError("no kernel headers: run `make setup` (builds the fallback tree)")
     try:
@@ -229,7 +229,7 @@ def load(opts: Options) -> Loaded:
         # the local port, to tell a seeded fd from a later socket that reuses its number
         if (num := off[("sock_common", "skc_num")]) is not None:
             sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
-            # ... and for sk_data_ready as a BTF tracepoint (agent.tpbtf): sockets on other
+            # ... and for sk_data_ready as a BTF tracepoint (agent.kernel.tpbtf): sockets on other
             # ports stop at a direct load of their port, before any map lookup
             sdr_btf_id = typedef[_SDR_BTF_TYPEDEF]
             if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
@@ -543,7 +543,7 @@ def synack_retransmits(b: Any) -> dict[int, int]:
 class Ring:
     """The event ring buffer, drained on a timer (records are submitted without wakeup).
 
-    Read in place through mmap where the CPU's memory order allows it (agent.ringbuf: one
+    Read in place through mmap where the CPU's memory order allows it (agent.kernel.ringbuf: one
     Python loop, no ctypes callback per record); elsewhere, or with
     ``PARALLAX_AGENT_BCC_RING=1``, through bcc's ``ring_buffer_consume()`` (its
     ``ring_buffer_poll`` never delivers BPF_RB_NO_WAKEUP records in bcc 0.26)."""

@@ -39,7 +39,7 @@ HOLD_AT = HDR.size + AGG.size
 # reasons (PX_WHY_*), by number
 HOLD_WHY = ("", "nagle", "cork", "cwnd", "rwnd", "sndbuf", "stack")
 READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
-# EV_H2 (bpf/agent/http2.h): READ's fields, then the kernel's frame walk — in step (walk),
+# EV_H2 (bpf/agent/proto/http2.h): READ's fields, then the kernel's frame walk — in step (walk),
 # how many frame headers past the copy (nhdr), the event's last bytes after the copy
 # (tail), the headers' offsets and their 9 bytes (12 each)
 H2_HDRS = 8

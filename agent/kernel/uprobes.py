@@ -29,8 +29,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import procinfo, tracefs
-from agent.loader import kernel_at_least
+from agent.identity import procinfo
+from agent.kernel import tracefs
+from agent.kernel.loader import kernel_at_least
 
 log = logging.getLogger("parallax.agent")
 
@@ -95,7 +96,7 @@ def fix_bcc_attach_abi() -> None:
 
 @functools.cache
 def prepare_attach() -> None:
-    """Once per process, before the first uprobe attach (here or in agent.tls)."""
+    """Once per process, before the first uprobe attach (here or in agent.kernel.tls_probes)."""
     fix_bcc_attach_abi()
     n = tracefs.remove_stale_uprobes()
     if n:

@@ -63,9 +63,9 @@ def fields(tracefs: Path, category: str, name: str) -> set[str] | None:
 
 
 # bcc names the uprobe events it makes through tracefs <p|r>_<path>_0x<offset>_bcc_<pid>; the
-# agent's paths are /proc/self/fd/<n> (agent/uprobes.py).
-# bcc's names for the accept probe (agent.uprobes) and the agent's for the TLS probes
-# (agent.tls); libbcc appends "_bcc_<the attaching process>" to both.
+# agent's paths are /proc/self/fd/<n> (agent/kernel/uprobes.py).
+# bcc's names for the accept probe (agent.kernel.uprobes) and the agent's for the TLS probes
+# (agent.kernel.tls_probes); libbcc appends "_bcc_<the attaching process>" to both.
 _OUR_UPROBE = re.compile(
     r"^[pr]:uprobes/((?:[pr]__proc_self_fd_\d+_0x[0-9a-f]+|px_tls_[pr]_\d+_[0-9a-f]+)_bcc_(\d+))\s"
 )

@@ -1,12 +1,12 @@
 """Who served a request beyond its pid: the host (in Kubernetes, the node), the process's
 container, and its pod — the OpenTelemetry Resource of each record.
 
-:class:`ResourceStage` is an export stage (agent.outputs.Processor): it sets each record's
+:class:`ResourceStage` is an export stage (agent.export.outputs.Processor): it sets each record's
 ``resource`` field, a dict of resource attributes by their semantic-convention names
 (parallax_contracts.span_attributes ``RESOURCE_*``): ``host.name`` always; ``container.id``
-where the process's cgroup names a container (agent.containers); in Kubernetes
+where the process's cgroup names a container (agent.identity.containers); in Kubernetes
 ``k8s.node.name``, ``k8s.pod.uid`` (the cgroup's, or the API's) and, once the pod watch
-(agent.k8s) knows the pod, its namespace, name, container name and workload. The JSONL
+(agent.identity.k8s) knows the pod, its namespace, name, container name and workload. The JSONL
 line carries that dict as it is and the OTLP exporter adds it to the process's Resource, so
 the two outputs agree. A record is never held for the API: one whose pod is not known yet
 leaves with what the cgroup gives, and the process's later records get the rest once the
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent import containers, k8s, procinfo
+from agent.identity import containers, k8s, procinfo
 from parallax_contracts import span_attributes as sa
 
 log = logging.getLogger("parallax.agent")

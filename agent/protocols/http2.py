@@ -1,7 +1,7 @@
 """HTTP/2 (h2c with prior knowledge, gRPC; h2 over TLS through the SSL probes): one
-connection's kernel events → one :class:`agent.httpcut.Exchange` per stream (pure Python).
+connection's kernel events → one :class:`agent.protocols.http1.Exchange` per stream (pure Python).
 
-The kernel (bpf/agent/http2.h) sends each read and write of a connection that began with the
+The kernel (bpf/agent/proto/http2.h) sends each read and write of a connection that began with the
 client preface: its time, its byte count and its first bytes (a window). Here each direction
 is framed as a byte stream — the remainder of a frame that spans reads or writes is carried
 over — and the header blocks (HEADERS, CONTINUATION, PUSH_PROMISE) are decoded with the
@@ -28,8 +28,8 @@ from typing import cast
 
 from hpack import Decoder, HPACKError
 
-from agent.httpcut import Exchange
-from agent.httphead import clean_path
+from agent.protocols.http1 import Exchange
+from agent.protocols.http1_head import clean_path
 from parallax_contracts import trace_context
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

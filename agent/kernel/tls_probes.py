@@ -32,7 +32,7 @@ requests are (the SSL object is linked to its socket at its next read). A proces
 probes is looked at again at a later TLS connection, at most every RECHECK_S (a Python app
 may import ssl late).
 
-Unlike libc's accept probe (agent.uprobes, one probe per library *file*), these probes are
+Unlike libc's accept probe (agent.kernel.uprobes, one probe per library *file*), these probes are
 per *process* (a pid-filtered perf event): SSL_read runs for every request of every TLS
 client and server on the node, and a probe on the host's libssl file would trap in all of
 them. With a pid the kernel puts the breakpoint in that process's memory only (a forked
@@ -55,8 +55,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import procinfo
-from agent.uprobes import mapped_path, prepare_attach, uretprobe_hazard
+from agent.identity import procinfo
+from agent.kernel.uprobes import mapped_path, prepare_attach, uretprobe_hazard
 
 log = logging.getLogger("parallax.agent")
 
@@ -298,7 +298,7 @@ class TlsProbes:
 def _set_pid_tls(b: Any, pid: int) -> None:
     """The px_pids bit the socket hooks read: from now on the process's socket reads and
     writes are noted for its SSL calls (bpf/agent/tls.h px_tls_note). Cleared with the pid
-    (agent.loader.remove_pids) when the process is gone."""
+    (agent.kernel.loader.remove_pids) when the process is gone."""
     t = b["px_pids"]
     if 0 <= pid < len(t):
         k = t.Key(pid)

@@ -1,0 +1,1 @@
+"""Kernel events to exchanges, one module per protocol (see agent/protocols/table.py)."""
