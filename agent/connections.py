@@ -1,9 +1,12 @@
-"""The connection table: ring-buffer events → HTTP exchanges → records, per connection.
+"""The connection table: ring-buffer events → a protocol's parser → exchanges → records.
 
-Every event of a followed connection lands here (``on_event``, the agent's hot path); each
-connection has its cutter (agent.protocols.http1.Conn), and each finished exchange becomes a record
-(agent.records.build) handed to the export queue. The table is a bounded LRU: a connection
-whose end is never seen (an event lost to a full ring) cannot grow it for ever.
+Every event of a followed connection lands here (``on_event``, the agent's hot path). What
+is common to every protocol is done here — finding the connection, its addresses and
+identity, lost events, its TCP figures, close, TLS — and the rest is the connection's
+parser's, chosen by the event's type from the protocol table (agent.protocols.table). Each
+finished exchange becomes a record (agent.records.build) handed to the export queue. The
+table is a bounded LRU: a connection whose end is never seen (an event lost to a full ring)
+cannot grow it for ever.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from agent.diagnostics import where
 from agent.export.outputs import RecordQueue
 from agent.kernel import events
 from agent.kernel.clock import MonoClock
-from agent.protocols.http1 import Conn, Exchange, Stats
-from agent.protocols.http2 import H2Conn, H2Stats
+from agent.protocols import http1
+from agent.protocols.base import ConnParser
+from agent.protocols.exchange import Exchange
+from agent.protocols.http2 import H2Stats
+from agent.protocols.table import BY_EVENT, PROTOCOLS, Entry
+from agent.protocols.websocket import WsConn
 from agent.records import ConnInfo, build
 
 log = logging.getLogger("parallax.agent")
@@ -35,25 +42,20 @@ _HDR_SIZE = events.HDR.size
 _READ = events.READ_NOADDR.unpack_from
 _ADDRS = events.READ_ADDRS.unpack_from
 _ADDRS_AT = events.HDR.size + events.READ_NOADDR.size
-_READ_DATA = events.READ_DATA
-_RESP = events.RESP.unpack_from
-_RESP_DATA = events.RESP_DATA
-_AGG = events.AGG.unpack_from
 _TLS = events.TLS.unpack_from
-_EV_READ, _EV_RESP, _EV_CLOSE = events.EV_READ, events.EV_RESP, events.EV_CLOSE
-_EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_PEER_FIN, events.EV_SOCK_CLOSE
+_AGG_T_FIRST = events.Struct_Q.unpack_from
+_EV_WAGG = events.EV_WAGG
+_EV_CLOSE, _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_CLOSE, events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 _EV_TLS = events.EV_TLS
-_EV_H2 = events.EV_H2
-_H2_WALK = events.H2_WALK.unpack_from
-_H2_HDRS_AT = events.READ_DATA + events.H2_WALK.size
-_H2_DATA = events.H2_DATA
+_WITH_ADDRS = frozenset((events.EV_READ, events.EV_H2))  # their layout carries the addresses
 
 Key = tuple[int, int]  # (socket address, first-seen time): sockets are reused
 
 
 @dataclass
 class ConnState:
-    cut: Conn
+    parser: ConnParser
+    proto: Entry
     pid: int
     lport: int = 0
     rport: int = 0
@@ -63,13 +65,13 @@ class ConnState:
     unparsed_counted: bool = False
     info: ConnInfo | None = None
     tls: bool = False  # its bytes are TLS records: the plaintext comes from the SSL uprobes
-    h2: H2Conn | None = None  # it began with HTTP/2's client preface (agent/protocols/http2.py)
 
 
 class Connections:
-    """The followed connections and their cutters. ``identity(pid, lport)`` gives (comm,
-    service) for a record; ``on_unparsed(lport)`` counts a connection that is not HTTP/1.x;
-    ``on_tls(pid, lport)`` is told of each TLS connection; ``out`` takes the records."""
+    """The followed connections and their parsers. ``identity(pid, lport)`` gives (comm,
+    service) for a record; ``on_unparsed(lport)`` counts a connection that is no protocol
+    the agent follows; ``on_tls(pid, lport)`` is told of each TLS connection; ``out`` takes
+    the records."""
 
     def __init__(
         self,
@@ -84,8 +86,7 @@ class Connections:
         self.head_window = head_window
         self.clock = clock
         self.out = out
-        self.stats = Stats()
-        self.h2_stats = H2Stats()
+        self.proto_stats: dict[str, Any] = {e.name: e.new_stats() for e in PROTOCOLS}
         self._identity = identity
         self._on_unparsed = on_unparsed
         self._on_traceparent_missed = on_traceparent_missed
@@ -98,6 +99,17 @@ class Connections:
         self.n_event_errors = 0
         self._errors_logged: set[str] = set()  # exception type names already logged
 
+    @property
+    def stats(self) -> http1.Stats:
+        """HTTP/1's (and WebSocket's) counters."""
+        s: http1.Stats = self.proto_stats["http1"]
+        return s
+
+    @property
+    def h2_stats(self) -> H2Stats:
+        s: H2Stats = self.proto_stats["http2"]
+        return s
+
     def __len__(self) -> int:
         return len(self.conns)
 
@@ -106,134 +118,107 @@ class Connections:
         """Responses wait for the sweep (the main loop keeps draining at full rate)."""
         return bool(self._open_cl)
 
+    def _new_parser(self, proto: Entry) -> ConnParser:
+        return proto.new_conn(self.proto_stats[proto.name], self.head_window)
+
     # -- events ---------------------------------------------------------------------
     def on_event(self, raw: bytes) -> None:
-        """One ring-buffer record (the layouts of agent.kernel.events), decoded in place: the hot
-        path of the agent (two or three calls per request), so no event object is built and
-        the fields go straight to the cutter."""
+        """One ring-buffer record (the layouts of agent.kernel.events): the hot path of the
+        agent (two or three calls per request), so no event object is built; the header is
+        read here, the rest by the connection's parser."""
         try:
             self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
             if len(raw) < _HDR_SIZE:
                 return
             typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, sample_th = _HDR(raw)
-            if not _EV_READ <= typ <= _EV_H2:
-                return  # a type this agent does not know
             key = (sk, ident)
             conns = self.conns
             st = conns.get(key)
             if lost and st is not None:
-                st.cut.on_loss()
-                if st.h2 is not None:
-                    st.h2.on_loss()
-            if _EV_CLOSE <= typ <= _EV_SOCK_CLOSE:
-                if st is None:
-                    return
-                if typ == _EV_PEER_FIN:
-                    st.cut.on_peer_fin(t)
-                    if st.h2 is not None:
-                        st.h2.on_peer_fin()
-                    return
-                self.emit(st, st.cut.on_close(t, server_gone=typ == _EV_SOCK_CLOSE))
-                if st.h2 is not None:
-                    self.emit(st, st.h2.on_close(server_gone=typ == _EV_SOCK_CLOSE))
-                elif st.tls and st.cut.requests == 0 and not st.unparsed_counted:
-                    self._on_unparsed(st.lport)  # TLS whose plaintext never showed a request
-                del conns[key]
-                self._open_cl.pop(key, None)
+                st.parser.on_loss()
+            proto = BY_EVENT.get(typ)
+            if proto is None:
+                self._conn_event(typ, raw, key, st, tgid, t)
                 return
             if st is None:
                 if len(conns) >= MAX_CONNS:
                     old, _ = conns.popitem(last=False)  # the least recently active
                     self._open_cl.pop(old, None)
                     self.n_evicted += 1
-                st = conns[key] = ConnState(Conn(self.head_window, self.stats), tgid)
+                st = conns[key] = ConnState(self._new_parser(proto), proto, tgid)
             else:
                 conns.move_to_end(key)
-            if typ == _EV_TLS:  # once per connection, before its first plaintext
-                st.tls = True
-                st.pid = tgid
-                st.lport = st.lport or _TLS(raw, _HDR_SIZE)[0]
-                self._on_tls(tgid, st.lport)
-                return
-            if typ == _EV_H2:
-                self._h2_event(st, raw, t, srtt_us, retrans)
-                return
-            cut = st.cut
-            if srtt_us:  # Conn.update_tcp, inline
-                cut.srtt_us = srtt_us
-            cut.retrans = retrans
-            if typ == _EV_READ:
-                t_est, t_acc, t_arr, n, caplen, lport, rport, family, skipped = _READ(
-                    raw, _HDR_SIZE
-                )
-                if skipped:  # requests the kernel did not sample: not the first one now
-                    cut.requests += skipped
-                cut.sample_th = sample_th
-                if not st.laddr:  # (EV_TLS may have set the port alone)
-                    st.lport, st.rport = lport, rport
-                    la, ra = _ADDRS(raw, _ADDRS_AT)
-                    st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
-                out = cut.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr, t_acc, t_est)
-                if cut.mode == "dead" and not st.unparsed_counted and cut.requests == 0:
-                    st.unparsed_counted = True
-                    self._on_unparsed(st.lport)
-            elif typ == _EV_RESP:
-                n, caplen = _RESP(raw, _HDR_SIZE)
-                out = cut.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
-            else:
-                t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
-                if t_first and t_first == st.snap_t_first:
-                    return  # already taken from the map snapshot
-                times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
-                hold = events.hold_at(raw)
-                out = cut.on_writes(t_last, times, n, nbytes, gap_max_ns, flags, hold)
+                if st.proto is not proto:  # the kernel found another protocol (h2 preface)
+                    requests = st.parser.requests
+                    st.parser, st.proto = self._new_parser(proto), proto
+                    st.parser.requests = requests
+            if typ in _WITH_ADDRS and not st.laddr:  # (EV_TLS may have set the port alone)
+                lport, rport, family = _READ(raw, _HDR_SIZE)[5:8]
+                st.lport, st.rport = lport, rport
+                la, ra = _ADDRS(raw, _ADDRS_AT)
+                st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
+            if typ == _EV_WAGG and st.snap_t_first == _AGG_T_FIRST(raw, _HDR_SIZE)[0]:
+                return  # already taken from the map snapshot (the sweep)
+            p = st.parser
+            if srtt_us:
+                p.srtt_us = srtt_us
+            p.retrans = retrans
+            out = p.on_event(typ, raw, t, sample_th)
             if out:
                 self.emit(st, out)
+            if p.upgraded is not None:  # WebSocket after a 101
+                st.parser, p.upgraded = p.upgraded, None
+            elif p.gave_up_unparsed and not st.unparsed_counted:
+                st.unparsed_counted = True
+                self._on_unparsed(st.lport)
             # the sweep looks only at Content-Length responses still open
-            a = cut.active
-            if a is not None and a.content_length is not None:
+            if isinstance(p, http1.Conn) and p.open_content_length() is not None:
                 self._open_cl[key] = st
             elif self._open_cl:
                 self._open_cl.pop(key, None)
         except Exception as e:  # noqa: BLE001  (one event must not stop the agent)
             self._event_error(raw, e)
 
-    def _h2_event(self, st: ConnState, raw: bytes, t: int, srtt_us: int, retrans: int) -> None:
-        """A read (dir 0) or write (dir 1) of an HTTP/2 connection: the layout of READ, its
-        ``skipped`` field carrying the direction."""
-        t_est, t_acc, t_arr, n, caplen, lport, rport, family, direction = _READ(raw, _HDR_SIZE)
-        h2 = st.h2
-        if h2 is None:
-            h2 = st.h2 = H2Conn(self.h2_stats)
-            h2.requests = st.cut.requests  # (requests before it: none, in practice)
-        if not st.laddr:
-            st.lport, st.rport = lport, rport
-            la, ra = _ADDRS(raw, _ADDRS_AT)
-            st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
-        if srtt_us:
-            h2.srtt_us = srtt_us
-        h2.retrans = retrans
-        data = raw[_H2_DATA : _H2_DATA + caplen]
-        walk = _H2_WALK(raw, _READ_DATA)
-        past: dict[int, bytes] | None = None
-        if walk[1]:  # frame headers past the copy, found by the kernel's walk
-            past = {
-                walk[3 + i]: bytes(raw[_H2_HDRS_AT + 12 * i : _H2_HDRS_AT + 12 * i + 9])
-                for i in range(min(walk[1], events.H2_HDRS))
-            }
-        tail = raw[_H2_DATA + caplen : _H2_DATA + caplen + walk[2]] if walk[2] else b""
-        if direction == 0:
-            out = h2.on_read(t, n, data, t_arr, t_acc, t_est, past, tail)
-        else:
-            out = h2.on_write(t, n, data, past, tail)
-        if out:
-            self.emit(st, out)
+    def _conn_event(
+        self, typ: int, raw: bytes, key: Key, st: ConnState | None, tgid: int, t: int
+    ) -> None:
+        """The events of the connection itself, whatever its protocol: its end, the peer's
+        FIN, TLS."""
+        if _EV_CLOSE <= typ <= _EV_SOCK_CLOSE:
+            if st is None:
+                return
+            if typ == _EV_PEER_FIN:
+                st.parser.on_peer_fin(t)
+                return
+            self.emit(st, st.parser.on_close(t, typ == _EV_SOCK_CLOSE))
+            if (
+                st.tls
+                and st.parser.requests == 0
+                and not st.unparsed_counted
+                and isinstance(st.parser, http1.Conn)
+            ):
+                self._on_unparsed(st.lport)  # TLS whose plaintext never showed a request
+            del self.conns[key]
+            self._open_cl.pop(key, None)
+        elif typ == _EV_TLS:  # once per connection, before its first plaintext
+            if st is None:
+                if len(self.conns) >= MAX_CONNS:
+                    old, _ = self.conns.popitem(last=False)
+                    self._open_cl.pop(old, None)
+                    self.n_evicted += 1
+                proto = PROTOCOLS[0]
+                st = self.conns[key] = ConnState(self._new_parser(proto), proto, tgid)
+            st.tls = True
+            st.pid = tgid
+            st.lport = st.lport or _TLS(raw, _HDR_SIZE)[0]
+            self._on_tls(tgid, st.lport)
+        # (a type this agent does not know: ignored)
 
     def _event_error(self, raw: bytes, e: Exception) -> None:
         """An event this agent could not handle (a bug, or input nothing here anticipated):
         counted (parallax_agent_event_errors_total), logged once per exception type, and its
         connection's state dropped, so that its framing resynchronises instead of going on
-        from a half-updated cutter."""
+        from a half-updated parser."""
         key: Key | None = None
         closing = False
         if len(raw) >= _HDR_SIZE:
@@ -260,45 +245,29 @@ class Connections:
         st = self.conns.get(key)
         if st is None:
             return
-        if st.h2 is not None:  # an HTTP/2 connection is not picked up again
-            st.h2.on_loss()
-            if closing:
-                del self.conns[key]
-            return
-        old = st.cut
-        # what it had in flight is lost, as after lost events
-        self.stats.lost_exchanges += (
-            len(old.pending) + (old.active is not None) + (old.ws_cur is not None)
-        )
         if closing:
+            st.parser.on_loss()
             del self.conns[key]
             return
-        fresh = Conn(self.head_window, self.stats)
-        fresh.mode = "resync"  # from the next read that starts a request
-        fresh.requests = old.requests  # not a first request: no accept-queue time
-        fresh.srtt_us, fresh.retrans = old.srtt_us, old.retrans
-        st.cut = fresh
+        nxt = st.parser.after_error()
+        if nxt is None:
+            del self.conns[key]
+        else:
+            st.parser = nxt
 
     def resync_all(self) -> None:
         """What the kernel skipped (a pause) cannot be framed: every connection
         resynchronises at its next request (what it had in flight is counted as lost)."""
         for st in self.conns.values():
-            st.cut.on_loss()
-            if st.h2 is not None:
-                st.h2.on_loss()
+            st.parser.on_loss()
 
     def open_requests(self, service: str) -> list[int]:
         """The t1 (monotonic ns) of the service's requests read and not yet finished. Called
         from the exporter thread: list() copies the table in one step under the GIL."""
         out = []
         for st in list(self.conns.values()):
-            h2 = st.h2
-            a = st.cut.active
-            if h2 is not None:  # HTTP/2: its streams answered and open
-                t1s = [ex.t1 for ex in list(h2.streams.values()) if ex.t2]
-            elif a is not None and a.t1:
-                t1s = [a.t1]
-            else:
+            t1s = st.parser.in_flight()
+            if not t1s:
                 continue
             svc = st.info.service if st.info is not None else self._identity(st.pid, st.lport)[1]
             if svc == service:
@@ -321,7 +290,7 @@ class Connections:
                 self._on_traceparent_missed()
             self.out.put(rec, info.service)
 
-    # -- body writes still in the kernel aggregate ---------------------------------
+    # -- body writes still in the kernel aggregate (HTTP/1) ---------------------------
     def sweep(self, aggs: Any) -> None:
         """A Content-Length response whose body writes sit in the kernel aggregate
         (``aggs``: px_aggs, flushed only at the next boundary) is finished from a snapshot
@@ -331,11 +300,13 @@ class Connections:
         now = time.monotonic_ns()
         lookups = 0
         for (sk, ident), st in list(self._open_cl.items()):
-            a = st.cut.active
-            if a is None or a.content_length is None:
+            p = st.parser
+            left = p.open_content_length() if isinstance(p, http1.Conn) else None
+            if left is None:
                 self._open_cl.pop((sk, ident), None)
                 continue
-            if now - st.cut.t_last_event < SWEEP_IDLE_NS:
+            expected, t_last_event = left
+            if now - t_last_event < SWEEP_IDLE_NS:
                 continue
             if lookups == SWEEP_LOOKUPS:
                 break  # the rest next time: each looked-at response moved to the back
@@ -349,7 +320,7 @@ class Connections:
                 continue
             if getattr(v, "hold_pend", 0):
                 continue  # its last bytes are still in the socket (bpf/agent/hold.h)
-            if a.body_out + v.bytes < a.content_length:
+            if v.bytes < expected:
                 continue
             try:
                 self._take_snapshot(st, v)
@@ -359,6 +330,9 @@ class Connections:
     def _take_snapshot(self, st: ConnState, v: Any) -> None:
         """Body writes read from a px_aggs entry (the sweep, shutdown), as if their WAGG
         event had come; the event itself, when it comes, is then skipped (snap_t_first)."""
+        p = st.parser
+        if not isinstance(p, http1.Conn | WsConn):
+            return
         n = int(v.n)
         times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
         st.snap_t_first = v.t_first
@@ -373,7 +347,7 @@ class Connections:
                 int(v.hold_mask),
                 int(v.hold_bytes),
             )
-        out = st.cut.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags), hold)
+        out = p.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags), hold)
         self.emit(st, out)
 
     def flush_all(self, aggs: Any) -> None:
@@ -389,15 +363,16 @@ class Connections:
         self._open_cl.clear()
 
     def _flush_conn(self, aggs: Any, sk: int, st: ConnState) -> None:
-        if st.cut.active is not None or st.cut.ws_cur is not None:
+        p = st.parser
+        if (isinstance(p, http1.Conn) and p.active is not None) or (
+            isinstance(p, WsConn) and p.cur is not None
+        ):
             try:
                 v = aggs[aggs.Key(sk)]
             except KeyError:
                 v = None
             if v is not None and v.t_last and v.t_first != st.snap_t_first:
                 self._take_snapshot(st, v)
-        out = st.cut.flush_inflight()
-        if st.h2 is not None:
-            out += st.h2.flush_inflight()
+        out = st.parser.flush_inflight()
         self.n_final_partial += len(out)
         self.emit(st, out)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.kernel.clock import MonoClock
-from agent.protocols.http1 import Exchange
+from agent.protocols.exchange import Exchange
 from parallax_contracts import sampling, trace_context
 from parallax_contracts import span_attributes as sa
 

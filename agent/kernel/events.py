@@ -30,6 +30,7 @@ READ = struct.Struct("<QQQIIHHHH16s16s")
 READ_NOADDR = struct.Struct("<QQQIIHHHH")
 READ_ADDRS = struct.Struct("<16s16s")
 RESP = struct.Struct("<II")  # n caplen
+Struct_Q = struct.Struct("<Q")  # one u64 (a WAGG's t_first, right after the header)
 TLS = struct.Struct("<II")  # lport pad
 AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
 # the write-to-wire holdback of the same writes (bpf/agent/hold.h): block_t max_us sum_us n

@@ -1,76 +1,40 @@
-"""Cutting one TCP connection's kernel events into HTTP/1.x exchanges (pure Python).
+"""HTTP/1.x: one TCP connection's kernel events → exchanges (pure Python).
 
 Input, in order, per connection: reads (request bytes, the first ``window`` of each read),
 response-head writes (a write beginning ``HTTP/``), aggregated body writes, peer FIN and
-close. Output: :class:`Exchange` objects, one per request (or WebSocket exchange), with
-CLOCK_MONOTONIC nanosecond times; :mod:`agent.records` turns them into exported records.
+close. Output: one :class:`~agent.protocols.exchange.Exchange` per request.
 
 Framing: keep-alive and pipelining (several requests in one read; responses matched in
 order), Content-Length and chunked bodies, close-delimited bodies, SSE, a peer that closes
-mid-stream, WebSocket after ``101`` (each client data frame starts an exchange; server
-frames until the next client frame belong to it), and a stream-length limit (the kernel
-flushes at the limit: a partial record is emitted, the final one follows).
+mid-stream, and a stream-length limit (the kernel flushes at the limit: a partial record is
+emitted, the final one follows). After ``101 Switching Protocols`` the connection is
+WebSocket's (agent.protocols.websocket).
 """
 
 from __future__ import annotations
 
 import copy
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from agent.kernel import events
 from agent.kernel.events import WAGG_END, WAGG_PARTIAL, Hold, merge_hold
 from agent.protocols import http1_head
-from parallax_contracts import trace_context
-from parallax_contracts.span_attributes import CHUNK_OFFSETS_CAP
+from agent.protocols.base import ConnParser
+from agent.protocols.exchange import Exchange
+from agent.protocols.websocket import WsConn
 
 MAX_PIPELINE = 64  # pending requests per connection before we stop queueing (bounded memory)
 
-
-@dataclass(slots=True)
-class Exchange:
-    method: str
-    path: str
-    version: str
-    traceparent: trace_context.TraceContext | None
-    traceparent_missed: bool
-    t1: int
-    t_arr: int = 0
-    t_acc: int = 0  # first request of a connection only
-    t_est: int = 0
-    t2: int = 0
-    t_tok: int = 0
-    t_end: int = 0
-    status: int = 0
-    chunk_times: list[int] = field(default_factory=list)
-    chunks: int = 0
-    gap_max_ns: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    body_out: int = 0
-    content_length: int | None = None
-    chunked: bool = False
-    srtt_us: int = 0
-    retrans_start: int = 0
-    retransmits: int = 0
-    partial: bool = False
-    client_aborted: bool = False
-    ws_seq: int = 0
-    upgrade: bool = False
-    head_request: bool = False
-    ended: bool = False  # chunked terminator seen
-    sample_th: int = 0  # the kernel's sampling threshold it was kept under (0: all kept)
-    hold: Hold | None = None  # write-to-wire holdback of its body writes (None: unmeasured)
-    rpc_system: str | None = None  # "grpc": an HTTP/2 stream of content-type application/grpc
-    grpc_status: int | None = None  # its trailers' grpc-status
-
-    def add_body_write(self, t: int) -> None:
-        if self.t_tok == 0:
-            self.t_tok = t
-        elif self.chunk_times and t - self.chunk_times[-1] > self.gap_max_ns:
-            self.gap_max_ns = t - self.chunk_times[-1]
-        if len(self.chunk_times) < CHUNK_OFFSETS_CAP:
-            self.chunk_times.append(t)
-        self.chunks += 1
+# the record layouts of agent.kernel.events, bound once for on_event
+_HDR_SIZE = events.HDR.size
+_READ = events.READ_NOADDR.unpack_from
+_READ_DATA = events.READ_DATA
+_RESP = events.RESP.unpack_from
+_RESP_DATA = events.RESP_DATA
+_AGG = events.AGG.unpack_from
+_OFFS_AT = events.OFFS_AT
+_EV_READ, _EV_RESP, _EV_WAGG = events.EV_READ, events.EV_RESP, events.EV_WAGG
 
 
 @dataclass(slots=True)
@@ -84,13 +48,13 @@ class Stats:
 
 
 class Conn:
-    """One connection's cutter. Feed events in kernel order; each call returns the
-    exchanges it completed."""
+    """One connection's HTTP/1 parser (agent.protocols.base.ConnParser). Feed events in
+    kernel order; each call returns the exchanges it completed."""
 
     def __init__(self, window: int = 4096, stats: Stats | None = None) -> None:
         self.window = window
         self.stats = stats if stats is not None else Stats()
-        self.mode = "http"  # http | ws | dead | resync
+        self.mode = "http"  # http | dead | resync
         self.buf = bytearray()
         self.body_skip = 0
         self.cur_t_arr = 0
@@ -101,15 +65,32 @@ class Conn:
         self.sample_th = 0  # the threshold of the request being read (its READ events say)
         self.t_acc = 0
         self.t_est = 0
-        self.peer_fin = False
+        self.t_peer_fin = 0
         self.srtt_us = 0
         self.retrans = 0
-        # WebSocket
-        self.ws_upgrade: Exchange | None = None
-        self.ws_cur: Exchange | None = None
-        self.ws_seq = 0
-        self.ws_skip = 0
         self.t_last_event = 0
+        self.upgraded: ConnParser | None = None
+
+    @property
+    def gave_up_unparsed(self) -> bool:
+        return self.mode == "dead" and self.requests == 0
+
+    # -- the seam -------------------------------------------------------------------------
+    def on_event(self, typ: int, raw: bytes, t: int, sample_th: int) -> list[Exchange]:
+        if typ == _EV_READ:
+            t_est, t_acc, t_arr, n, caplen, _lp, _rp, _fam, skipped = _READ(raw, _HDR_SIZE)
+            if skipped:  # requests the kernel did not sample: not the first one now
+                self.requests += skipped
+            self.sample_th = sample_th
+            return self.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr, t_acc, t_est)
+        if typ == _EV_RESP:
+            n, caplen = _RESP(raw, _HDR_SIZE)
+            return self.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
+        if typ == _EV_WAGG:
+            t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
+            times = [t_first + o * 1000 for o in events.offsets(raw, _OFFS_AT, n)]
+            return self.on_writes(t_last, times, n, nbytes, gap_max_ns, flags, events.hold_at(raw))
+        return []
 
     # -- request side ---------------------------------------------------------------
     def on_read(
@@ -122,8 +103,6 @@ class Conn:
             self.t_est = t_est
         if n <= 0 or self.mode == "dead":
             return []
-        if self.mode == "ws":
-            return self._ws_read(t, n, data, t_arr)
         if (
             not self.buf
             and not self.body_skip
@@ -165,7 +144,7 @@ class Conn:
             self.cur_t_arr = t_arr
         self.buf += data[pos:]
         self.cur_bytes += n - pos
-        out = self._cut(t, truncated=missing > 0)
+        self._cut(t, truncated=missing > 0)
         if missing > 0 and self.mode == "http" and not self.buf:
             # bytes beyond the capture: body of the last request, else we lost the framing
             if self.body_skip >= missing:
@@ -173,7 +152,7 @@ class Conn:
                 self._credit_body(missing)
             else:
                 self._lose_sync()
-        return out
+        return []
 
     def _credit_body(self, nbytes: int) -> None:
         last = self.pending[-1] if self.pending else self.active
@@ -186,8 +165,7 @@ class Conn:
         self.buf.clear()
         self.body_skip = 0
 
-    def _cut(self, t: int, truncated: bool) -> list[Exchange]:
-        out: list[Exchange] = []
+    def _cut(self, t: int, truncated: bool) -> None:
         while self.buf and self.mode == "http":
             if not http1_head.looks_like_request(bytes(self.buf[:11])):
                 self.stats.unparsed += 1
@@ -211,7 +189,6 @@ class Conn:
             ex.bytes_in += take
             if self.buf:
                 self.cur_bytes = len(self.buf)
-        return out
 
     def _request(self, head: bytes, t: int) -> tuple[Exchange, int] | None:
         """One whole request head: its exchange queued (bytes_in: the head) and its body
@@ -274,7 +251,7 @@ class Conn:
     # -- response side --------------------------------------------------------------
     def on_resp(self, t: int, n: int, data: bytes) -> list[Exchange]:
         self.t_last_event = t
-        if self.mode in {"ws", "dead"}:
+        if self.mode == "dead":
             return []
         rh = http1_head.parse_response(data)
         if rh is None:
@@ -304,7 +281,6 @@ class Conn:
         if rh.head_len is not None and n > rh.head_len:
             ex.add_body_write(t)
             ex.body_out = n - rh.head_len
-            ex.t_end = t
         ex.t_end = t
         done = (
             rh.status == 101
@@ -314,9 +290,11 @@ class Conn:
             or (rh.chunked and whole and data.endswith(b"0\r\n\r\n"))
         )
         if rh.status == 101:
-            self.mode = "ws"
-            self.ws_upgrade = ex
+            # the connection is WebSocket's from here on: requests pipelined after the
+            # upgrade are not HTTP
             self.pending.clear()
+            self.mode = "dead"
+            self.upgraded = WsConn(ex, self.stats, self.requests)
         if done:
             out.append(self._finish(ex))
         else:
@@ -335,12 +313,10 @@ class Conn:
     ) -> list[Exchange]:
         """Aggregated body writes (``times``: the first ≤ 256 of ``n``)."""
         self.t_last_event = t_last
-        if self.mode == "ws":
-            return self._ws_writes(t_last, times, n, nbytes, gap_max_ns, hold)
         ex = self.active
         if ex is None:
             return []
-        self._merge_writes(ex, t_last, times, n, nbytes, gap_max_ns)
+        ex.merge_writes(t_last, times, n, nbytes, gap_max_ns)
         if hold is not None:
             ex.hold = merge_hold(ex.hold, hold)
         ex.body_out += nbytes
@@ -349,7 +325,7 @@ class Conn:
             snap = copy.copy(ex)
             snap.chunk_times = list(ex.chunk_times)
             snap.partial = True
-            out.append(self._finalize_fields(snap))
+            out.append(self._finish(snap))
             ex.partial = False
         if flags & WAGG_END:
             ex.ended = True
@@ -358,22 +334,14 @@ class Conn:
             self.active = None
         return out
 
-    @staticmethod
-    def _merge_writes(
-        ex: Exchange, t_last: int, times: list[int], n: int, nbytes: int, gap_max_ns: int
-    ) -> None:
-        for tw in times:
-            ex.add_body_write(tw)
-        ex.chunks += n - len(times)  # writes beyond the kernel's 256 timestamps
-        ex.gap_max_ns = max(ex.gap_max_ns, gap_max_ns)
-        ex.bytes_out += nbytes
-        ex.t_end = max(ex.t_end, t_last)
-
     # -- connection end -------------------------------------------------------------
     def on_peer_fin(self, t: int) -> None:
         # Only noted: the kernel may still hold body writes it flushes at close; whether the
         # response was cut short is decided there, from the framing.
-        self.peer_fin = True
+        if not self.t_peer_fin:
+            self.t_peer_fin = t
+        if self.active is not None and not self.active.t_peer_fin:
+            self.active.t_peer_fin = t
 
     def on_close(self, t: int, server_gone: bool = False) -> list[Exchange]:
         """The connection ended. ``server_gone``: it closed without a close() of the app
@@ -384,33 +352,28 @@ class Conn:
             incomplete = (a.content_length is not None and a.body_out < a.content_length) or (
                 a.chunked and not a.ended
             )
-            a.client_aborted = incomplete and self.peer_fin
-            a.partial = incomplete and server_gone and not self.peer_fin
+            peer_fin = bool(self.t_peer_fin)
+            a.client_aborted = incomplete and peer_fin
+            a.partial = incomplete and server_gone and not peer_fin
             out.append(self._finish(a))
             self.active = None
-        return self._end(out, partial_ws=False)
+        return self._end(out)
 
     def flush_inflight(self) -> list[Exchange]:
-        """The agent is stopping: the response in progress (and a WebSocket exchange) as
-        partial records covering what was written so far. Requests not answered yet are
-        counted (``Stats.unanswered``), not recorded."""
+        """The agent is stopping: the response in progress as a partial record covering
+        what was written so far. Requests not answered yet are counted
+        (``Stats.unanswered``), not recorded."""
         out: list[Exchange] = []
         a = self.active
         if a is not None:
             a.partial = True
             out.append(self._finish(a))
             self.active = None
-        return self._end(out, partial_ws=True)
+        return self._end(out)
 
-    def _end(self, out: list[Exchange], partial_ws: bool) -> list[Exchange]:
-        """Both ends of a connection's life (closed, or the agent stopping): the WebSocket
-        exchange in progress is emitted; requests never answered get no record (nothing
-        was served), only a count."""
-        if self.mode == "ws" and self.ws_cur is not None and self.ws_cur.t2:
-            if partial_ws:
-                self.ws_cur.partial = True
-            out.append(self._finalize_fields(self.ws_cur))
-        self.ws_cur = None
+    def _end(self, out: list[Exchange]) -> list[Exchange]:
+        """Both ends of a connection's life: requests never answered get no record
+        (nothing was served), only a count."""
         self.stats.unanswered += len(self.pending)
         self.pending.clear()
         self.mode = "dead"
@@ -420,114 +383,40 @@ class Conn:
         """Events of this connection were lost (the kernel's ring was full): what is in
         flight can no longer be framed — a lost response head would match the next response
         to the wrong request. Drop it (counted) and pick up again at the next read that
-        starts a request (or, on a WebSocket, the next client frame)."""
-        dropped = len(self.pending) + (self.active is not None) + (self.ws_cur is not None)
-        self.stats.lost_exchanges += dropped
+        starts a request."""
+        self.stats.lost_exchanges += len(self.pending) + (self.active is not None)
         self.pending.clear()
         self.active = None
-        self.ws_cur = None
         self.body_skip = 0
         self.buf.clear()
         if self.mode == "http":
             self.mode = "resync"
+
+    def in_flight(self) -> list[int]:
+        a = self.active
+        return [a.t1] if a is not None and a.t1 else []
+
+    def after_error(self) -> ConnParser | None:
+        self.stats.lost_exchanges += len(self.pending) + (self.active is not None)
+        fresh = Conn(self.window, self.stats)
+        fresh.mode = "resync"  # from the next read that starts a request
+        fresh.requests = self.requests  # not a first request: no accept-queue time
+        fresh.srtt_us, fresh.retrans = self.srtt_us, self.retrans
+        return fresh
 
     def update_tcp(self, srtt_us: int, retrans: int) -> None:
         if srtt_us:
             self.srtt_us = srtt_us
         self.retrans = retrans
 
-    def _finalize_fields(self, ex: Exchange) -> Exchange:
-        if self.srtt_us:
-            ex.srtt_us = self.srtt_us
-        d = self.retrans - ex.retrans_start
-        ex.retransmits = d if d > 0 else 0
-        return ex
+    def _finish(self, ex: Exchange) -> Exchange:
+        return ex.finish_tcp(self.srtt_us, self.retrans)
 
-    _finish = _finalize_fields  # one call fewer per record than a wrapper
-
-    # -- WebSocket ------------------------------------------------------------------
-    def _ws_frames(self, data: bytes, n: int) -> int:
-        """Count client data frames (text/binary) that start in this read."""
-        count = 0
-        pos = 0
-        skip = self.ws_skip
-        if skip >= n:
-            self.ws_skip = skip - n
-            return 0
-        pos = skip
-        self.ws_skip = 0
-        while pos + 2 <= len(data):
-            b0, b1 = data[pos], data[pos + 1]
-            opcode = b0 & 0x0F
-            ln = b1 & 0x7F
-            hl = 2
-            if ln == 126:
-                if pos + 4 > len(data):
-                    break
-                ln = int.from_bytes(data[pos + 2 : pos + 4], "big")
-                hl = 4
-            elif ln == 127:
-                if pos + 10 > len(data):
-                    break
-                ln = int.from_bytes(data[pos + 2 : pos + 10], "big")
-                hl = 10
-                if ln >> 63:
-                    # RFC 6455 5.2: the top bit must be 0, and the server fails the
-                    # connection. Not a length to skip (it would hide every later frame):
-                    # the rest of this read is not framed, the next read starts afresh.
-                    break
-            if b1 & 0x80:
-                hl += 4
-            if opcode in (1, 2):
-                count += 1
-            end = pos + hl + ln
-            if end > n:
-                self.ws_skip = end - n
-                break
-            pos = end
-        return count
-
-    def _ws_read(self, t: int, n: int, data: bytes, t_arr: int) -> list[Exchange]:
-        frames = self._ws_frames(data, n)
-        if frames == 0 or self.ws_upgrade is None:
-            return []
-        out: list[Exchange] = []
-        if self.ws_cur is not None and self.ws_cur.t2:
-            out.append(self._finalize_fields(self.ws_cur))
-        up = self.ws_upgrade
-        self.ws_seq += frames
-        self.ws_cur = Exchange(
-            up.method,
-            up.path,
-            up.version,
-            up.traceparent,
-            up.traceparent_missed,
-            t1=t,
-            t_arr=t_arr,
-            status=101,
-            bytes_in=n,
-            srtt_us=self.srtt_us,
-            retrans_start=self.retrans,
-            ws_seq=self.ws_seq,
-            sample_th=up.sample_th,
-        )
-        return out
-
-    def _ws_writes(
-        self,
-        t_last: int,
-        times: list[int],
-        n: int,
-        nbytes: int,
-        gap_max_ns: int,
-        hold: Hold | None = None,
-    ) -> list[Exchange]:
-        ex = self.ws_cur
-        if ex is None:
-            return []
-        if not ex.t2 and times:
-            ex.t2 = times[0]
-        self._merge_writes(ex, t_last, times, n, nbytes, gap_max_ns)
-        if hold is not None:
-            ex.hold = merge_hold(ex.hold, hold)
-        return []
+    # -- the sweep: a Content-Length response whose last writes sit in the kernel -------
+    def open_content_length(self) -> tuple[int, int] | None:
+        """(body bytes still expected, last event time) of a Content-Length response in
+        progress, else None."""
+        a = self.active
+        if a is None or a.content_length is None:
+            return None
+        return a.content_length - a.body_out, self.t_last_event

@@ -28,7 +28,9 @@ from typing import cast
 
 from hpack import Decoder, HPACKError
 
-from agent.protocols.http1 import Exchange
+from agent.kernel import events
+from agent.protocols.base import ConnParser
+from agent.protocols.exchange import Exchange
 from agent.protocols.http1_head import clean_path
 from parallax_contracts import trace_context
 
@@ -38,6 +40,15 @@ END_STREAM, END_HEADERS, PADDED, PRIORITY = 0x1, 0x4, 0x8, 0x20
 SETTINGS_HEADER_TABLE_SIZE = 1
 MAX_BLOCK = 1 << 20  # a header block larger than this is not buffered: desync
 MAX_STREAMS = 1024  # streams in flight per connection before new ones are not followed
+
+# EV_H2 (bpf/agent/proto/http2.h): READ's layout, its ``skipped`` field carrying the
+# direction, then the kernel's frame walk
+_HDR_SIZE = events.HDR.size
+_READ = events.READ_NOADDR.unpack_from
+_WALK = events.H2_WALK.unpack_from
+_WALK_AT = events.READ_DATA
+_HDRS_AT = events.READ_DATA + events.H2_WALK.size
+_DATA = events.H2_DATA
 
 
 @dataclass(slots=True)
@@ -111,8 +122,10 @@ class Desync(Exception):  # noqa: N818  (control flow inside the framer, never r
 
 
 class H2Conn:
-    """One HTTP/2 connection. Feed its events in kernel order; each call returns the
-    stream exchanges it completed."""
+    """One HTTP/2 connection (agent.protocols.base.ConnParser). Feed its events in kernel
+    order; each call returns the stream exchanges it completed."""
+
+    upgraded: ConnParser | None = None
 
     def __init__(self, stats: H2Stats) -> None:
         self.stats = stats
@@ -129,6 +142,38 @@ class H2Conn:
         self.retrans = 0
         self.peer_fin = False
         self._out: list[Exchange] = []
+
+    @property
+    def gave_up_unparsed(self) -> bool:
+        return False  # (the kernel saw its preface: it is HTTP/2, desynchronised or not)
+
+    # -- the seam ---------------------------------------------------------------------
+    def on_event(self, typ: int, raw: bytes, t: int, sample_th: int) -> list[Exchange]:
+        """An EV_H2 record: a read (direction 0) or a write (1) of the connection, the
+        bytes the kernel copied, the frame headers its walk found past the copy (by offset)
+        and a long plain buffer's last bytes."""
+        t_est, t_acc, t_arr, n, caplen, _lp, _rp, _fam, direction = _READ(raw, _HDR_SIZE)
+        data = raw[_DATA : _DATA + caplen]
+        walk = _WALK(raw, _WALK_AT)
+        past: dict[int, bytes] | None = None
+        if walk[1]:  # frame headers past the copy, found by the kernel's walk
+            past = {
+                walk[3 + i]: bytes(raw[_HDRS_AT + 12 * i : _HDRS_AT + 12 * i + 9])
+                for i in range(min(walk[1], events.H2_HDRS))
+            }
+        tail = raw[_DATA + caplen : _DATA + caplen + walk[2]] if walk[2] else b""
+        if direction == 0:
+            return self.on_read(t, n, data, t_arr, t_acc, t_est, past, tail)
+        return self.on_write(t, n, data, past, tail)
+
+    def in_flight(self) -> list[int]:
+        """Its streams answered and open."""
+        return [ex.t1 for ex in list(self.streams.values()) if ex.t2]
+
+    def after_error(self) -> ConnParser | None:
+        """An HTTP/2 connection is not picked up again (its HPACK state is lost)."""
+        self.on_loss()
+        return self
 
     # -- events -----------------------------------------------------------------------
     def on_read(
@@ -177,10 +222,10 @@ class H2Conn:
         """Events were lost: neither the framing nor the HPACK tables can be trusted."""
         self._desync("lost_events")
 
-    def on_peer_fin(self) -> None:
+    def on_peer_fin(self, t: int = 0) -> None:
         self.peer_fin = True
 
-    def on_close(self, server_gone: bool = False) -> list[Exchange]:
+    def on_close(self, t: int = 0, server_gone: bool = False) -> list[Exchange]:
         """The connection ended: answered streams still open are emitted (cut short by the
         client, or partial when the server went away), unanswered ones counted."""
         return self._end(partial=server_gone and not self.peer_fin, aborted=self.peer_fin)
@@ -469,8 +514,4 @@ class H2Conn:
 
     def _finish(self, ex: Exchange) -> Exchange:
         self.stats.streams += 1
-        if self.srtt_us:
-            ex.srtt_us = self.srtt_us
-        d = self.retrans - ex.retrans_start
-        ex.retransmits = d if d > 0 else 0
-        return ex
+        return ex.finish_tcp(self.srtt_us, self.retrans)

@@ -208,7 +208,7 @@ def test_records_say_absent_when_unmeasured() -> None:
     """The record's fields without the measure (no PX_HOLDS): absent, not zero."""
     from agent import records
     from agent.kernel.clock import MonoClock
-    from agent.protocols.http1 import Exchange
+    from agent.protocols.exchange import Exchange
     from agent.records import ConnInfo
 
     ex = Exchange("GET", "/", "1.1", None, False, t1=1, t2=2)

@@ -11,7 +11,7 @@ import h2.events
 import pytest
 from hpack import Encoder
 
-from agent.protocols.http1 import Exchange
+from agent.protocols.exchange import Exchange
 from agent.protocols.http2 import PREFACE, H2Conn, H2Stats
 from parallax_contracts import trace_context
 

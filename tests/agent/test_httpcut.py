@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from agent.kernel.events import WAGG_END
 from agent.protocols import http1_head
-from agent.protocols.http1 import Conn, Exchange
+from agent.protocols.exchange import Exchange
+from agent.protocols.http1 import Conn
+from agent.protocols.websocket import WsConn
 from parallax_contracts import trace_context
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -219,13 +221,14 @@ def test_a_head_alone_in_a_read_is_cut_as_when_it_comes_in_pieces(
     assert run([head]) == run([head[:cut], head[cut:]])
 
 
-def _upgraded() -> Conn:
+def _upgraded() -> WsConn:
     c = Conn(window=4096)
     up = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
     c.on_read(1, len(up), up)
     r = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
     assert [e.upgrade for e in c.on_resp(2, len(r), r)] == [True]  # the upgrade's record
-    return c
+    assert isinstance(c.upgraded, WsConn)  # the connection is WebSocket's from here on
+    return c.upgraded
 
 
 def test_websocket_frame_claiming_an_invalid_64_bit_length_hides_no_later_frame() -> None:
@@ -234,15 +237,15 @@ def test_websocket_frame_claiming_an_invalid_64_bit_length_hides_no_later_frame(
     c = _upgraded()
     bad = bytes([0x82, 0xFF]) + (1 << 63 | 5).to_bytes(8, "big") + b"mask" + b"x" * 5
     assert c.on_read(10, len(bad), bad) == []
-    assert c.ws_skip == 0 and c.ws_seq == 0  # not a message: the server fails it
+    assert c.skip == 0 and c.seq == 0  # not a message: the server fails it
     ok = bytes([0x81, 0x85]) + b"mask" + b"hello"
     out = c.on_read(20, len(ok), ok)
-    assert c.ws_seq == 1 and c.ws_cur is not None and c.ws_cur.t1 == 20
+    assert c.seq == 1 and c.cur is not None and c.cur.t1 == 20
     assert out == []  # the first exchange had no server write: nothing to emit
     # a valid large length is still skipped, as the server would read it
     big = bytes([0x82, 0xFF]) + (1 << 40).to_bytes(8, "big") + b"mask" + b"y" * 10
     c.on_read(30, len(big), big)
-    assert c.ws_skip == (1 << 40) + 14 - len(big)
+    assert c.skip == (1 << 40) + 14 - len(big)
 
 
 def test_a_page_load_joins_the_trace_its_server_timing_names() -> None:

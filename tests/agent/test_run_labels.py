@@ -14,7 +14,9 @@ from agent import connections
 from agent.export.outputs import RecordQueue
 from agent.identity import processes
 from agent.kernel.clock import MonoClock
-from agent.protocols.http1 import Conn, Exchange
+from agent.protocols.exchange import Exchange
+from agent.protocols.http1 import Conn
+from agent.protocols.table import PROTOCOLS
 from tests.agent.helpers import PY, Proc
 
 
@@ -90,9 +92,10 @@ def test_the_sweep_bounds_its_map_lookups_and_goes_round() -> None:
     aggs = _Aggs()
     n = connections.SWEEP_LOOKUPS * 2 + 88
     for sk in range(1, n + 1):
-        st = connections.ConnState(Conn(), 1)
-        st.cut.active = Exchange("GET", "/dl", "HTTP/1.1", None, False, t1=1)
-        st.cut.active.content_length = 1 << 30
+        cut = Conn()
+        cut.active = Exchange("GET", "/dl", "HTTP/1.1", None, False, t1=1)
+        cut.active.content_length = 1 << 30
+        st = connections.ConnState(cut, PROTOCOLS[0], 1)
         a._open_cl[(sk, 0)] = st  # t_last_event 0: idle for long
     a.sweep(aggs)
     assert len(aggs.looked) == connections.SWEEP_LOOKUPS

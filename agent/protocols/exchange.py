@@ -1,0 +1,91 @@
+"""The neutral exchange: what every protocol module makes of a connection's kernel events,
+and what records, spans and metrics are built from (agent.records).
+
+One exchange is one request and its response — an HTTP/1 request, an HTTP/2 stream, a
+WebSocket turn (a client message and the server frames until the next one). Its parts:
+the request head, the response head, the body writes with their times (and, where the body
+speaks an LLM stream dialect, its events: agent.protocols.streams), and the end state.
+Times are CLOCK_MONOTONIC nanoseconds; 0 means "not seen".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.kernel.events import Hold
+from parallax_contracts import trace_context
+from parallax_contracts.span_attributes import CHUNK_OFFSETS_CAP
+
+
+@dataclass(slots=True)
+class Exchange:
+    # -- request head --
+    method: str
+    path: str
+    version: str
+    traceparent: trace_context.TraceContext | None
+    traceparent_missed: bool
+    # -- instants (the measurement model, docs/ARCHITECTURE.md) --
+    t1: int  # the app's read returned the request
+    t_arr: int = 0  # its bytes arrived on the socket
+    t_acc: int = 0  # accept() returned (first request of a connection only)
+    t_est: int = 0  # handshake complete (first request of a connection only)
+    t2: int = 0  # the response head was written
+    t_tok: int = 0  # the first body-carrying write
+    t_end: int = 0  # the last write
+    # -- response head --
+    status: int = 0
+    content_length: int | None = None
+    chunked: bool = False
+    # -- body writes --
+    chunk_times: list[int] = field(default_factory=list)  # the first CHUNK_OFFSETS_CAP
+    chunks: int = 0
+    gap_max_ns: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    body_out: int = 0
+    hold: Hold | None = None  # write-to-wire holdback of its body writes (None: unmeasured)
+    # -- end state --
+    ended: bool = False  # the protocol's own end was seen (chunked terminator, END_STREAM)
+    partial: bool = False  # not finished: the stream limit's snapshot, or the agent stopped
+    client_aborted: bool = False  # the client closed (or reset the stream) first
+    t_peer_fin: int = 0  # when the client's FIN arrived, if it came before the end
+    # -- the connection --
+    srtt_us: int = 0
+    retrans_start: int = 0
+    retransmits: int = 0
+    sample_th: int = 0  # the kernel's sampling threshold it was kept under (0: all kept)
+    # -- protocol specifics --
+    ws_seq: int = 0  # WebSocket: the turn's client message number
+    upgrade: bool = False  # the request asked for a WebSocket upgrade
+    head_request: bool = False
+    rpc_system: str | None = None  # "grpc": an HTTP/2 stream of content-type application/grpc
+    grpc_status: int | None = None  # its trailers' grpc-status
+
+    def add_body_write(self, t: int) -> None:
+        if self.t_tok == 0:
+            self.t_tok = t
+        elif self.chunk_times and t - self.chunk_times[-1] > self.gap_max_ns:
+            self.gap_max_ns = t - self.chunk_times[-1]
+        if len(self.chunk_times) < CHUNK_OFFSETS_CAP:
+            self.chunk_times.append(t)
+        self.chunks += 1
+
+    def merge_writes(
+        self, t_last: int, times: list[int], n: int, nbytes: int, gap_max_ns: int
+    ) -> None:
+        """Body writes the kernel aggregated (``times``: the first of the ``n``)."""
+        for tw in times:
+            self.add_body_write(tw)
+        self.chunks += n - len(times)  # writes beyond the kernel's timestamps
+        self.gap_max_ns = max(self.gap_max_ns, gap_max_ns)
+        self.bytes_out += nbytes
+        self.t_end = max(self.t_end, t_last)
+
+    def finish_tcp(self, srtt_us: int, retrans: int) -> Exchange:
+        """The connection's TCP figures at the exchange's end."""
+        if srtt_us:
+            self.srtt_us = srtt_us
+        d = retrans - self.retrans_start
+        self.retransmits = d if d > 0 else 0
+        return self
