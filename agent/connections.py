@@ -26,6 +26,7 @@ from agent.protocols import http1
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
 from agent.protocols.http2 import H2Stats
+from agent.protocols.streams.stream import Engines
 from agent.protocols.table import BY_EVENT, PROTOCOLS, Entry
 from agent.protocols.websocket import WsConn
 from agent.records import ConnInfo, build
@@ -87,6 +88,7 @@ class Connections:
         self.clock = clock
         self.out = out
         self.proto_stats: dict[str, Any] = {e.name: e.new_stats() for e in PROTOCOLS}
+        self.engines = Engines()  # per local port: the streams of one engine (LLM queue)
         self._identity = identity
         self._on_unparsed = on_unparsed
         self._on_traceparent_missed = on_traceparent_missed
@@ -168,6 +170,7 @@ class Connections:
                 self.emit(st, out)
             if p.upgraded is not None:  # WebSocket after a 101
                 st.parser, p.upgraded = p.upgraded, None
+                st.parser.engine = p.engine
             elif p.gave_up_unparsed and not st.unparsed_counted:
                 st.unparsed_counted = True
                 self._on_unparsed(st.lport)

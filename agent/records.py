@@ -10,7 +10,8 @@ from typing import Any
 
 from agent.kernel.clock import MonoClock
 from agent.protocols.exchange import Exchange
-from parallax_contracts import sampling, trace_context
+from agent.protocols.streams.stream import CLIENT_ABORTED, Stream
+from parallax_contracts import genai, sampling, trace_context
 from parallax_contracts import span_attributes as sa
 
 
@@ -78,7 +79,7 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
     start_arr = max(t_arr, t_acc) if t_arr else 0
     off = clock.offset_ns
     take = _ids.take
-    return {
+    rec = {
         "trace_id": tp.trace_id if tp else take(16),
         "span_id": take(8),
         "parent_span_id": tp.span_id if tp else None,
@@ -105,6 +106,7 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         if t_acc and t_est
         else None,
         "ttft_us": ((t_tok - t1) // 1000 if t_tok > t1 else 0) if t_tok and t1 else None,
+        "first_chunk_us": ((t_tok - t1) // 1000 if t_tok > t1 else 0) if t_tok and t1 else None,
         "chunk_offsets_us": [(t - t1) // 1000 if t > t1 else 0 for t in ex.chunk_times],
         "chunks": ex.chunks,
         "chunk_gap_max_us": ex.gap_max_ns // 1000 if ex.chunks > 1 else None,
@@ -125,7 +127,81 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "rpc_system": ex.rpc_system,
         "grpc_status": ex.grpc_status,
         **_hold_fields(ex),
+        **(_NO_LLM if ex.stream is None or ex.stream.dialect is None else {}),
     }
+    if ex.stream is not None and ex.stream.dialect is not None:
+        _llm_fields(rec, ex.stream, t1, conn.service)
+    return rec
+
+
+_LLM_FIELDS = tuple(sa.record_field(a) for a in genai.ALL)
+_NO_LLM: dict[str, Any] = dict.fromkeys(_LLM_FIELDS)
+
+
+def _us(t: int, t1: int) -> int | None:
+    return ((t - t1) // 1000 if t > t1 else 0) if t and t1 else None
+
+
+def _llm_fields(rec: dict[str, Any], s: Stream, t1: int, service: str) -> None:
+    """An LLM stream's fields (parallax_contracts.genai): only what was measured; the text
+    of the stream never reaches here."""
+    d = s.dialect
+    assert d is not None
+    n, source = s.tokens
+    g = s.gaps
+    qs = g.quantiles((0.5, 0.95, 0.99))
+    stalls = g.stalls_over_median()
+    end = s.ending()
+    first = _us(s.t_first_answer, t1)
+    problem = s.problems.most_common(1)[0][0] if s.problems else None
+    queue = prefill = None
+    if s.lead_t and s.t_first_out:
+        queue = (s.lead_t - t1) // 1000 if s.lead_t > t1 else 0
+        prefill = (s.t_first_out - s.lead_t) // 1000
+    rec.update(
+        {
+            "ttft_us": first,  # an LLM stream's TTFT is its first answer token's
+            "client_aborted": end == CLIENT_ABORTED,
+            "gen_ai_operation_name": s.operation or d.operation,
+            "gen_ai_provider_name": genai.provider(d.provider, service),
+            "gen_ai_response_model": s.model,
+            "gen_ai_response_finish_reasons": s.finish_reasons or None,
+            "gen_ai_usage_input_tokens": s.input_tokens,
+            "gen_ai_usage_output_tokens": n,
+            "gen_ai_request_stream": True,
+            "gen_ai_response_time_to_first_chunk": first / 1e6 if first is not None else None,
+            "error_type": s.error_type,
+            "llm_dialect": d.name,
+            "llm_first_output_us": _us(s.t_first_out, t1),
+            "llm_output_tokens_source": source,
+            "llm_content_events": s.n_content,
+            "llm_reasoning_events": s.n_reasoning,
+            "llm_reasoning_tokens": s.reasoning_tokens,
+            "llm_token_offsets_us": [(t - t1) // 1000 if t > t1 else 0 for t in s.offsets],
+            "llm_gaps": g.n,
+            "llm_gap_p50_us": qs[0],
+            "llm_gap_p95_us": qs[1],
+            "llm_gap_p99_us": qs[2],
+            "llm_gap_max_us": g.max_us if g.n else None,
+            "llm_gap_max_index": g.max_at if g.n else None,
+            "llm_gaps_exact": g.is_exact if g.n else None,
+            "llm_stall_tokens": [at for at, _ in stalls] or None,
+            "llm_stall_gaps_us": [us for _, us in stalls] or None,
+            "llm_queue_us": queue,
+            "llm_prefill_us": prefill,
+            "llm_engine_prefill_us": _ns_us(s.engine_prefill_ns),
+            "llm_engine_decode_us": _ns_us(s.engine_decode_ns),
+            "llm_engine_load_us": _ns_us(s.engine_load_ns),
+            "llm_end": end,
+            "llm_wasted_tokens": s.wasted if s.wasted_after else None,
+            "llm_parse_problems": sum(s.problems.values()) or None,
+            "llm_parse_problem": problem,
+        }
+    )
+
+
+def _ns_us(ns: int | None) -> int | None:
+    return ns // 1000 if ns is not None else None
 
 
 _NO_HOLD: dict[str, Any] = {
@@ -168,6 +244,7 @@ _ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
     ("accept_queue_us", sa.ACCEPT_QUEUE_US),
     ("arrival_unix_ns", sa.ARRIVAL_UNIX_NS),
     ("ttft_us", sa.TTFT_US),
+    ("first_chunk_us", sa.FIRST_CHUNK_US),
     ("chunk_offsets_us", sa.CHUNK_OFFSETS_US),
     ("chunks", sa.CHUNKS),
     ("chunk_gap_max_us", sa.CHUNK_GAP_MAX_US),
@@ -182,11 +259,13 @@ _ATTR_MAP: tuple[tuple[str, sa.Attr], ...] = (
     ("source", sa.SOURCE),
     *((sa.record_field(a), a) for a in sa.WIRE_HOLD),
     *((sa.record_field(a), a) for a in sa.GPU),
+    *((sa.record_field(a), a) for a in genai.ALL if a.type != "bool"),
 )
 _BOOL_ATTRS = (
     ("partial", sa.PARTIAL),
     ("client_aborted", sa.CLIENT_ABORTED),
     ("traceparent_missed", sa.TRACEPARENT_MISSED),
+    *((sa.record_field(a), a) for a in genai.ALL if a.type == "bool"),
 )
 
 
@@ -195,7 +274,7 @@ def span_attributes(rec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, attr in _ATTR_MAP:
         v = rec.get(key)
-        if v is None or (attr.type == "int[]" and not v):
+        if v is None or (attr.type in ("int[]", "string[]") and not v):
             continue
         out[attr.name] = v
     for key, attr in _BOOL_ATTRS:

@@ -43,6 +43,7 @@
 #include "agent/tls.h"
 #include "agent/hold.h"
 #include "agent/proto/http2.h"
+#include "agent/proto/stream.h"
 #include "agent/proto/http1.h"
 #include "agent/syscalls.h"
 #ifdef PX_SOCK_HOOKS

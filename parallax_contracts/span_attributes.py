@@ -12,20 +12,11 @@ docs/contracts/span-attributes.md (a test checks the two agree).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Literal
 
-AttrType = Literal["string", "int", "double", "bool", "int[]"]
-
-
-@dataclass(frozen=True, slots=True)
-class Attr:
-    name: str
-    type: AttrType
-    unit: str  # "" where the value has no unit
-    doc: str
-    standard: bool = False  # an OpenTelemetry semantic-convention name
-
+from parallax_contracts import genai
+from parallax_contracts.attr import Attr as Attr  # noqa: PLC0414  (re-exported)
+from parallax_contracts.attr import AttrType
+from parallax_contracts.attr import record_field as record_field  # noqa: PLC0414
 
 # --- OpenTelemetry semantic conventions (span attributes) --------------------------
 HTTP_REQUEST_METHOD = Attr("http.request.method", "string", "", "Request method.", True)
@@ -105,7 +96,15 @@ TTFT_US = Attr(
     "parallax.ttft_us",
     "int",
     "us",
-    "Server TTFT t_tok − t1: first write carrying body bytes (may be the header write).",
+    "Server TTFT: on an LLM stream (`parallax.llm.dialect` set) the first answer token's write"
+    " − t1; elsewhere, for now, t_tok − t1 as `parallax.first_chunk_us`.",
+)
+FIRST_CHUNK_US = Attr(
+    "parallax.first_chunk_us",
+    "int",
+    "us",
+    "First write carrying body bytes − t1 (may be the header write), for every response with"
+    " a body. On an LLM stream `parallax.ttft_us` is its first answer token instead.",
 )
 CHUNK_OFFSETS_US = Attr(
     "parallax.chunk_offsets_us",
@@ -364,6 +363,7 @@ ALL: tuple[Attr, ...] = (
     ACCEPT_QUEUE_US,
     ARRIVAL_UNIX_NS,
     TTFT_US,
+    FIRST_CHUNK_US,
     CHUNK_OFFSETS_US,
     CHUNKS,
     CHUNK_GAP_MAX_US,
@@ -392,18 +392,12 @@ ALL: tuple[Attr, ...] = (
     GPU_SAMPLE_COVERAGE,
     GPU_INFLIGHT_MEAN,
     GPU_UUID,
+    *genai.ALL,
 )
 GPU: tuple[Attr, ...] = tuple(a for a in ALL if a.name.startswith("parallax.gpu."))
 WIRE_HOLD: tuple[Attr, ...] = tuple(a for a in ALL if a.name.startswith("parallax.wire_hold."))
 BY_NAME: dict[str, Attr] = {a.name: a for a in ALL}
 CHUNK_OFFSETS_CAP = 256
-
-
-def record_field(a: Attr) -> str:
-    """The agent's JSONL field for a ``parallax.*`` attribute: the name without
-    ``parallax.``, dots as underscores (``parallax.gpu.prefill_wait_us`` →
-    ``gpu_prefill_wait_us``)."""
-    return a.name.removeprefix("parallax.").replace(".", "_")
 
 
 def markdown_table(attrs: tuple[Attr, ...] = ALL) -> str:

@@ -52,6 +52,30 @@ if [ -d "$BCC_SRC" ] && [ ! -e "$SITE/bcc" ]; then
     ln -s "$BCC_SRC" "$SITE/bcc"
 fi
 
+# --- The real LLM engine for the tests: llama-cpp-python, built once from its sdist -------
+# (~10 min on 2 cores; no extra Debian packages: gcc, g++ and cmake from its build deps). The
+# wheel is kept in .cache/wheels, so a venv rebuilt later installs it in seconds.
+LLAMA=llama-cpp-python==0.3.36
+if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
+    mkdir -p .cache/wheels
+    if ! ls .cache/wheels/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
+        say "building $LLAMA from its sdist (once, ~10 min on 2 cores)"
+        .venv/bin/pip wheel -q --disable-pip-version-check --no-deps -w .cache/wheels "$LLAMA"
+    fi
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps .cache/wheels/llama_cpp_python-0.3.36-*.whl
+fi
+# LiteLLM, the gateway the tests put in front of the engine: a venv of its own (it pins
+# python-dateutil below what kubernetes needs), from its lock file.
+LSTAMP=.cache/venvs/litellm/.parallax-setup
+LWANT=$(sha256sum tests/agent/llm/litellm.lock | cut -c1-16)
+if [ ! -x .cache/venvs/litellm/bin/litellm ] || [ "$(cat "$LSTAMP" 2>/dev/null)" != "$LWANT" ]; then
+    say "building .cache/venvs/litellm from tests/agent/llm/litellm.lock"
+    mkdir -p .cache/venvs
+    [ -x .cache/venvs/litellm/bin/python ] || "$PYTHON" -m venv .cache/venvs/litellm
+    .cache/venvs/litellm/bin/pip install -q --disable-pip-version-check -r tests/agent/llm/litellm.lock
+    echo "$LWANT" > "$LSTAMP"
+fi
+
 # --- Compiled collector fast paths (optional: without them the collector runs in Python) -
 # collector/ingest/build_fast.py: each rebuilt only when its .c is newer; one line each.
 .venv/bin/python -m collector.ingest.build_fast | while read -r line; do say "$line"; done

@@ -16,6 +16,7 @@ EV_PEER_FIN = 5
 EV_SOCK_CLOSE = 6  # the socket closed without a close() of the app (killed, exited)
 EV_TLS = 7  # the connection carries TLS: its plaintext comes from the SSL uprobes
 EV_H2 = 8  # a read or write of an HTTP/2 connection (READ's layout; skipped = direction)
+EV_BODY = 9  # a body write of an LLM stream: its first bytes and its last (proto/stream.h)
 
 WAGG_END = 1
 WAGG_PARTIAL = 2
@@ -30,6 +31,7 @@ READ = struct.Struct("<QQQIIHHHH16s16s")
 READ_NOADDR = struct.Struct("<QQQIIHHHH")
 READ_ADDRS = struct.Struct("<16s16s")
 RESP = struct.Struct("<II")  # n caplen
+BODY = struct.Struct("<IIII")  # n caplen tail pad
 Struct_Q = struct.Struct("<Q")  # one u64 (a WAGG's t_first, right after the header)
 TLS = struct.Struct("<II")  # lport pad
 AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
@@ -47,6 +49,7 @@ H2_HDRS = 8
 H2_WALK = struct.Struct(f"<III{H2_HDRS}I")
 H2_DATA = READ_DATA + H2_WALK.size + 12 * H2_HDRS
 RESP_DATA = HDR.size + RESP.size
+BODY_DATA = HDR.size + BODY.size
 OFFS_AT = HDR.size + AGG.size + HOLD.size
 _OFFS: dict[int, struct.Struct] = {}
 AF_INET = 2

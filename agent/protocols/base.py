@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from agent.protocols.exchange import Exchange
+from agent.protocols.streams.stream import Engine
 
 
 class ConnParser(Protocol):
@@ -26,6 +27,8 @@ class ConnParser(Protocol):
     # the protocol the connection switched to (WebSocket after a 101): the table replaces
     # the parser with it
     upgraded: ConnParser | None
+    # the engine the connection's streams run on (its local port's: agent.protocols.streams)
+    engine: Engine | None
 
     def on_event(self, typ: int, raw: bytes, t: int, sample_th: int) -> list[Exchange]:
         """One ring-buffer record of this protocol (its type: one of the table's events)."""

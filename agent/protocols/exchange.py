@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent.kernel.events import Hold
+from agent.protocols.streams.body import BodyReader
+from agent.protocols.streams.stream import Stream
 from parallax_contracts import trace_context
 from parallax_contracts.span_attributes import CHUNK_OFFSETS_CAP
 
@@ -45,6 +47,10 @@ class Exchange:
     bytes_out: int = 0
     body_out: int = 0
     hold: Hold | None = None  # write-to-wire holdback of its body writes (None: unmeasured)
+    # the body as an LLM stream (agent.protocols.streams): its events, when the response
+    # head announced an event stream (None: a plain body)
+    stream: Stream | None = None
+    body: BodyReader | None = None  # HTTP/1: its writes' bytes → the stream
     # -- end state --
     ended: bool = False  # the protocol's own end was seen (chunked terminator, END_STREAM)
     partial: bool = False  # not finished: the stream limit's snapshot, or the agent stopped

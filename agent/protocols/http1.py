@@ -22,6 +22,8 @@ from agent.kernel.events import WAGG_END, WAGG_PARTIAL, Hold, merge_hold
 from agent.protocols import http1_head
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
+from agent.protocols.streams.body import framing_of, open_body
+from agent.protocols.streams.stream import Engine
 from agent.protocols.websocket import WsConn
 
 MAX_PIPELINE = 64  # pending requests per connection before we stop queueing (bounded memory)
@@ -34,7 +36,10 @@ _RESP = events.RESP.unpack_from
 _RESP_DATA = events.RESP_DATA
 _AGG = events.AGG.unpack_from
 _OFFS_AT = events.OFFS_AT
+_BODY = events.BODY.unpack_from
+_BODY_DATA = events.BODY_DATA
 _EV_READ, _EV_RESP, _EV_WAGG = events.EV_READ, events.EV_RESP, events.EV_WAGG
+_EV_BODY = events.EV_BODY
 
 
 @dataclass(slots=True)
@@ -70,6 +75,7 @@ class Conn:
         self.retrans = 0
         self.t_last_event = 0
         self.upgraded: ConnParser | None = None
+        self.engine: Engine | None = None
 
     @property
     def gave_up_unparsed(self) -> bool:
@@ -90,7 +96,18 @@ class Conn:
             t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
             times = [t_first + o * 1000 for o in events.offsets(raw, _OFFS_AT, n)]
             return self.on_writes(t_last, times, n, nbytes, gap_max_ns, flags, events.hold_at(raw))
+        if typ == _EV_BODY:
+            n, caplen, tail, _ = _BODY(raw, _HDR_SIZE)
+            end = _BODY_DATA + caplen
+            self.on_body(t, n, raw[_BODY_DATA:end], raw[end : end + tail])
         return []
+
+    def on_body(self, t: int, n: int, head: bytes, tail: bytes = b"") -> None:
+        """A body write of an event stream, with its bytes (the kernel times it in the
+        aggregate too)."""
+        a = self.active
+        if a is not None and a.body is not None:
+            a.body.write(t, n, head, tail)
 
     # -- request side ---------------------------------------------------------------
     def on_read(
@@ -289,12 +306,19 @@ class Conn:
             or (rh.content_length is not None and ex.body_out >= rh.content_length)
             or (rh.chunked and whole and data.endswith(b"0\r\n\r\n"))
         )
+        framing = framing_of(rh.content_type) if rh.content_type and not done else None
+        if framing is not None:
+            # an event stream: its writes' bytes come (EV_BODY) and are read as LLM events
+            ex.body = open_body(framing, rh.chunked, ex.t1, self.engine)
+            ex.stream = ex.body.stream
+            if rh.head_len is not None and n > rh.head_len:  # body bytes in the head's write
+                ex.body.write(t, n - rh.head_len, data[rh.head_len :])
         if rh.status == 101:
             # the connection is WebSocket's from here on: requests pipelined after the
             # upgrade are not HTTP
             self.pending.clear()
             self.mode = "dead"
-            self.upgraded = WsConn(ex, self.stats, self.requests)
+            self.upgraded = WsConn(ex, self.stats, self.requests, rh.ws_extensions, self.engine)
         if done:
             out.append(self._finish(ex))
         else:
@@ -340,8 +364,11 @@ class Conn:
         # response was cut short is decided there, from the framing.
         if not self.t_peer_fin:
             self.t_peer_fin = t
-        if self.active is not None and not self.active.t_peer_fin:
-            self.active.t_peer_fin = t
+        a = self.active
+        if a is not None and not a.t_peer_fin:
+            a.t_peer_fin = t
+            if a.stream is not None:
+                a.stream.client_left(t)
 
     def on_close(self, t: int, server_gone: bool = False) -> list[Exchange]:
         """The connection ended. ``server_gone``: it closed without a close() of the app

@@ -47,6 +47,9 @@ class ResponseHead(NamedTuple):
     # `Server-Timing: traceparent;desc="00-…"`: the app names the trace of a request that
     # came without one (a page load: the browser sends no traceparent for a navigation)
     server_traceparent: trace_context.TraceContext | None = None
+    content_type: bytes = b""  # its value, lowercased ("" when absent)
+    # 101: the WebSocket extensions accepted (permessage-deflate: its parameters)
+    ws_extensions: bytes = b""
 
 
 def looks_like_request(data: bytes) -> bool:
@@ -65,6 +68,8 @@ _CONTENT_LENGTH = b"\r\ncontent-length:"
 _TRANSFER_ENCODING = b"\r\ntransfer-encoding:"
 _UPGRADE = b"\r\nupgrade:"
 _SERVER_TIMING = b"\r\nserver-timing:"
+_CONTENT_TYPE = b"\r\ncontent-type:"
+_WS_EXTENSIONS = b"\r\nsec-websocket-extensions:"
 # one metric of Server-Timing: traceparent;desc="00-…" (quotes optional, RFC 8941 token)
 _ST_TRACEPARENT = re.compile(rb'(?:^|,)\s*traceparent\s*;\s*desc\s*=\s*"?([0-9a-f-]{55})"?', re.I)
 # A Content-Length longer than this is malformed (19 digits hold any length a 64-bit
@@ -182,6 +187,12 @@ def parse_response(data: bytes) -> ResponseHead | None:
         found = _ST_TRACEPARENT.search(st) if st is not None else None
         if found is not None:
             server_tp = trace_context.parse(found.group(1).decode("ascii").lower())
+    ctype = b""
+    if _CONTENT_TYPE in lower:
+        ctype = _header(lower, lower, _CONTENT_TYPE) or b""
+    ws_ext = b""
+    if _WS_EXTENSIONS in lower:
+        ws_ext = _header(lower, lower, _WS_EXTENSIONS) or b""
     return ResponseHead(
         int(m.group(2), 10),
         _VERSION_TEXT[m.group(1)],
@@ -189,4 +200,6 @@ def parse_response(data: bytes) -> ResponseHead | None:
         content_length,
         chunked,
         server_tp,
+        ctype,
+        ws_ext,
     )

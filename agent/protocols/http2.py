@@ -32,6 +32,7 @@ from agent.kernel import events
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
 from agent.protocols.http1_head import clean_path
+from agent.protocols.streams.stream import Engine
 from parallax_contracts import trace_context
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -126,6 +127,7 @@ class H2Conn:
     order; each call returns the stream exchanges it completed."""
 
     upgraded: ConnParser | None = None
+    engine: Engine | None = None  # (LLM streams over HTTP/2 are not read yet)
 
     def __init__(self, stats: H2Stats) -> None:
         self.stats = stats

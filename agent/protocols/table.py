@@ -34,7 +34,7 @@ class Entry:
 PROTOCOLS: tuple[Entry, ...] = (
     Entry(
         "http1",
-        (events.EV_READ, events.EV_RESP, events.EV_WAGG),
+        (events.EV_READ, events.EV_RESP, events.EV_WAGG, events.EV_BODY),
         http1.Stats,
         lambda stats, window: http1.Conn(window, stats),
     ),

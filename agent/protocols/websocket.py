@@ -15,6 +15,10 @@ from agent.kernel import events
 from agent.kernel.events import Hold, merge_hold
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
+from agent.protocols.streams.dialect import WS
+from agent.protocols.streams.dialects import BY_FRAMING
+from agent.protocols.streams.framing import WsFramer
+from agent.protocols.streams.stream import Engine, Stream
 
 if TYPE_CHECKING:
     from agent.protocols.http1 import Stats
@@ -23,6 +27,8 @@ _READ = events.READ_NOADDR.unpack_from
 _READ_DATA = events.READ_DATA
 _HDR_SIZE = events.HDR.size
 _AGG = events.AGG.unpack_from
+_BODY = events.BODY.unpack_from
+_BODY_DATA = events.BODY_DATA
 
 
 class WsConn:
@@ -30,7 +36,14 @@ class WsConn:
 
     upgraded: ConnParser | None = None
 
-    def __init__(self, upgrade: Exchange, stats: Stats, requests: int) -> None:
+    def __init__(
+        self,
+        upgrade: Exchange,
+        stats: Stats,
+        requests: int,
+        extensions: bytes = b"",
+        engine: Engine | None = None,
+    ) -> None:
         self.up = upgrade  # the upgrade request: method, path and trace of every turn
         self.stats = stats
         self.requests = requests
@@ -40,6 +53,17 @@ class WsConn:
         self.seq = 0  # client data frames so far
         self.skip = 0  # bytes of a client frame still to come in later reads
         self.closed = False
+        self.engine = engine
+        # the server's messages (EV_BODY) → the turn's stream (LLM dialects over WebSocket)
+        self.framer = WsFramer(
+            self._message,
+            deflate=b"permessage-deflate" in extensions,
+            takeover=b"server_no_context_takeover" not in extensions,
+        )
+
+    def _message(self, name: bytes, data: bytes, truncated: bool) -> None:
+        if self.cur is not None and self.cur.stream is not None:
+            self.cur.stream.event(name, data, truncated)
 
     @property
     def gave_up_unparsed(self) -> bool:
@@ -56,7 +80,28 @@ class WsConn:
             t_first, t_last, nbytes, gap, n, flags = _AGG(raw, _HDR_SIZE)
             times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
             return self.on_writes(t_last, times, n, nbytes, gap, flags, events.hold_at(raw))
+        if typ == events.EV_BODY:
+            n, caplen, tail, _ = _BODY(raw, _HDR_SIZE)
+            end = _BODY_DATA + caplen
+            self.on_body(t, n, raw[_BODY_DATA:end], raw[end : end + tail])
         return []  # (a response head on a WebSocket: nothing the server would send)
+
+    def on_body(self, t: int, n: int, head: bytes, tail: bytes = b"") -> None:
+        """The server's frames in one write, with their bytes."""
+        if self.cur is not None and self.cur.stream is not None:
+            self.cur.stream.t_write = t
+        f = self.framer
+        if len(head) >= n:
+            f.feed(head[:n])
+            return
+        have = len(head) + len(tail)
+        if have >= n:
+            f.feed(head + tail[have - n :])
+            return
+        f.feed(head)
+        f.gap(n - have)
+        if tail:
+            f.feed(tail)
 
     def frames(self, data: bytes, n: int) -> int:
         """Client data frames (text, binary) that start in this read of ``n`` bytes, of
@@ -123,6 +168,7 @@ class WsConn:
             ws_seq=self.seq,
             sample_th=up.sample_th,
         )
+        self.cur.stream = Stream(BY_FRAMING[WS], t, self.engine)
         return out
 
     def on_writes(
@@ -151,6 +197,8 @@ class WsConn:
     def on_peer_fin(self, t: int) -> None:
         if self.cur is not None and not self.cur.t_peer_fin:
             self.cur.t_peer_fin = t
+            if self.cur.stream is not None:
+                self.cur.stream.client_left(t)
 
     def _end(self, partial: bool) -> list[Exchange]:
         out: list[Exchange] = []

@@ -14,6 +14,7 @@
 #define EV_SOCK_CLOSE 6  // the socket closed without a close() we saw (process killed, exit)
 #define EV_TLS 7  // the connection carries TLS records (tls.h): its bytes come from uprobes
 #define EV_H2 8   // a read or write of an HTTP/2 connection (proto/http2.h)
+#define EV_BODY 9  // a body write of an LLM token stream, with its bytes (proto/stream.h)
 
 #define KIND_READ 1
 #define KIND_WRITE 2

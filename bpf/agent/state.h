@@ -63,6 +63,8 @@ struct px_conn {
     u8 dlast;        // the last decision taken from dq
     u8 tls;          // PX_TLS_SEEN, PX_TLS_ON (tls.h): the socket carries TLS records
     u8 h2;           // PX_H2_SEEN, PX_H2_ON (proto/http2.h): the connection speaks HTTP/2
+    u8 stream;       // PX_STREAM_* (proto/stream.h): the response being written is an
+                     // event stream (or the connection a WebSocket): its writes go up
     // TLS (tls.h): the SSL object the connection's plaintext last came through, and the
     // arrival of the ciphertext its last socket read took (the decrypting read's t_arr)
     u64 tls_ssl;

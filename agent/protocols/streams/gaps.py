@@ -63,17 +63,27 @@ class Gaps:
 
     def quantile(self, q: float) -> int | None:
         """The q-quantile of the gaps (nearest rank), µs; None when there is none."""
+        return self.quantiles((q,))[0]
+
+    def quantiles(self, qs: tuple[float, ...]) -> list[int | None]:
+        """Several quantiles at once (one sort)."""
         if not self.n:
-            return None
-        rank = max(1, math.ceil(q * self.n))
+            return [None] * len(qs)
+        ranks = [max(1, math.ceil(q * self.n)) for q in qs]
         if self.is_exact:
-            return sorted(self.exact)[rank - 1]
-        seen = 0
-        for i, c in enumerate(self.hist):
-            seen += c
-            if seen >= rank:
-                return bucket_mid_us(i)
-        return self.max_us
+            ordered = sorted(self.exact)
+            return [ordered[r - 1] for r in ranks]
+        out: list[int | None] = []
+        for rank in ranks:
+            seen = 0
+            for i, c in enumerate(self.hist):
+                seen += c
+                if seen >= rank:
+                    out.append(bucket_mid_us(i))
+                    break
+            else:
+                out.append(self.max_us)
+        return out
 
     def stalls_over_median(self) -> list[tuple[int, int]]:
         """(token index, gap µs) of the stalls: over STALL_MIN_US and STALL_FACTOR times the

@@ -38,6 +38,23 @@ class Engine:
         self.last_t = 0
 
 
+class Engines:
+    """The engines by local port (bounded: the oldest forgotten past MAX)."""
+
+    MAX = 4096
+
+    def __init__(self) -> None:
+        self._by_port: dict[int, Engine] = {}
+
+    def of(self, lport: int) -> Engine:
+        e = self._by_port.get(lport)
+        if e is None:
+            if len(self._by_port) >= self.MAX:
+                self._by_port.pop(next(iter(self._by_port)))
+            e = self._by_port[lport] = Engine()
+        return e
+
+
 class Stream:
     """An exchange's body as LLM stream events (``event`` is the framing's sink)."""
 
