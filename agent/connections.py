@@ -159,9 +159,15 @@ class Connections:
                 st.lport, st.rport = lport, rport
                 la, ra = _ADDRS(raw, _ADDRS_AT)
                 st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
-            if typ == _EV_WAGG and st.snap_t_first == _AGG_T_FIRST(raw, _HDR_SIZE)[0]:
+            if (
+                typ == _EV_WAGG
+                and st.snap_t_first
+                and st.snap_t_first == _AGG_T_FIRST(raw, _HDR_SIZE)[0]
+            ):
                 return  # already taken from the map snapshot (the sweep)
             p = st.parser
+            if p.engine is None and st.lport:
+                p.engine = self.engines.of(st.lport)
             if srtt_us:
                 p.srtt_us = srtt_us
             p.retrans = retrans

@@ -257,8 +257,48 @@ def exe_name(pid: int) -> str:
         return comm(pid)
 
 
+# Interpreters whose executable names no service: the module or script they run does.
+_INTERPRETERS = ("python", "node", "ruby", "perl", "php", "bun", "deno")
+# Python options that take a value (the next argument is not the script)
+_PY_OPTS_WITH_ARG = frozenset(("-W", "-X", "--check-hash-based-pycs"))
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def run_name(exe: str, argv: list[str]) -> str | None:
+    """What an interpreter runs, as people name it: ``python -m llama_cpp.server`` →
+    ``llama_cpp.server``, ``python /srv/app/serve.py`` → ``serve.py``, ``node server.mjs`` →
+    ``server.mjs``; None for anything else (``python -c …``, a compiled server). Only the
+    module or the script's file name is taken from the command line, never its arguments
+    (they can carry keys)."""
+    if not exe.startswith(_INTERPRETERS):
+        return None
+    args = iter(argv[1:])
+    for a in args:
+        if a == "-m":
+            return next(args, None)
+        if a.startswith("-m") and len(a) > 2:
+            return a[2:]
+        if a in ("-c", "-e", "--eval", "-p", "--print", "-"):
+            return None
+        if a in _PY_OPTS_WITH_ARG:
+            next(args, None)
+            continue
+        if a.startswith("-"):
+            continue
+        return os.path.basename(a) or None
+    return None
+
+
 def service_name(pid: int) -> str:
-    """OTEL_SERVICE_NAME from the process environment, else the executable's name."""
+    """OTEL_SERVICE_NAME from the process environment, else what an interpreter runs
+    (:func:`run_name`), else the executable's name."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -268,4 +308,5 @@ def service_name(pid: int) -> str:
             value = item.split(b"=", 1)[1].decode("utf-8", "replace").strip()
             if value:
                 return value
-    return exe_name(pid)
+    exe = exe_name(pid)
+    return run_name(exe, _cmdline(pid)) or exe

@@ -203,7 +203,7 @@ def test_node_plain_and_stream_keepalive(stack: tuple[Stack, Agent]) -> None:
         for ctx, path in ((a, "/plain"), (b, "/stream")):
             tid = ctx.trace_id
             [r] = agent.wait_for(lambda r: r["trace_id"] == tid)  # noqa: B023  (used at once)
-            assert r["path"] == path and r["service"] == "node"
+            assert r["path"] == path and r["service"] == "node_server.mjs"  # what node runs
             srv = server_record(s.logs["node"], ctx.header())
             check_node_timing(r, srv, TOL_US)
 

@@ -9,9 +9,10 @@
 #define PX_BODY_WINDOW 1024  // bytes copied from a body write's start (power of two)
 #define PX_BODY_TAIL 256     // and from its end, when it is longer
 #define PX_BODY_IOVS 4       // iovecs gathered (chunk-size line, data, CRLF: three)
-// head bytes scanned for the content type: 512, or half a smaller capture window (the
-// 8-byte loads stay inside the window whatever the verifier assumes of the index)
-#define PX_BODY_SCAN (PX_RESP_WINDOW >= 1024 ? 512 : PX_RESP_WINDOW / 2)
+// head bytes scanned for the content type: 2048 (gateways put many headers before it:
+// LiteLLM's x-litellm-*), or half a smaller capture window (the 8-byte loads stay inside
+// the window whatever the verifier assumes of the index)
+#define PX_BODY_SCAN (PX_RESP_WINDOW >= 4096 ? 2048 : PX_RESP_WINDOW / 2)
 #define PX_STREAM_SSE 1
 #define PX_STREAM_NDJSON 2
 #define PX_STREAM_WS 3

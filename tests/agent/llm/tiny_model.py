@@ -13,7 +13,12 @@ import numpy as np
 
 LAYERS, HIDDEN, FFN, HEADS = 8, 512, 1024, 8
 CONTEXT = 8192
-EOS = 2  # requests pass logit_bias {EOS: -100}: random weights must not end an answer early
+EOS = 2
+# The controls and the 256 byte tokens get all-zero output rows: their logit is 0 while the
+# words' spread around it, so a greedy answer (temperature 0) never picks them — no early end
+# of stream, no half UTF-8 character the server would hold back: every token is one content
+# event. (Clients that sample pass logit_bias {EOS: -100} as well.)
+NON_WORDS = 3 + 256
 
 
 def vocab() -> tuple[list[bytes], list[float], list[int]]:
@@ -62,7 +67,9 @@ def write(path: Path, seed: int = 7) -> Path:
     n_vocab = len(tokens)
     t("token_embd.weight", n_vocab, HIDDEN, scale=1.0)
     w.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-    t("output.weight", n_vocab, HIDDEN)
+    out = (rng.standard_normal((n_vocab, HIDDEN)) * 0.02).astype(np.float32)
+    out[:NON_WORDS] = 0.0
+    w.add_tensor("output.weight", out)
     for i in range(LAYERS):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
