@@ -145,7 +145,9 @@ def test_the_alert_link_opens_the_route_dashboard_on_its_route_metric_band_and_t
         {"p95": 500.0}, {"p95": 469.0}, {}, [], [], "…",
     )  # fmt: skip
     fired = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
-    st = sla_alerts.AlertState(("llm", "/v1/chat", "ttft"), "firing", fired, True, fired, last=m)
+    st = sla_alerts.AlertState(
+        ("llm", "/v1/chat", "ttft"), "firing", fired, True, fired, "critical", last=m
+    )
     now = fired + timedelta(minutes=3)
     obj = notify.alert_object(st, now, 60, grafana_url="https://g.example/grafana")
     url = urlparse(obj["annotations"]["dashboard"])
@@ -564,12 +566,24 @@ def test_sla_dashboard_filters_routes_and_shows_the_divergence(results: dict[str
         w = [x[2] for x in m]
         d = wq([x[0] for x in m], w) - wq([x[1] for x in m], w)
         assert close(r["ttfb_ms"], round(d, 1), 1e-9), (route, r["ttfb_ms"], d)
-    # alerts: the latest state per route and metric, firing or pending (the shop's resolved)
-    (alert,) = rows(results, "sla-all/1/A")
-    assert (alert["route"], alert["metric"], alert["state"], alert["band_ms"]) == (
-        "/v1/chat", "ttft", "firing", 15.0,
-    )  # fmt: skip
-    assert [r["state"] for r in rows(results, "route-ttft/4/A")] == ["firing"]
+    # alerts: the latest state per route and metric, firing, held for lack of data or
+    # pending (the shop's ttfb resolved; the chat's ttfb escalated: the critical, not the
+    # resolve of the warning written at the same instant)
+    got = {
+        (a["route"], a["metric"], a["state"], a["severity"], a["band_ms"])
+        for a in rows(results, "sla-all/1/A")
+    }
+    assert got == {
+        ("/v1/chat", "ttft", "firing", "critical", 15.0),
+        ("/v1/chat", "ttfb", "firing", "critical", 15.0),
+        ("/api/cart", "itl", "insufficient_data", "critical", 15.0),
+    }
+    assert [(r["metric"], r["state"], r["severity"]) for r in rows(results, "route-ttft/4/A")] == [
+        ("ttfb", "firing", "critical"),
+        ("ttft", "firing", "critical"),
+    ]
+    shop = [(r["metric"], r["state"]) for r in rows(results, "route-shop/4/A")]
+    assert shop == [("itl", "insufficient_data"), ("ttfb", "resolved")]
 
 
 def _events(results: dict[str, Any], variant: str) -> dict[tuple[str, str], float]:
