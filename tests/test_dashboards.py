@@ -29,6 +29,7 @@ from collector.sla.evaluate import MetricResult
 from dashboards.build import GENERATED, render_all
 from parallax_contracts import agent_metrics as gm
 from tests import dashboards_scenario as scen
+from tests import prom_tools
 from tests.grafana_interp import ALL, Query, Variable, interpolate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -670,33 +671,6 @@ def test_one_direct_request_uses_its_own_clock_sample(results: dict[str, Any]) -
 HEALTH = ROOT / "dashboards" / "parallax-health.json"
 
 
-def _exposed() -> dict[str, set[str]]:
-    """Sample name → label names, from the real metric registries of the three parts."""
-    from prometheus_client import CollectorRegistry
-
-    from agent.metrics import Metrics as AgentMetrics
-    from collector.metrics import Metrics as CollectorMetrics
-    from collector.sla.metrics import SlaMetrics
-
-    regs: list[CollectorRegistry] = [AgentMetrics().registry]
-    c = CollectorMetrics()
-    SlaMetrics(c.registry)
-    regs.append(c.registry)
-    out: dict[str, set[str]] = {}
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count")}
-    for reg in regs:
-        for collector, names in reg._collector_to_names.items():  # no public API lists label names
-            labels = set(getattr(collector, "_labelnames", ()))
-            for n in names:
-                out[n] = labels | ({"le"} if n.endswith("_bucket") else set())
-        # custom collectors (the agent's per-port request counts) name theirs when collected
-        for fam in reg.collect():
-            labels = set(getattr(fam, "_labelnames", ()))
-            for n in (fam.name, *(fam.name + x for x in suffixes.get(fam.type, ()))):
-                out.setdefault(n, labels | ({"le"} if n.endswith("_bucket") else set()))
-    return out
-
-
 def _health_targets() -> list[tuple[str, str, str]]:
     d = json.loads(HEALTH.read_text())
     return [
@@ -727,7 +701,7 @@ def test_health_query_parses_and_names_real_metrics(name: str, expr: str, legend
     import promql_parser
 
     promql_parser.parse(expr.replace("$__rate_interval", "5m"))
-    exposed = _exposed()
+    exposed = prom_tools.exposed()
     metrics = re.findall(r"\bparallax_[a-z0-9_]+", expr)
     assert metrics, name
     labels: set[str] = {"instance", "job"}  # added by the scrape
