@@ -159,6 +159,7 @@ def alertmanager(workdir: Path) -> Iterator[tuple[Alertmanager, Sink]]:
     finally:
         am.stop()
         sink.server.shutdown()
+        sink.server.server_close()
 
 
 @dataclass

@@ -61,6 +61,7 @@ def am() -> Iterator[_Receiver]:
     r = _Receiver()
     yield r
     r.server.shutdown()
+    r.server.server_close()
 
 
 def _ev(
@@ -182,6 +183,7 @@ def test_failing_receiver_is_retried_and_never_blocks_evaluation() -> None:
         time.sleep(0.05)
     notifier.stop()
     flaky.server.shutdown()
+    flaky.server.server_close()
     assert notifier.failed == 1 and notifier.sent == 1
 
 
