@@ -160,8 +160,7 @@ class Alerts:
                 if m is None or m.verdict != stats.OUT:
                     continue  # nothing to track
                 st = self.states[k] = AlertState(k)
-            if m is not None:
-                st.last = m
+            st.last = m  # None: no pairs in the window at all
             if m is None or m.verdict == stats.INSUFFICIENT:
                 # too few pairs (or none): nothing can be judged, so nothing is resolved
                 if st.state == FIRING:
@@ -189,7 +188,7 @@ class Alerts:
                     st.severity = m.severity
                     self._move(st, FIRING, now, changes)
                 elif st.state == INSUFFICIENT:
-                    self._move(st, FIRING, now, changes)  # judged again, still out of band
+                    self._move(st, FIRING, now, changes)  # judged again, the condition holds
                 elif (
                     st.state == PENDING
                     and (now - st.since).total_seconds() >= self.cfg.thresholds(*k).for_s

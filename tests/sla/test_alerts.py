@@ -292,6 +292,9 @@ def test_severity_change_and_insufficient_data_survive_a_restart(
     b.update(_ev(*FEW, t[3], n=40), t[3])
     b.update(Evaluation(t[4], timedelta(minutes=5), t[4], t[4]), t[4])  # no pairs at all
     assert b.state_of("app", "/v1/chat", "ttft") == "insufficient_data"
+    (cur,) = b.to_json()["current"]  # what the window has now, the numbers judged before
+    assert "/v1/chat: no paired requests in the window." in cur["sentence"]
+    assert cur["divergence_ms"] is None  # the restart lost the judged numbers: none shown
     sent.clear()
     b.update(_ev(*OK, t[5]), t[5])
     assert sent == [("resolved", "critical", "", t[1].isoformat())]
