@@ -18,6 +18,7 @@ from typing import Any
 
 import clickhouse_connect
 
+from tests import prom_tools
 from tests.sla import lifecycle
 
 
@@ -70,7 +71,11 @@ def main() -> int:
     args = ap.parse_args()
     from bench import report
 
-    r = run(args.lifecycles, args.steps, args.seed)
+    try:
+        r = run(args.lifecycles, args.steps, args.seed)
+    except prom_tools.ToolMissingError as e:
+        print(f"bench.alerts: {e}", file=sys.stderr)
+        return 2
     t = r["transitions"]
     cmd = (
         "make bench-alerts"
