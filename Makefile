@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint manifests bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store clean lock
+.PHONY: setup demo test test-py test-js lint manifests bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store
+bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts
 
 # bench.tls, bench.http2: the same per-request costs over TLS, and over HTTP/2 and gRPC,
 # beside plaintext HTTP/1 (~5 min, ~3 min)
@@ -42,6 +42,11 @@ bench-collector: setup
 
 bench-sla: setup
 	$(PY) -m bench.sla
+
+# The alert lifecycle in a real Alertmanager, long (~2 min): 200 scripted lifecycles x 30
+# evaluations, the violations counted (tests/sla/test_alertmanager.py runs 20 x 12)
+bench-alerts: setup
+	$(PY) -m bench.alerts
 
 # Bytes per request on disk, the pairer's store look-ups, pairing through the store: the
 # figures of docs/store.md's capacity arithmetic (a ClickHouse cluster).

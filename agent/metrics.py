@@ -14,7 +14,62 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from parallax_contracts import agent_metrics as am
+
 TTFB_BUCKETS = 32  # the kernel's log2 µs buckets (bpf/agent/sample.h PX_TTFB_BUCKETS)
+
+
+def _counter(s: am.PromSeries, r: CollectorRegistry) -> Counter:
+    return Counter(s.name, s.doc, s.labels, registry=r)
+
+
+def _gauge(s: am.PromSeries, r: CollectorRegistry) -> Gauge:
+    return Gauge(s.name, s.doc, s.labels, registry=r)
+
+
+class KernelCounter(Collector):
+    """A counter the kernel (or /proc, or sock_diag) keeps: its cumulative value is set at
+    the scrape, and it is exposed as a counter (``rate()`` applies; a decrease is a reset,
+    e.g. a listener reopened)."""
+
+    def __init__(self, s: am.PromSeries, r: CollectorRegistry) -> None:
+        self.series = s
+        self.values: dict[tuple[str, ...], float] = {}
+        r.register(self)
+
+    def labels(self, *values: str) -> _KernelCounterChild:
+        return _KernelCounterChild(self, tuple(values))
+
+    def set(self, value: float) -> None:
+        self.values[()] = value
+
+    def collect(self) -> list[Metric]:
+        s = self.series
+        fam = CounterMetricFamily(s.name, s.doc, labels=list(s.labels))
+        for lv, v in sorted(self.values.items()):
+            fam.add_metric(list(lv), v)
+        return [fam]
+
+
+class _KernelCounterChild:
+    def __init__(self, parent: KernelCounter, values: tuple[str, ...]) -> None:
+        self._parent, self._values = parent, values
+
+    def set(self, value: float) -> None:
+        self._parent.values[self._values] = value
+
+
+class _Scaled:
+    """A reading in its source's unit (NVML's MHz) set into a series in the base unit."""
+
+    def __init__(self, gauge: Gauge, scale: float) -> None:
+        self._gauge, self._scale = gauge, scale
+
+    def labels(self, *values: str) -> _Scaled:
+        return _Scaled(self._gauge.labels(*values), self._scale)
+
+    def set(self, value: float) -> None:
+        self._gauge.set(value * self._scale)
 
 
 class RequestCounts(Collector):
@@ -26,22 +81,11 @@ class RequestCounts(Collector):
         self.per_label: dict[str, tuple[int, int, list[int], int]] = {}
 
     def collect(self) -> list[Metric]:
-        seen = CounterMetricFamily(
-            "parallax_agent_requests_seen",
-            "HTTP requests the kernel saw start on a traced port, sampled or not (exact)",
-            labels=["port"],
-        )
+        seen = CounterMetricFamily(am.P_REQUESTS_SEEN.name, am.P_REQUESTS_SEEN.doc, labels=["port"])
         kept = CounterMetricFamily(
-            "parallax_agent_requests_traced",
-            "Of those, requests sampled (traced); traced / seen is the sampled share",
-            labels=["port"],
+            am.P_REQUESTS_TRACED.name, am.P_REQUESTS_TRACED.doc, labels=["port"]
         )
-        ttfb = HistogramMetricFamily(
-            "parallax_agent_request_ttfb_seconds",
-            "Server TTFB (the request's first read to the response head) of every request,"
-            " sampled or not (the kernel's log2 buckets)",
-            labels=["port"],
-        )
+        ttfb = HistogramMetricFamily(am.P_REQUEST_TTFB.name, am.P_REQUEST_TTFB.doc, labels=["port"])
         for label, (n_seen, n_kept, buckets, sum_us) in sorted(self.per_label.items()):
             seen.add_metric([label], n_seen)
             kept.add_metric([label], n_kept)
@@ -62,191 +106,57 @@ class GpuMetrics:
     under Prometheus names, the GPU processes' totals, the GPU stage's counts."""
 
     def __init__(self, r: CollectorRegistry) -> None:
-        self.device = {
-            name: Gauge(f"parallax_agent_gpu_{name}", doc, ["gpu"], registry=r)
-            for name, doc in (
-                ("utilization_ratio", "Share of the last sample period a kernel ran (NVML)"),
-                ("memory_used_bytes", "GPU memory in use"),
-                ("memory_total_bytes", "GPU memory in all"),
-                ("sm_clock_mhz", "Current SM clock"),
-                ("sm_clock_max_mhz", "Maximum SM clock"),
-                ("power_watts", "Power draw"),
-                ("power_limit_watts", "Enforced power limit"),
-                ("clock_event_reasons", "NVML clock-event (throttle) reason bitmask"),
-            )
+        # keyed by the reading (agent.gpu.side sets them in NVML's units)
+        self.device: dict[str, Gauge | _Scaled] = {
+            "utilization_ratio": _gauge(am.P_GPU_UTILIZATION, r),
+            "memory_used_bytes": _gauge(am.P_GPU_MEMORY_USED, r),
+            "memory_total_bytes": _gauge(am.P_GPU_MEMORY_TOTAL, r),
+            "sm_clock_mhz": _Scaled(_gauge(am.P_GPU_SM_CLOCK, r), 1e6),
+            "sm_clock_max_mhz": _Scaled(_gauge(am.P_GPU_SM_CLOCK_MAX, r), 1e6),
+            "power_watts": _gauge(am.P_GPU_POWER, r),
+            "power_limit_watts": _gauge(am.P_GPU_POWER_LIMIT, r),
+            "clock_event_reasons": _gauge(am.P_GPU_CLOCK_EVENT_REASONS, r),
         }
-        self.launches = Gauge(
-            "parallax_agent_gpu_launches",
-            "Kernel and graph launches enqueued by a traced service's GPU process (CUDA"
-            " driver uprobes; a cumulative count)",
-            ["pid"],
-            registry=r,
-        )
-        self.host_wait = Gauge(
-            "parallax_agent_gpu_host_wait_seconds",
-            "Time a GPU process's host threads were blocked on the GPU (cumulative)",
-            ["pid"],
-            registry=r,
-        )
-        self.processes = Gauge(
-            "parallax_agent_gpu_processes",
-            "GPU processes of the traced services, and those whose CUDA driver carries the"
-            " probes (state=probed)",
-            ["state"],
-            registry=r,
-        )
-        self.records = Counter(
-            "parallax_agent_gpu_records",
-            "Records of services with GPU processes given GPU attributes",
-            registry=r,
-        )
-        self.hold_expired = Counter(
-            "parallax_agent_gpu_hold_expired",
-            "Records released before the GPU data of their windows was read (held too long)",
-            registry=r,
-        )
-        self.nvml_errors = Counter(
-            "parallax_agent_nvml_errors",
-            'NVML calls that failed unexpectedly ("no new samples" is not counted)',
-            registry=r,
-        )
+        self.launches = KernelCounter(am.P_GPU_LAUNCHES, r)
+        self.host_wait = KernelCounter(am.P_GPU_HOST_WAIT, r)
+        self.processes = _gauge(am.P_GPU_PROCESSES, r)
+        self.records = _counter(am.P_GPU_RECORDS, r)
+        self.hold_expired = _counter(am.P_GPU_HOLD_EXPIRED, r)
+        self.nvml_errors = _counter(am.P_NVML_ERRORS, r)
 
 
 class Metrics:
+    """The agent's /metrics: every series of parallax_contracts.agent_metrics.PROMETHEUS."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.events = Counter("parallax_agent_events", "Ring-buffer events received", registry=r)
-        self.requests = Counter(
-            "parallax_agent_requests", "Request records emitted", ["service"], registry=r
-        )
-        self.lost = Gauge(
-            "parallax_agent_lost_events",
-            "Events the kernel could not queue (ring full)",
-            registry=r,
-        )
-        self.shed = Counter(
-            "parallax_agent_shed_records",
-            "Records dropped by the bounded export queue",
-            registry=r,
-        )
-        self.map_fill = Gauge(
-            "parallax_agent_map_entries", "Entries in the kernel maps", ["map"], registry=r
-        )
-        self.unparsed = Counter(
-            "parallax_agent_unparsed_connections",
-            "Connections whose bytes are not HTTP/1.x (TLS, HTTP/2, other)",
-            ["port"],
-            registry=r,
-        )
-        self.tls_unprobed = Counter(
-            "parallax_agent_tls_unprobed",
-            "TLS connections of traced processes whose TLS library carries no probe (Go's"
-            " crypto/tls, a static or stripped OpenSSL, BoringSSL, --tls off): their requests"
-            " are not recorded; per executable name",
-            ["comm"],
-            registry=r,
-        )
-        self.head_too_large = Counter(
-            "parallax_agent_head_too_large",
-            "Request heads larger than the capture window",
-            registry=r,
-        )
-        self.traceparent_missed = Counter(
-            "parallax_agent_traceparent_missed",
-            "Requests whose traceparent may lie beyond the capture window",
-            registry=r,
-        )
-        self.listen_overflows = Gauge(
-            "parallax_agent_listen_overflows",
-            "Node-wide TCP ListenOverflows (/proc/net/netstat; no per-port tracepoint)",
-            registry=r,
-        )
-        self.listen_drops = Gauge(
-            "parallax_agent_listen_drops",
-            "Connections dropped by a full accept queue, per listening port (the listener's "
-            "sk_drops via sock_diag, summed over IPv4/IPv6 and network namespaces; port 0: a "
-            "namespace the agent cannot enter, its ListenDrops)",
-            ["port"],
-            registry=r,
-        )
-        self.synack_retransmits = Gauge(
-            "parallax_agent_synack_retransmits",
-            "SYN-ACK retransmits per listening port",
-            ["port"],
-            registry=r,
-        )
-        self.evicted = Counter(
-            "parallax_agent_conn_evictions",
-            "Connections dropped from the bounded user-space table (LRU) before their end",
-            registry=r,
-        )
-        self.lost_exchanges = Counter(
-            "parallax_agent_lost_exchanges",
-            "Requests in flight dropped because events of their connection were lost",
-            registry=r,
-        )
-        self.h2_desync = Counter(
-            "parallax_agent_h2_desync",
-            "HTTP/2 connections whose framing or HPACK state was lost (no records from then"
-            " on): header_beyond_capture, payload_beyond_capture, hpack, lost_events, ...",
-            ["reason"],
-            registry=r,
-        )
-        self.h2_lost_streams = Counter(
-            "parallax_agent_h2_lost_streams",
-            "HTTP/2 streams in flight when their connection desynchronised (not recorded)",
-            registry=r,
-        )
-        self.unanswered = Counter(
-            "parallax_agent_unanswered_requests",
-            "Requests read whose connection ended (or the agent stopped) before a response"
-            " began: not recorded",
-            registry=r,
-        )
-        self.shed_requests = Counter(
-            "parallax_agent_shed_requests",
-            "Requests not traced while tracing was paused after a full ring buffer: reads"
-            " with data by traced processes meanwhile (sampling is counted in"
-            " parallax_agent_requests_seen_total)",
-            registry=r,
-        )
-        self.pauses = Counter(
-            "parallax_agent_pauses",
-            "Times tracing was paused, by reason: ring_full (the programs paused themselves"
-            " when the ring had no room; load is otherwise met by sampling)",
-            ["reason"],
-            registry=r,
-        )
-        self.sampling_probability = Gauge(
-            "parallax_agent_sampling_probability",
-            "The share of requests traced now: the kernel keeps each request with this"
-            " probability, at random (1: all); it adapts to --cpu-budget and the ring buffer",
-            registry=r,
-        )
+        self.events = _counter(am.P_EVENTS, r)
+        self.requests = _counter(am.P_REQUESTS, r)
+        self.lost = KernelCounter(am.P_LOST_EVENTS, r)
+        self.shed = _counter(am.P_SHED_RECORDS, r)
+        self.map_fill = _gauge(am.P_MAP_ENTRIES, r)
+        self.unparsed = _counter(am.P_UNPARSED, r)
+        self.tls_unprobed = _counter(am.P_TLS_UNPROBED, r)
+        self.head_too_large = _counter(am.P_HEAD_TOO_LARGE, r)
+        self.traceparent_missed = _counter(am.P_TRACEPARENT_MISSED, r)
+        self.listen_overflows = KernelCounter(am.P_LISTEN_OVERFLOWS, r)
+        self.listen_drops = KernelCounter(am.P_LISTEN_DROPS, r)
+        self.synack_retransmits = KernelCounter(am.P_SYNACK_RETRANSMITS, r)
+        self.evicted = _counter(am.P_CONN_EVICTIONS, r)
+        self.lost_exchanges = _counter(am.P_LOST_EXCHANGES, r)
+        self.h2_desync = _counter(am.P_H2_DESYNC, r)
+        self.h2_lost_streams = _counter(am.P_H2_LOST_STREAMS, r)
+        self.unanswered = _counter(am.P_UNANSWERED, r)
+        self.shed_requests = _counter(am.P_SHED_REQUESTS, r)
+        self.pauses = _counter(am.P_PAUSES, r)
+        self.sampling_probability = _gauge(am.P_SAMPLING_PROBABILITY, r)
         self.sampling_probability.set(1.0)
         self.request_counts = RequestCounts()
         r.register(self.request_counts)
-        self.paused = Gauge(
-            "parallax_agent_paused",
-            "1 while tracing is paused (the last resort after a full ring buffer)",
-            registry=r,
-        )
-        self.event_errors = Counter(
-            "parallax_agent_event_errors",
-            "Ring-buffer events the agent failed to handle (an unexpected error: the agent"
-            " goes on, the connection concerned resynchronises; its stderr names the error"
-            " type once)",
-            registry=r,
-        )
-        self.otlp_failed = Counter(
-            "parallax_agent_otlp_failed_spans",
-            "Spans not delivered over OTLP (--otlp): dropped at the export queue's bound"
-            " during a collector outage, refused by the collector, or left at exit",
-            registry=r,
-        )
-        self.connections = Gauge(
-            "parallax_agent_connections", "Connections followed in user space", registry=r
-        )
+        self.paused = _gauge(am.P_PAUSED, r)
+        self.event_errors = _counter(am.P_EVENT_ERRORS, r)
+        self.otlp_failed = _counter(am.P_OTLP_FAILED, r)
+        self.connections = _gauge(am.P_CONNECTIONS, r)
         self.gpu = GpuMetrics(r)
         self.ready = False
         # Called before each /metrics answer (serialised by scrape_lock): the values that

@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                     f'parallax_agent_requests_seen_total{{port="{port}"}}'
                 )
                 sat_extra["shed"] += agent.metric("parallax_agent_shed_requests_total")
-                sat_extra["lost"] += agent.metric("parallax_agent_lost_events")
+                sat_extra["lost"] += agent.metric("parallax_agent_lost_events_total")
             finally:
                 agent.stop()
             sat_un2.append(wrk(port, a.sat_seconds, 50, None)["rps"])

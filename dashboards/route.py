@@ -39,6 +39,9 @@ from parallax_contracts import agent_metrics as gm
 UID = ROUTE_DASHBOARD_UID
 PAIRS = f"{DB}.pairs FINAL"
 ROUTE = f"service = {var('service')} AND route = {var('route')}"
+# An alert's latest row; a severity change writes two at one instant (the old alert's resolve
+# and the new one's firing): the live one wins (collector/sla/alerts.py load_states).
+LATEST = "(time, state != 'resolved')"
 WHERE = f"$__timeFilter(time) AND {ROUTE} AND {EXCHANGES_ONLY}"
 MEASURED = metric_measured()
 USER, SERVER = metric_case(0), metric_case(1)
@@ -175,9 +178,10 @@ def build() -> db.Dashboard:
         FROM {PAIRS} WHERE {WHERE} AND {MEASURED}"""
     )
     checker = sql(
-        f"""SELECT metric, argMax(state, time) AS state, max(time) AS since,
-        argMax(round(divergence_ms, 1), time) AS divergence_ms, argMax(sentence, time) AS
-        sentence FROM {DB}.{sla_schema.ALERTS} WHERE {ROUTE} GROUP BY metric ORDER BY metric"""
+        f"""SELECT metric, argMax(state, latest) AS state, argMax(severity, latest) AS
+        severity, max(time) AS since, argMax(round(divergence_ms, 1), latest) AS
+        divergence_ms, argMax(sentence, latest) AS sentence FROM (SELECT *, {LATEST} AS
+        latest FROM {DB}.{sla_schema.ALERTS} WHERE {ROUTE}) GROUP BY metric ORDER BY metric"""
     )
     parts = ", ".join(f"{e} AS {n}" for n, e in TAIL_PARTS)
     tail = sql(

@@ -79,8 +79,8 @@ def build() -> db.Dashboard:
         band_ms, n, since, sentence FROM {DB}.{sla_schema.ALERTS}
         WHERE (service, route, metric, time) IN (SELECT service, route, metric, max(time)
         FROM {DB}.{sla_schema.ALERTS} GROUP BY service, route, metric)
-        AND state IN ('firing', 'pending')
-        ORDER BY state = 'firing' DESC, abs(divergence_ms) DESC"""
+        AND state IN ('firing', 'insufficient_data', 'pending')
+        ORDER BY state = 'pending', abs(divergence_ms) DESC"""
     )
     diverge = ", ".join(
         f"round({p95(f'if({measured(m)}, toFloat64({METRICS[m][0]}), NULL)')} - "

@@ -9,7 +9,13 @@ histograms (seconds, OpenTelemetry's GenAI semantic conventions) carry ``http.ro
 ``server.port`` and ``service.name`` (on the data point: one agent serves every service of
 its node), so they sit beside an inference server's own.
 
-``python -m parallax_contracts.agent_metrics`` prints the Markdown table kept in
+The agent's Prometheus ``/metrics`` is declared here too (``PROMETHEUS``, below): every
+series it serves, by the name a scrape shows, in Prometheus' conventions — base units in
+the name (seconds, bytes, hertz, watts, ratio), counters ending ``_total`` (the kernel's
+cumulative counts included), histograms in seconds. agent/metrics.py builds its registry
+from these, and a test holds the registry to them.
+
+``python -m parallax_contracts.agent_metrics`` prints the Markdown tables kept in
 docs/contracts/agent-metrics.md (a test checks the two agree).
 """
 
@@ -144,6 +150,189 @@ ALL: tuple[Metric, ...] = DEVICE + PROCESS + GEN_AI + SAMPLING
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
 
 
+# --- the agent's Prometheus /metrics ---------------------------------------------------
+PromKind = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromSeries:
+    name: str  # as a scrape shows it: a counter's ends in _total, a histogram's family name
+    kind: PromKind
+    labels: tuple[str, ...]
+    doc: str
+
+
+def _c(name: str, doc: str, *labels: str) -> PromSeries:
+    return PromSeries(name, "counter", labels, doc)
+
+
+def _g(name: str, doc: str, *labels: str) -> PromSeries:
+    return PromSeries(name, "gauge", labels, doc)
+
+
+P = "parallax_agent_"
+# the record path
+P_EVENTS = _c(P + "events_total", "Ring-buffer events received")
+P_REQUESTS = _c(P + "requests_total", "Request records emitted", "service")
+P_LOST_EVENTS = _c(
+    P + "lost_events_total",
+    "Events the kernel could not queue (ring full; the kernel's count since the programs loaded)",
+)
+P_SHED_RECORDS = _c(P + "shed_records_total", "Records dropped by the bounded export queue")
+P_MAP_ENTRIES = _g(P + "map_entries", "Entries in the kernel maps", "map")
+P_UNPARSED = _c(
+    P + "unparsed_connections_total",
+    "Connections whose bytes are not HTTP/1.x (TLS, HTTP/2, other)",
+    "port",
+)
+P_TLS_UNPROBED = _c(
+    P + "tls_unprobed_total",
+    "TLS connections of traced processes whose TLS library carries no probe (Go's"
+    " crypto/tls, a static or stripped OpenSSL, BoringSSL, --tls off): their requests"
+    " are not recorded; per executable name",
+    "comm",
+)
+P_HEAD_TOO_LARGE = _c(P + "head_too_large_total", "Request heads larger than the capture window")
+P_TRACEPARENT_MISSED = _c(
+    P + "traceparent_missed_total", "Requests whose traceparent may lie beyond the capture window"
+)
+# the server's sockets (the kernel's cumulative counts, read at the scrape)
+P_LISTEN_OVERFLOWS = _c(
+    P + "listen_overflows_total",
+    "Node-wide TCP ListenOverflows (/proc/net/netstat; no per-port tracepoint)",
+)
+P_LISTEN_DROPS = _c(
+    P + "listen_drops_total",
+    "Connections dropped by a full accept queue, per listening port (the listener's sk_drops"
+    " via sock_diag, summed over IPv4/IPv6 and network namespaces; port 0: a namespace the"
+    " agent cannot enter, its ListenDrops)",
+    "port",
+)
+P_SYNACK_RETRANSMITS = _c(
+    P + "synack_retransmits_total", "SYN-ACK retransmits per listening port", "port"
+)
+P_CONN_EVICTIONS = _c(
+    P + "conn_evictions_total",
+    "Connections dropped from the bounded user-space table (LRU) before their end",
+)
+P_LOST_EXCHANGES = _c(
+    P + "lost_exchanges_total",
+    "Requests in flight dropped because events of their connection were lost",
+)
+P_H2_DESYNC = _c(
+    P + "h2_desync_total",
+    "HTTP/2 connections whose framing or HPACK state was lost (no records from then on):"
+    " header_beyond_capture, payload_beyond_capture, hpack, lost_events, ...",
+    "reason",
+)
+P_H2_LOST_STREAMS = _c(
+    P + "h2_lost_streams_total",
+    "HTTP/2 streams in flight when their connection desynchronised (not recorded)",
+)
+P_UNANSWERED = _c(
+    P + "unanswered_requests_total",
+    "Requests read whose connection ended (or the agent stopped) before a response began:"
+    " not recorded",
+)
+# overload: sampling, then pausing
+P_SHED_REQUESTS = _c(
+    P + "shed_requests_total",
+    "Requests not traced while tracing was paused after a full ring buffer: reads with data"
+    " by traced processes meanwhile (sampling is counted in parallax_agent_requests_seen_total)",
+)
+P_PAUSES = _c(
+    P + "pauses_total",
+    "Times tracing was paused, by reason: ring_full (the programs paused themselves when the"
+    " ring had no room; load is otherwise met by sampling)",
+    "reason",
+)
+P_SAMPLING_PROBABILITY = _g(
+    P + "sampling_probability",
+    "The share of requests traced now: the kernel keeps each request with this probability,"
+    " at random (1: all); it adapts to --cpu-budget and the ring buffer",
+)
+P_REQUESTS_SEEN = _c(
+    P + "requests_seen_total",
+    "HTTP requests the kernel saw start on a traced port, sampled or not (exact)",
+    "port",
+)
+P_REQUESTS_TRACED = _c(
+    P + "requests_traced_total",
+    "Of those, requests sampled (traced); traced / seen is the sampled share",
+    "port",
+)
+P_REQUEST_TTFB = PromSeries(
+    P + "request_ttfb_seconds",
+    "histogram",
+    ("port",),
+    "Server TTFB (the request's first read to the response head) of every request, sampled"
+    " or not (the kernel's log2 buckets)",
+)
+P_PAUSED = _g(P + "paused", "1 while tracing is paused (the last resort after a full ring buffer)")
+P_EVENT_ERRORS = _c(
+    P + "event_errors_total",
+    "Ring-buffer events the agent failed to handle (an unexpected error: the agent goes on,"
+    " the connection concerned resynchronises; its stderr names the error type once)",
+)
+P_OTLP_FAILED = _c(
+    P + "otlp_failed_spans_total",
+    "Spans not delivered over OTLP (--otlp): dropped at the export queue's bound during a"
+    " collector outage, refused by the collector, or left at exit",
+)
+P_CONNECTIONS = _g(P + "connections", "Connections followed in user space")
+# the GPU side (docs/gpu.md): the device series above under Prometheus names, per GPU uuid
+P_GPU_UTILIZATION = _g(
+    P + "gpu_utilization_ratio", "Share of the last sample period a kernel ran (NVML)", "gpu"
+)
+P_GPU_MEMORY_USED = _g(P + "gpu_memory_used_bytes", "GPU memory in use", "gpu")
+P_GPU_MEMORY_TOTAL = _g(P + "gpu_memory_total_bytes", "GPU memory in all", "gpu")
+P_GPU_SM_CLOCK = _g(P + "gpu_sm_clock_hertz", "Current SM clock", "gpu")
+P_GPU_SM_CLOCK_MAX = _g(P + "gpu_sm_clock_max_hertz", "Maximum SM clock", "gpu")
+P_GPU_POWER = _g(P + "gpu_power_watts", "Power draw", "gpu")
+P_GPU_POWER_LIMIT = _g(P + "gpu_power_limit_watts", "Enforced power limit", "gpu")
+P_GPU_CLOCK_EVENT_REASONS = _g(
+    P + "gpu_clock_event_reasons", "NVML clock-event (throttle) reason bitmask", "gpu"
+)
+P_GPU_LAUNCHES = _c(
+    P + "gpu_launches_total",
+    "Kernel and graph launches enqueued by a traced service's GPU process (CUDA driver uprobes)",
+    "pid",
+)
+P_GPU_HOST_WAIT = _c(
+    P + "gpu_host_wait_seconds_total",
+    "Time a GPU process's host threads were blocked on the GPU",
+    "pid",
+)
+P_GPU_PROCESSES = _g(
+    P + "gpu_processes",
+    "GPU processes of the traced services, and those whose CUDA driver carries the probes"
+    " (state=probed)",
+    "state",
+)
+P_GPU_RECORDS = _c(
+    P + "gpu_records_total", "Records of services with GPU processes given GPU attributes"
+)
+P_GPU_HOLD_EXPIRED = _c(
+    P + "gpu_hold_expired_total",
+    "Records released before the GPU data of their windows was read (held too long)",
+)
+P_NVML_ERRORS = _c(
+    P + "nvml_errors_total", 'NVML calls that failed unexpectedly ("no new samples" is not counted)'
+)
+
+PROMETHEUS: tuple[PromSeries, ...] = (
+    P_EVENTS, P_REQUESTS, P_LOST_EVENTS, P_SHED_RECORDS, P_MAP_ENTRIES, P_UNPARSED,
+    P_TLS_UNPROBED, P_HEAD_TOO_LARGE, P_TRACEPARENT_MISSED, P_LISTEN_OVERFLOWS, P_LISTEN_DROPS,
+    P_SYNACK_RETRANSMITS, P_CONN_EVICTIONS, P_LOST_EXCHANGES, P_H2_DESYNC, P_H2_LOST_STREAMS,
+    P_UNANSWERED, P_SHED_REQUESTS, P_PAUSES, P_SAMPLING_PROBABILITY, P_REQUESTS_SEEN,
+    P_REQUESTS_TRACED, P_REQUEST_TTFB, P_PAUSED, P_EVENT_ERRORS, P_OTLP_FAILED, P_CONNECTIONS,
+    P_GPU_UTILIZATION, P_GPU_MEMORY_USED, P_GPU_MEMORY_TOTAL, P_GPU_SM_CLOCK,
+    P_GPU_SM_CLOCK_MAX, P_GPU_POWER, P_GPU_POWER_LIMIT, P_GPU_CLOCK_EVENT_REASONS,
+    P_GPU_LAUNCHES, P_GPU_HOST_WAIT, P_GPU_PROCESSES, P_GPU_RECORDS, P_GPU_HOLD_EXPIRED,
+    P_NVML_ERRORS,
+)  # fmt: skip
+
+
 def markdown_table() -> str:
     rows = ["| Metric | Kind | Unit | Meaning |", "|---|---|---|---|"]
     for m in ALL:
@@ -152,5 +341,13 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def prometheus_table() -> str:
+    rows = ["| Series | Type | Labels | Meaning |", "|---|---|---|---|"]
+    for s in PROMETHEUS:
+        labels = ", ".join(f"`{x}`" for x in s.labels) or "—"
+        rows.append(f"| `{s.name}` | {s.kind} | {labels} | {s.doc} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown_table())
+    sys.stdout.write(markdown_table() + "\n" + prometheus_table())

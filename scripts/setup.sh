@@ -11,7 +11,10 @@ say() { printf 'setup: %s\n' "$*"; }
 # --- Debian packages ---------------------------------------------------------------
 ARCH=$(dpkg --print-architecture)
 # systemd: systemd-analyze, which tests/test_systemd.py runs on the VM units (deploy/systemd).
-PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates openssl gcc libc6-dev systemd"
+# prometheus (promtool) and prometheus-alertmanager: the real tools the tests check the
+# /metrics, the rules (deploy/prometheus) and the alert lifecycle with (tests/prom_tools.py).
+DAEMONS="prometheus prometheus-alertmanager"
+PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates openssl gcc libc6-dev systemd $DAEMONS"
 # Kernel headers: bcc compiles against the running kernel's headers when it has them;
 # otherwise Debian's generic linux-headers package feeds the fallback tree built below.
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
@@ -31,6 +34,13 @@ if [ -n "$MISSING" ]; then
     apt-get update -qq
     # shellcheck disable=SC2086
     apt-get install -y -qq --no-install-recommends $MISSING >/dev/null
+    # Debian starts the two daemons it installs (ports 9090, 9093): the tests run their own
+    # binaries on free loopback ports, so stop and disable those that this run installed.
+    if [ -d /run/systemd/system ]; then
+        for d in $DAEMONS; do
+            case " $MISSING " in *" $d "*) systemctl disable --now "$d.service" >/dev/null 2>&1 || true ;; esac
+        done
+    fi
 fi
 
 # --- Python virtualenv (.venv) from the lock file -----------------------------------

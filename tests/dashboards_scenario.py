@@ -427,10 +427,17 @@ def _alerts(anchor: datetime) -> list[dict[str, Any]]:
     }
 
     def row(
-        minute: int, service: str, route: str, metric: str, state: str, prev: str
+        minute: int,
+        service: str,
+        route: str,
+        metric: str,
+        state: str,
+        prev: str,
+        severity: str = "critical",
     ) -> dict[str, Any]:
         t = anchor + timedelta(minutes=minute)
         return base | {
+            "severity": severity,
             "time": t,
             "since": t,
             "service": service,
@@ -447,6 +454,13 @@ def _alerts(anchor: datetime) -> list[dict[str, Any]]:
         row(14, "llm", "/v1/chat", "ttft", "firing", "pending"),
         row(3, "shop", "/api/cart", "ttfb", "firing", "pending"),
         row(8, "shop", "/api/cart", "ttfb", "resolved", "firing"),
+        # a warning escalated: its resolve and the critical's firing at one instant
+        row(15, "llm", "/v1/chat", "ttfb", "firing", "pending", "warning"),
+        row(18, "llm", "/v1/chat", "ttfb", "resolved", "firing", "warning"),
+        row(18, "llm", "/v1/chat", "ttfb", "firing", "resolved"),
+        # a traffic dip: held firing for lack of data
+        row(4, "shop", "/api/cart", "itl", "firing", "pending"),
+        row(9, "shop", "/api/cart", "itl", "insufficient_data", "firing"),
     ]
 
 

@@ -29,6 +29,7 @@ from collector.sla.evaluate import MetricResult
 from dashboards.build import GENERATED, render_all
 from parallax_contracts import agent_metrics as gm
 from tests import dashboards_scenario as scen
+from tests import prom_tools
 from tests.grafana_interp import ALL, Query, Variable, interpolate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +146,9 @@ def test_the_alert_link_opens_the_route_dashboard_on_its_route_metric_band_and_t
         {"p95": 500.0}, {"p95": 469.0}, {}, [], [], "…",
     )  # fmt: skip
     fired = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
-    st = sla_alerts.AlertState(("llm", "/v1/chat", "ttft"), "firing", fired, True, fired, last=m)
+    st = sla_alerts.AlertState(
+        ("llm", "/v1/chat", "ttft"), "firing", fired, True, fired, "critical", last=m
+    )
     now = fired + timedelta(minutes=3)
     obj = notify.alert_object(st, now, 60, grafana_url="https://g.example/grafana")
     url = urlparse(obj["annotations"]["dashboard"])
@@ -564,12 +567,24 @@ def test_sla_dashboard_filters_routes_and_shows_the_divergence(results: dict[str
         w = [x[2] for x in m]
         d = wq([x[0] for x in m], w) - wq([x[1] for x in m], w)
         assert close(r["ttfb_ms"], round(d, 1), 1e-9), (route, r["ttfb_ms"], d)
-    # alerts: the latest state per route and metric, firing or pending (the shop's resolved)
-    (alert,) = rows(results, "sla-all/1/A")
-    assert (alert["route"], alert["metric"], alert["state"], alert["band_ms"]) == (
-        "/v1/chat", "ttft", "firing", 15.0,
-    )  # fmt: skip
-    assert [r["state"] for r in rows(results, "route-ttft/4/A")] == ["firing"]
+    # alerts: the latest state per route and metric, firing, held for lack of data or
+    # pending (the shop's ttfb resolved; the chat's ttfb escalated: the critical, not the
+    # resolve of the warning written at the same instant)
+    got = {
+        (a["route"], a["metric"], a["state"], a["severity"], a["band_ms"])
+        for a in rows(results, "sla-all/1/A")
+    }
+    assert got == {
+        ("/v1/chat", "ttft", "firing", "critical", 15.0),
+        ("/v1/chat", "ttfb", "firing", "critical", 15.0),
+        ("/api/cart", "itl", "insufficient_data", "critical", 15.0),
+    }
+    assert [(r["metric"], r["state"], r["severity"]) for r in rows(results, "route-ttft/4/A")] == [
+        ("ttfb", "firing", "critical"),
+        ("ttft", "firing", "critical"),
+    ]
+    shop = [(r["metric"], r["state"]) for r in rows(results, "route-shop/4/A")]
+    assert shop == [("itl", "insufficient_data"), ("ttfb", "resolved")]
 
 
 def _events(results: dict[str, Any], variant: str) -> dict[tuple[str, str], float]:
@@ -656,33 +671,6 @@ def test_one_direct_request_uses_its_own_clock_sample(results: dict[str, Any]) -
 HEALTH = ROOT / "dashboards" / "parallax-health.json"
 
 
-def _exposed() -> dict[str, set[str]]:
-    """Sample name → label names, from the real metric registries of the three parts."""
-    from prometheus_client import CollectorRegistry
-
-    from agent.metrics import Metrics as AgentMetrics
-    from collector.metrics import Metrics as CollectorMetrics
-    from collector.sla.metrics import SlaMetrics
-
-    regs: list[CollectorRegistry] = [AgentMetrics().registry]
-    c = CollectorMetrics()
-    SlaMetrics(c.registry)
-    regs.append(c.registry)
-    out: dict[str, set[str]] = {}
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count")}
-    for reg in regs:
-        for collector, names in reg._collector_to_names.items():  # no public API lists label names
-            labels = set(getattr(collector, "_labelnames", ()))
-            for n in names:
-                out[n] = labels | ({"le"} if n.endswith("_bucket") else set())
-        # custom collectors (the agent's per-port request counts) name theirs when collected
-        for fam in reg.collect():
-            labels = set(getattr(fam, "_labelnames", ()))
-            for n in (fam.name, *(fam.name + x for x in suffixes.get(fam.type, ()))):
-                out.setdefault(n, labels | ({"le"} if n.endswith("_bucket") else set()))
-    return out
-
-
 def _health_targets() -> list[tuple[str, str, str]]:
     d = json.loads(HEALTH.read_text())
     return [
@@ -713,7 +701,7 @@ def test_health_query_parses_and_names_real_metrics(name: str, expr: str, legend
     import promql_parser
 
     promql_parser.parse(expr.replace("$__rate_interval", "5m"))
-    exposed = _exposed()
+    exposed = prom_tools.exposed()
     metrics = re.findall(r"\bparallax_[a-z0-9_]+", expr)
     assert metrics, name
     labels: set[str] = {"instance", "job"}  # added by the scrape

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from functools import cache
@@ -28,7 +29,7 @@ from collector import cli as collector_cli
 from collector.sla import config as sla_config
 from demo.stack import free_port
 from parallax_contracts import trace_context
-from tests import k8s_tools
+from tests import k8s_tools, prom_tools
 from tests.collector.helpers import BIN as COLLECTOR_BIN
 from tests.collector.helpers import Running
 from tests.test_deploy import AGENT_CAPABILITIES, K8S_VERSIONS, assert_least_privilege
@@ -110,6 +111,8 @@ def test_render_validates_strictly(name: str) -> None:
     assert {d["kind"] for d in docs} >= {"DaemonSet", "ClusterRole", "ServiceAccount"}
     for version in K8S_VERSIONS:
         for d in docs:
+            if d["apiVersion"] == "monitoring.coreos.com/v1":
+                continue  # the Operator's CRD, not Kubernetes': promtool checks it (below)
             kubernetes_validate.validate(d, version, strict=True)
 
 
@@ -337,6 +340,30 @@ def test_dashboards_configmap_carries_every_dashboard() -> None:
     assert sorted(cm["data"]) == [f.name for f in files]
     for f in files:
         assert json.loads(cm["data"][f.name]) == json.loads(f.read_text())
+
+
+def test_prometheus_rule_is_the_rules_file_and_passes_promtool(tmp_path: Path) -> None:
+    """The PrometheusRule carries deploy/prometheus/parallax-rules.yaml unchanged, with the
+    labels the Operator's ruleSelector matches; off by default (the CRD may not exist)."""
+    assert not [d for d in render("default") if d["kind"] == "PrometheusRule"]
+    rule = one(render("production"), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["name"] == "parallax-rules"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rules_file = k8s_tools.ROOT / "deploy" / "prometheus" / "parallax-rules.yaml"
+    assert rule["spec"] == yaml.safe_load(rules_file.read_text())
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    p = prom_tools.promtool("check", "rules", str(tmp_path / "rules.yaml"))
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_packaged_chart_carries_the_rules_not_their_tests(tmp_path: Path) -> None:
+    k8s_tools.helm("package", str(CHART), "--destination", str(tmp_path))
+    (pkg,) = tmp_path.glob("parallax-*.tgz")
+    with tarfile.open(pkg) as t:
+        names = t.getnames()
+    assert "parallax/prometheus/parallax-rules.yaml" in names
+    assert not [n for n in names if n.endswith(".test.yaml") or n.endswith(".py")], names
 
 
 def test_notes_say_what_to_check_next() -> None:

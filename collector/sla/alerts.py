@@ -1,16 +1,30 @@
-"""Alert states per (service, route, metric): inactive → pending → firing → resolved.
+"""Alert states per (service, route, metric): inactive → pending → firing → resolved, and
+``insufficient_data`` while a firing alert cannot be judged.
 
 The condition has hysteresis so a route on the edge of the band does not flap: it turns on
 when the verdict is ``out_of_band`` (the whole interval outside the band) and turns off only
-when the verdict is ``ok`` or ``insufficient_data``, or the divergence is back within
-band − hysteresis; in between (``uncertain`` near the edge) it keeps its last value. On top,
-``for``: the condition must hold that long before ``pending`` becomes ``firing``. Every
-change is logged, stored in ``sla_alerts`` with the numbers and the sentence, and handed to
-the notifier (firing and resolved; Alertmanager gets ``endsAt`` on resolve).
+when the verdict is ``ok`` or the divergence is back within band − hysteresis; in between
+(``uncertain`` near the edge) it keeps its last value. On top, ``for``: the condition must
+hold that long before ``pending`` becomes ``firing``.
+
+An alert instance has one label set from its first pending to its resolve: its severity is
+that of the ``out_of_band`` verdict that started it (critical: users wait longer; warning:
+the other way). A verdict of the other severity ends the instance and starts a new one —
+while firing, the old one resolves and the new one fires at once (the route has been out of
+band for ``for`` already); while pending, the new one starts pending (nothing was sent).
+
+Too few samples is not health: while firing, an evaluation without enough paired requests
+(``insufficient_data``, or none at all) moves the alert to ``insufficient_data`` — still
+active in Alertmanager, its annotations saying since when nothing could be judged — never to
+``resolved``. A pending alert without data goes back to ``inactive`` (nothing was announced).
+
+Every change is logged, stored in ``sla_alerts`` with the numbers and the sentence, and
+handed to the notifier with the alerts to (re)send (collector/sla/notify.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +38,9 @@ from collector.sla.evaluate import Evaluation, MetricResult
 log = logging.getLogger("parallax.sla")
 
 INACTIVE, PENDING, FIRING, RESOLVED = "inactive", "pending", "firing", "resolved"
+INSUFFICIENT = stats.INSUFFICIENT  # firing, but the window has too few pairs to judge
+ACTIVE = (FIRING, INSUFFICIENT)  # active in Alertmanager
+LIVE = (PENDING, *ACTIVE)
 Key = tuple[str, str, str]
 
 
@@ -34,8 +51,11 @@ class AlertState:
     since: datetime = field(default_factory=lambda: datetime.fromtimestamp(0, UTC))
     active: bool = False  # the hysteresis condition
     started: datetime | None = None  # firing since (Alertmanager startsAt)
-    last_sent: datetime | None = None
-    last: MetricResult | None = None
+    severity: str = ""  # the instance's label, fixed from its first pending to its resolve
+    last: MetricResult | None = None  # the latest evaluation's result (any verdict)
+    judged: MetricResult | None = None  # the latest result with enough data
+    judged_at: datetime | None = None
+    superseded_by: str = ""  # on a resolve: the severity of the instance that replaced it
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +64,7 @@ class Change:
     state: str
     previous: str
     time: datetime
-    since: datetime
+    since: datetime  # the instance's start: its firing time once it fired, else its pending
     result: MetricResult | None
     severity: str
     band_ms: float
@@ -70,20 +90,24 @@ class Alerts:
         return st.state if st else INACTIVE
 
     def load(self, rows: list[tuple[Any, ...]]) -> None:
-        """Resume from the store: (service, route, metric, state, since) of the latest change."""
-        for service, route, metric, state, since in rows:
+        """Resume from the store (``load_states``): per key the latest change's state,
+        severity, instance start and time."""
+        for service, route, metric, _, state, severity, started, at in rows:
             k = (str(service), str(route), str(metric))
-            since_dt = since if since.tzinfo else since.replace(tzinfo=UTC)
+            at_dt, started_dt = (t if t.tzinfo else t.replace(tzinfo=UTC) for t in (at, started))
+            live = state in LIVE
             self.states[k] = AlertState(
                 k,
                 state=str(state),
-                since=since_dt,
-                active=state in (PENDING, FIRING),
-                started=since_dt if state == FIRING else None,
+                since=at_dt,
+                active=live,
+                started=started_dt if state in ACTIVE else None,
+                severity=str(severity) if live else "",
             )
 
-    def _condition(self, st: AlertState, m: MetricResult | None) -> bool:
-        if m is None or m.verdict in (stats.OK, stats.INSUFFICIENT):
+    def _condition(self, st: AlertState, m: MetricResult) -> bool:
+        """The hysteresis condition on a judged result (enough data)."""
+        if m.verdict == stats.OK:
             return False
         if m.verdict == stats.OUT:
             return True
@@ -92,96 +116,143 @@ class Alerts:
             return False
         return st.active  # uncertain near the edge: keep the last value
 
+    def _move(self, st: AlertState, new: str, now: datetime, changes: list[Change]) -> None:
+        prev, pending_since = st.state, st.since
+        st.state, st.since = new, now
+        if new == FIRING and prev != INSUFFICIENT:
+            st.started = now
+        th = self.cfg.thresholds(*st.key)
+        if new == PENDING:
+            start = now
+        elif new == INACTIVE:
+            start = pending_since
+        else:
+            start = st.started or now
+        changes.append(Change(st.key, new, prev, now, start, st.last, st.severity, th.band_ms))
+        m = st.last
+        service, route, metric = st.key
+        log.info(
+            "sla alert %s → %s (%s): %s %s %s divergence %s ms (band ±%g) — %s",
+            prev,
+            new,
+            st.severity,
+            service,
+            route,
+            metric,
+            "?" if not m or m.divergence_ms is None else f"{m.divergence_ms:+.1f}",
+            th.band_ms,
+            m.sentence if m else "no paired requests in the window",
+        )
+
+    def _start(self, st: AlertState, m: MetricResult, now: datetime, ch: list[Change]) -> None:
+        """A new instance with the verdict's severity: pending, or firing when ``for`` is 0."""
+        st.severity, st.superseded_by, st.started = m.severity, "", None
+        self._move(st, FIRING if self.cfg.thresholds(*st.key).for_s <= 0 else PENDING, now, ch)
+
     def update(self, ev: Evaluation, now: datetime) -> list[Change]:
         results = {(m.service, m.route, m.metric): m for m in ev.results()}
         changes: list[Change] = []
-        for k in set(results) | set(self.states):
+        ended: list[AlertState] = []  # instances resolved in this round, as they ended
+        for k in sorted(set(results) | set(self.states)):
             m = results.get(k)
             st = self.states.get(k)
             if st is None:
                 if m is None or m.verdict != stats.OUT:
                     continue  # nothing to track
                 st = self.states[k] = AlertState(k)
-            if m is not None:
-                st.last = m
-            st.active = self._condition(st, m)
-            th = self.cfg.thresholds(*k)
-            prev = st.state
-            new = prev
-            if prev in (INACTIVE, RESOLVED) and st.active:
-                new = FIRING if th.for_s <= 0 else PENDING
-            elif prev == PENDING:
-                if not st.active:
-                    new = INACTIVE
-                elif (now - st.since).total_seconds() >= th.for_s:
-                    new = FIRING
-            elif prev == FIRING and not st.active:
-                new = RESOLVED
-            if new != prev:
-                st.state, st.since = new, now
-                if new == FIRING:
-                    st.started = now
-                sev = st.last.severity if st.last and st.last.severity != "none" else "critical"
-                ch = Change(k, new, prev, now, now, st.last, sev, th.band_ms)
-                changes.append(ch)
-                service, route, metric = k
-                log.info(
-                    "sla alert %s → %s: %s %s %s divergence %s ms (band ±%g) — %s",
-                    prev,
-                    new,
-                    service,
-                    route,
-                    metric,
-                    "?"
-                    if not st.last or st.last.divergence_ms is None
-                    else f"{st.last.divergence_ms:+.1f}",
-                    th.band_ms,
-                    st.last.sentence if st.last else "",
-                )
+            st.last = m  # None: no pairs in the window at all
+            if m is None or m.verdict == stats.INSUFFICIENT:
+                # too few pairs (or none): nothing can be judged, so nothing is resolved
+                if st.state == FIRING:
+                    self._move(st, INSUFFICIENT, now, changes)
+                elif st.state == PENDING:
+                    st.active = False
+                    self._move(st, INACTIVE, now, changes)
+            else:
+                st.judged, st.judged_at = m, now
+                st.active = self._condition(st, m)
+                other = m.verdict == stats.OUT and m.severity != st.severity
+                if st.state in (INACTIVE, RESOLVED):
+                    if st.active and m.verdict == stats.OUT:
+                        self._start(st, m, now, changes)
+                elif not st.active:
+                    self._move(st, INACTIVE if st.state == PENDING else RESOLVED, now, changes)
+                    if st.state == RESOLVED:
+                        ended.append(dataclasses.replace(st))
+                elif other and st.state == PENDING:
+                    self._move(st, INACTIVE, now, changes)
+                    self._start(st, m, now, changes)  # `for` counts the new claim afresh
+                elif other:
+                    self._move(st, RESOLVED, now, changes)
+                    ended.append(dataclasses.replace(st, superseded_by=m.severity))
+                    st.severity = m.severity
+                    self._move(st, FIRING, now, changes)
+                elif st.state == INSUFFICIENT:
+                    self._move(st, FIRING, now, changes)  # judged again, the condition holds
+                elif (
+                    st.state == PENDING
+                    and (now - st.since).total_seconds() >= self.cfg.thresholds(*k).for_s
+                ):
+                    self._move(st, FIRING, now, changes)
             if m is not None:
                 m.alert_state = st.state
         if changes:
-            self.recent = (changes + self.recent)[:200]
+            self.recent = (changes[::-1] + self.recent)[:200]
             if self._record:
                 try:
                     self._record(changes, self.evaluator)
                 except Exception as e:  # noqa: BLE001 — a store hiccup must not stop alerting
                     log.warning("sla: could not store %d alert changes: %s", len(changes), e)
-        to_send = [
-            st
-            for st in self.states.values()
-            if (st.state == FIRING)
-            or (
-                st.state == RESOLVED
-                and any(c.key == st.key and c.state == RESOLVED for c in changes)
-            )
-        ]
-        if self._notify and to_send:
-            self._notify(to_send, now)
+        live = [st for st in self.states.values() if st.state in ACTIVE]
+        if self._notify and (live or ended):
+            self._notify(ended + live, now)
         return changes
 
     def to_json(self) -> dict[str, Any]:
         current = [
             _state_json(st)
             for st in sorted(self.states.values(), key=lambda s: s.key)
-            if st.state in (PENDING, FIRING)
+            if st.state in LIVE
         ]
         return {"current": current, "recent": [change_json(c) for c in self.recent]}
 
 
-def _state_json(st: AlertState) -> dict[str, Any]:
+def insufficient_sentence(st: AlertState) -> str:
+    """What an alert held for lack of data says: since when, what the window has, and the
+    last judgement its numbers come from."""
     m = st.last
+    now_says = (
+        m.sentence
+        if m is not None and m.verdict == stats.INSUFFICIENT
+        else f"{st.key[1]}: no paired requests in the window"
+    )
+    last = (
+        f" Last judged at {st.judged_at:%Y-%m-%d %H:%M:%S} UTC: {st.judged.sentence}"
+        if st.judged is not None and st.judged_at is not None
+        else ""
+    )
+    return (
+        f"Insufficient data since {st.since:%Y-%m-%d %H:%M:%S} UTC: the alert stays firing "
+        f"until the divergence can be judged again. {now_says.rstrip('.')}.{last}"
+    )
+
+
+def _state_json(st: AlertState) -> dict[str, Any]:
+    m = st.judged if st.state == INSUFFICIENT and st.judged is not None else st.last
     return {
         "service": st.key[0],
         "route": st.key[1],
         "metric": st.key[2],
         "state": st.state,
         "since": st.since.isoformat(),
-        "severity": (m.severity if m and m.severity != "none" else "critical"),
+        "severity": st.severity,
         "divergence_ms": None if not m or m.divergence_ms is None else round(m.divergence_ms, 2),
         "ci_low_ms": None if not m or m.ci_low_ms is None else round(m.ci_low_ms, 2),
         "ci_high_ms": None if not m or m.ci_high_ms is None else round(m.ci_high_ms, 2),
-        "sentence": m.sentence if m else "",
+        "judged_at": None if st.judged_at is None else st.judged_at.isoformat(),
+        "sentence": insufficient_sentence(st)
+        if st.state == INSUFFICIENT
+        else (m.sentence if m else ""),
     }
 
 
@@ -260,11 +331,16 @@ def store_recorder(get_client: Callable[[], Any], db: str) -> Callable[[list[Cha
 
 
 def load_states(get_client: Callable[[], Any], db: str) -> list[tuple[Any, ...]]:
+    """Per key, the latest change: (service, route, metric, state, severity, since, time).
+    A severity change writes two rows at one instant (the old instance's resolve, the new
+    one's firing): the live row wins the tie."""
     return list(
         get_client()
         .query(
-            f"SELECT service, route, metric, argMax(state, time), max(time) "  # noqa: S608
-            f"FROM {db}.{schema.ALERTS} GROUP BY service, route, metric"
+            "SELECT service, route, metric, "  # noqa: S608
+            "argMax(tuple(state, severity, since), (time, state != 'resolved')) AS last, "
+            f"last.1, last.2, last.3, max(time) FROM {db}.{schema.ALERTS} "
+            "GROUP BY service, route, metric"
         )
         .result_rows
     )

@@ -3,7 +3,10 @@
 Off the evaluation path: ``submit`` only queues; a worker thread sends with retries and
 exponential backoff, so a slow or failing receiver never delays or stops evaluation. While
 an alert fires it is re-sent every ``resend`` (Alertmanager forgets alerts whose ``endsAt``
-passes; ours is set a few resends ahead); on resolve it is sent once with ``endsAt`` = now.
+passes; ours is set a few resends ahead) and at once when its state changes (to or from
+insufficient data); on resolve it is sent once with ``endsAt`` = now and the label set it
+fired with — a severity change is the resolve of one alert and the firing of another, sent
+together (docs/sla.md, "Alerts").
 
 With a Grafana base URL configured (``grafana: {url: …}``), every alert carries the link to
 its route's dashboard (annotation ``dashboard``, and ``generatorURL`` unless one is given):
@@ -25,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from collector.sla.alerts import FIRING, RESOLVED, AlertState
+from collector.sla.alerts import INSUFFICIENT, RESOLVED, AlertState, insufficient_sentence
 from collector.sla.config import Receiver
 
 log = logging.getLogger("parallax.sla")
@@ -65,12 +68,14 @@ def alert_object(
     generator_url: str = "",
     grafana_url: str = "",
 ) -> dict[str, Any]:
-    m = st.last
+    """One alert for Alertmanager's API: the instance's label set (its severity included),
+    the numbers of the latest judged window as annotations, ``endsAt`` now on resolve."""
     service, route, metric = st.key
+    held = st.state == INSUFFICIENT
+    m = st.judged if held and st.judged is not None else st.last
     ends = now if st.state == RESOLVED else now + timedelta(seconds=4 * resend_s)
-    severity = m.severity if m and m.severity != "none" else "critical"
     ann: dict[str, str] = {
-        "summary": m.sentence if m else f"{route}: {metric} divergence",
+        "summary": insufficient_sentence(st) if held else (m.sentence if m else ""),
         "description": (
             f"P95(user) − P95(server) for {metric} on {route} ({service}) left the "
             f"±{m.band_ms:g} ms band"
@@ -86,6 +91,12 @@ def alert_object(
         )
         ann["user_p95_ms"] = f"{(m.user['p95'] or 0):.1f}"
         ann["server_p95_ms"] = f"{(m.server['p95'] or 0):.1f}"
+    if st.judged_at is not None:
+        ann["judged_at"] = st.judged_at.isoformat()  # the window these numbers come from
+    if held:
+        ann["insufficient_data_since"] = st.since.isoformat()
+    if st.superseded_by:
+        ann["superseded_by"] = st.superseded_by
     if grafana_url:
         ann["dashboard"] = dashboard_link(grafana_url, st, now)
         generator_url = generator_url or ann["dashboard"]
@@ -95,7 +106,7 @@ def alert_object(
             "service": service,
             "route": route,
             "metric": metric,
-            "severity": severity,
+            "severity": st.severity,
         },
         "annotations": ann,
         "startsAt": (st.started or st.since).isoformat(),
@@ -121,7 +132,8 @@ class Notifier:
         self.generator_url = generator_url
         self.grafana_url = grafana_url
         self._q: queue.Queue[tuple[Receiver, str, bytes] | None] = queue.Queue(maxsize=1000)
-        self._last_sent: dict[tuple[str, str, str], float] = {}
+        # per instance (key + severity): when it was last sent, in which state and since when
+        self._last_sent: dict[tuple[str, str, str, str], tuple[float, str, datetime]] = {}
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.failed = 0
@@ -142,20 +154,23 @@ class Notifier:
             self._thread = None
 
     def submit(self, states: list[AlertState], now: datetime) -> None:
-        """Queue the firing alerts due for (re)sending and the freshly resolved ones."""
+        """Queue the resolved alerts, and the active ones that are new, changed state (e.g.
+        to insufficient data) or are due for their re-send."""
         if not self.enabled:
             return
         resend = min(r.resend_s for r in (self.am, self.hook) if r is not None)
         due = []
         mono = time.monotonic()
         for st in states:
-            last = self._last_sent.get(st.key)
-            if st.state == FIRING and last is not None and mono - last < resend:
-                continue
-            due.append(alert_object(st, now, resend, self.generator_url, self.grafana_url))
-            self._last_sent[st.key] = mono
+            instance = (*st.key, st.severity)
+            sent = self._last_sent.get(instance)
             if st.state == RESOLVED:
-                self._last_sent.pop(st.key, None)
+                self._last_sent.pop(instance, None)
+            elif sent is not None and sent[1:] == (st.state, st.since) and mono - sent[0] < resend:
+                continue
+            else:
+                self._last_sent[instance] = (mono, st.state, st.since)
+            due.append(alert_object(st, now, resend, self.generator_url, self.grafana_url))
         if not due:
             return
         for r, path, body in self._requests(due):
@@ -163,6 +178,13 @@ class Notifier:
                 self._q.put_nowait((r, path, body))
             except queue.Full:
                 log.warning("sla: notification queue full; dropped one delivery to %s", r.url)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every queued delivery is done (sent or given up); False on timeout."""
+        end = time.monotonic() + timeout_s
+        while self._q.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+        return not self._q.unfinished_tasks
 
     def _requests(self, alerts: list[dict[str, Any]]) -> list[tuple[Receiver, str, bytes]]:
         out = []
@@ -175,10 +197,13 @@ class Notifier:
     def _run(self) -> None:
         while True:
             item = self._q.get()
-            if item is None:
-                return
-            r, path, body = item
-            self._deliver(r, r.url + path, body)
+            try:
+                if item is None:
+                    return
+                r, path, body = item
+                self._deliver(r, r.url + path, body)
+            finally:
+                self._q.task_done()
 
     def _deliver(self, r: Receiver, url: str, body: bytes) -> None:
         delay = self.first_backoff_s

@@ -100,7 +100,7 @@ class SlaService:
                 )
             self.latest = ev
         if self.metrics is not None:
-            self.metrics.update(ev, time.perf_counter() - t)
+            self.metrics.update(ev, time.perf_counter() - t, self.alerts.states.values())
             self.metrics.evaluator.set(1 if self.is_evaluator else 0)
         return ev
 

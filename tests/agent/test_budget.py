@@ -284,7 +284,7 @@ def test_a_full_ring_pauses_the_programs_themselves(tmp_path: Path) -> None:
             'parallax_agent_pauses_total{reason="ring_full"}', lambda v: v >= 1
         )
         assert full >= 1
-        assert agent.wait_metric("parallax_agent_lost_events", lambda v: v > 0) > 0
+        assert agent.wait_metric("parallax_agent_lost_events_total", lambda v: v > 0) > 0
         assert _resumed_for_good(agent), "tracing did not resume"
         # resumed at half the share it had: a trace id whose randomness is the highest
         # there is is kept under any threshold (parallax_contracts.sampling)

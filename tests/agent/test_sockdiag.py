@@ -193,7 +193,7 @@ def test_the_agent_exports_drops_per_traced_port(tmp_path: Path) -> None:
         port = int(srv.stdout.readline())
         agent = Agent(tmp_path, [port])
         clients = _flood(port, 12)
-        name = f'parallax_agent_listen_drops{{port="{port}"}}'
+        name = f'parallax_agent_listen_drops_total{{port="{port}"}}'
         value = agent.wait_metric(name, lambda v: v > 0, timeout=10)
         assert value > 0, agent.metrics()
     finally:

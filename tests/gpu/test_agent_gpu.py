@@ -152,7 +152,7 @@ def test_prefill_and_decode_of_each_request(
                     assert rec["pid"] == s.p.pid  # the server read it; the GPU work is the worker's
                     assert_pattern(rec, w)
                 m = agent.metrics()
-                assert m[f'parallax_agent_gpu_launches{{pid="{gpu_pid}"}}'] >= 2 * (40 + 10)
+                assert m[f'parallax_agent_gpu_launches_total{{pid="{gpu_pid}"}}'] >= 2 * (40 + 10)
             finally:
                 assert agent.stop() == 0
         finally:

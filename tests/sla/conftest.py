@@ -17,12 +17,20 @@ DB = "parallax"
 
 
 @pytest.fixture(scope="session")
-def scenario_store(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Any, Path, dict[str, scenario.RouteData]]]:
-    """One chDB directory with the scenario's pairs (shared: chDB allows one path per process)."""
+def chdb_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """The process's one chDB directory (chDB allows one path per process): tests that need
+    a store of their own take a database in it."""
     d = tmp_path_factory.mktemp("sla-store")
     client: Any = clickhouse_connect.get_client(dsn=f"chdb://{d / 'chdb'}")
+    return client, d
+
+
+@pytest.fixture(scope="session")
+def scenario_store(
+    chdb_store: tuple[Any, Path],
+) -> Iterator[tuple[Any, Path, dict[str, scenario.RouteData]]]:
+    """The scenario's pairs in database ``parallax`` of the shared chDB directory."""
+    client, d = chdb_store
     store_schema.migrate(client, DB)
     data = scenario.build()
     scenario.write(client, DB, data)

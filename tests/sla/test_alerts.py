@@ -8,13 +8,17 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from collector.sla.alerts import Alerts, Change
+from collector.sla import schema as sla_schema
+from collector.sla.alerts import Alerts, AlertState, Change, load_states, store_recorder
 from collector.sla.config import Receiver, SlaConfig, Thresholds
 from collector.sla.evaluate import Evaluation, MetricResult, RouteResult
+from collector.sla.metrics import SlaMetrics
 from collector.sla.notify import Notifier
 
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
@@ -57,16 +61,19 @@ def am() -> Iterator[_Receiver]:
     r = _Receiver()
     yield r
     r.server.shutdown()
+    r.server.server_close()
 
 
-def _ev(verdict: str, div: float, lo: float | None, hi: float | None, now: datetime) -> Evaluation:
+def _ev(
+    verdict: str, div: float, lo: float | None, hi: float | None, now: datetime, n: int = 800
+) -> Evaluation:
     m = MetricResult(
         service="app",
         route="/v1/chat",
         metric="ttft",
         verdict=verdict,
-        severity="critical" if verdict == "out_of_band" else "none",
-        n=800,
+        severity=("critical" if div > 0 else "warning") if verdict == "out_of_band" else "none",
+        n=n,
         band_ms=15,
         min_samples=100,
         divergence_ms=div,
@@ -88,6 +95,8 @@ OUT = ("out_of_band", 30.0, 22.0, 38.0)
 EDGE_OUT = ("out_of_band", 17.0, 15.5, 18.5)
 EDGE_UNCERTAIN = ("uncertain", 14.0, 11.0, 17.0)
 OK = ("ok", 2.0, -3.0, 7.0)
+NEG = ("out_of_band", -30.0, -38.0, -22.0)
+FEW = ("insufficient_data", 30.0, None, None)
 
 
 def test_lifecycle_pending_firing_no_flap_resolved(am: _Receiver) -> None:
@@ -174,6 +183,7 @@ def test_failing_receiver_is_retried_and_never_blocks_evaluation() -> None:
         time.sleep(0.05)
     notifier.stop()
     flaky.server.shutdown()
+    flaky.server.server_close()
     assert notifier.failed == 1 and notifier.sent == 1
 
 
@@ -230,3 +240,123 @@ def test_firing_alert_is_re_sent_until_resolved(am: _Receiver) -> None:
     starts = {c[1][0]["startsAt"] for c in calls}
     assert starts == {T0.isoformat()}
     assert all(e > T0 for e in ends[:4]) and ends[4] == now
+
+
+def test_severity_change_and_insufficient_data_survive_a_restart(
+    chdb_store: tuple[Any, Path],
+) -> None:
+    """The states and their severities go to sla_alerts; a restarted checker resumes the
+    live instance (the severity change's two rows share one instant), and resolves it with
+    the labels it fired with."""
+    client = chdb_store[0]
+    db = "alerts_restart"
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    sla_schema.ensure(client, db)
+    cfg = SlaConfig(defaults=Thresholds(for_s=0))
+    sent: list[tuple[str, str, str, str]] = []
+
+    def notify(states: list[AlertState], now: datetime) -> None:
+        sent.extend(
+            (st.state, st.severity, st.superseded_by, st.started.isoformat())
+            for st in states
+            if st.started
+        )
+
+    rec = store_recorder(lambda: client, db)
+    a = Alerts(cfg, record=rec, notify=notify)
+    t = [T0 + timedelta(seconds=15 * i) for i in range(6)]
+    a.update(_ev(*NEG, t[0]), t[0])  # a warning fires at once (for: 0)
+    a.update(_ev(*OUT, t[1]), t[1])  # escalates: the warning resolves, a critical fires
+    assert [(c.previous, c.state, c.severity) for c in a.recent[:2]] == [
+        ("resolved", "firing", "critical"),
+        ("firing", "resolved", "warning"),
+    ]
+    assert ("resolved", "warning", "critical", t[0].isoformat()) in sent
+    assert ("firing", "critical", "", t[1].isoformat()) in sent
+    a.update(_ev(*FEW, t[2], n=40), t[2])  # a traffic dip: held, not resolved
+    assert a.state_of("app", "/v1/chat", "ttft") == "insufficient_data"
+    (cur,) = a.to_json()["current"]
+    assert cur["state"] == "insufficient_data" and cur["severity"] == "critical"
+    assert cur["sentence"].startswith("Insufficient data since 2026-11-29 10:00:30 UTC")
+    assert cur["divergence_ms"] == 30.0 and cur["judged_at"] == t[1].isoformat()
+
+    b = Alerts(cfg, record=rec, notify=notify)  # a restart
+    b.load(load_states(lambda: client, db))
+    st = b.states[("app", "/v1/chat", "ttft")]
+    assert (st.state, st.severity, st.started, st.since) == (
+        "insufficient_data",
+        "critical",
+        t[1],
+        t[2],
+    )
+    b.update(_ev(*FEW, t[3], n=40), t[3])
+    b.update(Evaluation(t[4], timedelta(minutes=5), t[4], t[4]), t[4])  # no pairs at all
+    assert b.state_of("app", "/v1/chat", "ttft") == "insufficient_data"
+    (cur,) = b.to_json()["current"]  # what the window has now, the numbers judged before
+    assert "/v1/chat: no paired requests in the window." in cur["sentence"]
+    assert cur["divergence_ms"] is None  # the restart lost the judged numbers: none shown
+    sent.clear()
+    b.update(_ev(*OK, t[5]), t[5])
+    assert sent == [("resolved", "critical", "", t[1].isoformat())]
+    rows = client.query(
+        f"SELECT state, severity FROM {db}.sla_alerts ORDER BY time, state"
+    ).result_rows
+    assert {sev for _, sev in rows} == {"warning", "critical"}
+
+
+def test_a_pending_alert_without_data_or_of_the_other_severity_starts_over() -> None:
+    cfg = SlaConfig(defaults=Thresholds(for_s=30))
+    a = Alerts(cfg)
+    t = [T0 + timedelta(seconds=15 * i) for i in range(7)]
+    a.update(_ev(*OUT, t[0]), t[0])
+    a.update(_ev(*FEW, t[1], n=40), t[1])
+    assert a.state_of("app", "/v1/chat", "ttft") == "inactive"  # nothing was announced
+    a.update(_ev(*OUT, t[2]), t[2])
+    a.update(_ev(*NEG, t[3]), t[3])  # the other severity: a new claim, `for` afresh
+    assert (
+        a.state_of("app", "/v1/chat", "ttft"),
+        a.states[("app", "/v1/chat", "ttft")].severity,
+    ) == ("pending", "warning")
+    a.update(_ev(*NEG, t[4]), t[4])
+    assert a.state_of("app", "/v1/chat", "ttft") == "pending"
+    a.update(_ev(*NEG, t[5]), t[5])
+    assert a.state_of("app", "/v1/chat", "ttft") == "firing"
+    assert [(c.state, c.severity) for c in reversed(a.recent)] == [
+        ("pending", "critical"),
+        ("inactive", "critical"),
+        ("pending", "critical"),
+        ("inactive", "critical"),
+        ("pending", "warning"),
+        ("firing", "warning"),
+    ]
+
+
+def test_gauges_show_the_alert_with_its_severity_and_state() -> None:
+    """parallax_sla_alert: one series per live instance; a held alert stays shown when its
+    route has left the window; gone once resolved (absent, not 0)."""
+    reg = CollectorRegistry()
+    metrics = SlaMetrics(reg)
+    a = Alerts(SlaConfig(defaults=Thresholds(for_s=0)))
+    labels = 'metric="ttft",route="/v1/chat",service="app"'
+    t = [T0 + timedelta(seconds=15 * i) for i in range(3)]
+    ev = _ev(*OUT, t[0])
+    a.update(ev, t[0])
+    metrics.update(ev, 0.1, a.states.values())
+    text = generate_latest(reg).decode()
+    assert f'parallax_sla_alert{{{labels},severity="critical",state="firing"}} 1.0' in text
+    assert f"parallax_sla_divergence_seconds{{{labels}}} 0.03" in text
+    ev = Evaluation(t[1], timedelta(minutes=5), t[1], t[1])
+    a.update(ev, t[1])
+    metrics.update(ev, 0.1, a.states.values())
+    text = generate_latest(reg).decode()
+    assert (
+        f'parallax_sla_alert{{{labels},severity="critical",state="insufficient_data"}} 1.0' in text
+    )
+    assert f"parallax_sla_alert_firing{{{labels}}} 1.0" in text
+    assert "parallax_sla_divergence_seconds{" not in text  # not in the window: no value
+    ev = _ev(*OK, t[2])
+    a.update(ev, t[2])
+    metrics.update(ev, 0.1, a.states.values())
+    text = generate_latest(reg).decode()
+    assert "parallax_sla_alert{" not in text
+    assert f"parallax_sla_alert_firing{{{labels}}} 0.0" in text

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import prom_tools
 from tests.collector.helpers import start_collector
 from tests.sla.test_cli import _store
 
@@ -38,7 +39,11 @@ def test_serve_evaluates_and_serves_sla_alerts_metrics_ui(tmp_path: Path) -> Non
             time.sleep(0.5)
         assert [(a["route"], a["state"]) for a in firing] == [("/v1/net", "firing")]
         metrics = httpx.get(f"{c.query}/metrics", timeout=10).text
-        assert 'parallax_sla_divergence_ms{metric="ttfb",route="/v1/net",service="app"}' in metrics
+        assert 'parallax_sla_divergence_seconds{metric="ttfb",route="/v1/net",service="app"}' in (
+            metrics
+        )
+        lint = prom_tools.promtool("check", "metrics", stdin=metrics)  # Prometheus conventions
+        assert (lint.returncode, lint.stdout + lint.stderr) == (0, ""), lint.stdout + lint.stderr
         assert httpx.get(f"{c.query}/ui", timeout=10).status_code == 200
         assert httpx.get(f"{c.ingest}/v1/sla", timeout=10).status_code == 404  # not public
     finally:

@@ -79,11 +79,24 @@ def test_gauges(service: SlaService) -> None:
     line = next(
         ln
         for ln in text.splitlines()
-        if ln.startswith("parallax_sla_divergence_ms{")
+        if ln.startswith("parallax_sla_divergence_seconds{")
         and 'route="/v1/net"' in ln
         and 'metric="ttfb"' in ln
     )
-    assert 24 < float(line.rsplit(" ", 1)[1]) < 26
+    assert 0.024 < float(line.rsplit(" ", 1)[1]) < 0.026  # seconds, Prometheus' base unit
+    # the checker's alert with the severity it fired with; the cached route's is a warning
+    assert (
+        'parallax_sla_alert{metric="ttfb",route="/v1/net",service="app",'
+        'severity="critical",state="firing"} 1.0' in text
+    )
+    assert (
+        'parallax_sla_alert{metric="ttfb",route="/v1/cached",service="app",'
+        'severity="warning",state="firing"} 1.0' in text
+    )
+    assert 'parallax_sla_alert_firing{metric="ttfb",route="/v1/net",service="app"} 1.0' in text
+    assert not any(
+        ln.startswith("parallax_sla_alert{") and 'route="/v1/ok"' in ln for ln in text.splitlines()
+    )  # absent, not 0, for a route that never alerted
     assert (
         'parallax_sla_verdict{metric="ttfb",route="/v1/rare",service="app",'
         'verdict="insufficient_data"} 1.0' in text
