@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -125,6 +125,47 @@ class GpuMetrics:
         self.nvml_errors = _counter(am.P_NVML_ERRORS, r)
 
 
+class GenAiMetrics:
+    """The GenAI server histograms under Prometheus names (seconds, semconv's buckets),
+    observed by agent.export.genai from the records of LLM streams. Label sets are bounded:
+    past MAX_SERIES distinct ones, a new route is counted as ``other``."""
+
+    MAX_SERIES = 1000
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.by_metric: dict[str, Histogram] = {}
+        for contract, series in (
+            (am.GEN_AI_TTFT, am.P_GEN_AI_TTFT),
+            (am.GEN_AI_TPOT, am.P_GEN_AI_TPOT),
+            (am.GEN_AI_DURATION, am.P_GEN_AI_DURATION),
+        ):
+            self.by_metric[contract.name] = Histogram(
+                series.name,
+                series.doc,
+                series.labels,
+                registry=r,
+                buckets=_BUCKETS[contract.name],
+            )
+        self._seen: set[tuple[str, ...]] = set()
+
+    def observe(self, metric: str, value: float, attrs: dict[str, str | int]) -> None:
+        values = tuple(str(attrs.get(a, "")) for a in am.GEN_AI_ATTRIBUTES)
+        if values not in self._seen:
+            if len(self._seen) >= self.MAX_SERIES:
+                route = am.GEN_AI_ATTRIBUTES.index("http.route")
+                values = (*values[:route], "other", *values[route + 1 :])
+            else:
+                self._seen.add(values)
+        self.by_metric[metric].labels(*values).observe(value)
+
+
+_BUCKETS = {
+    am.GEN_AI_TTFT.name: am.GEN_AI_TTFT_BUCKETS,
+    am.GEN_AI_TPOT.name: am.GEN_AI_TPOT_BUCKETS,
+    am.GEN_AI_DURATION.name: am.GEN_AI_DURATION_BUCKETS,
+}
+
+
 class Metrics:
     """The agent's /metrics: every series of parallax_contracts.agent_metrics.PROMETHEUS."""
 
@@ -158,6 +199,7 @@ class Metrics:
         self.otlp_failed = _counter(am.P_OTLP_FAILED, r)
         self.connections = _gauge(am.P_CONNECTIONS, r)
         self.gpu = GpuMetrics(r)
+        self.genai = GenAiMetrics(r)
         self.ready = False
         # Called before each /metrics answer (serialised by scrape_lock): the values that
         # cost a read of the kernel's maps, /proc or netlink are taken when someone asks

@@ -173,6 +173,7 @@ def _llm_fields(rec: dict[str, Any], s: Stream, t1: int, service: str) -> None:
             "error_type": s.error_type,
             "llm_dialect": d.name,
             "llm_first_output_us": _us(s.t_first_out, t1),
+            "llm_last_output_us": _us(s.t_last_out, t1),
             "llm_output_tokens_source": source,
             "llm_content_events": s.n_content,
             "llm_reasoning_events": s.n_reasoning,

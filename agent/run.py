@@ -27,6 +27,7 @@ from agent import metrics
 from agent.budget import default_cores
 from agent.connections import Connections
 from agent.diagnostics import where
+from agent.export import genai
 from agent.export.outputs import Exporter, ExportThread, Processor, RecordQueue
 from agent.gpu.side import GpuConfig, GpuSide
 from agent.gpu.stage import GpuStage
@@ -108,6 +109,8 @@ class Agent:
         # the OpenTelemetry SDK: only when used
         from agent.export import spans  # noqa: PLC0415
 
+        # the GenAI histograms of /metrics, from the records of LLM streams
+        self.exporters.append(genai.PrometheusGenAi(self.m.genai))
         try:
             if cfg.jsonl:
                 self.exporters.append(spans.JsonlExporter(cfg.jsonl))

@@ -87,29 +87,54 @@ GPU_HOST_WAIT = Metric(
     "s",
     "Time the process's host threads were blocked on the GPU (union over threads).",
 )
-# --- GenAI server latency (per route) ------------------------------------------------
+# --- GenAI server latency (OpenTelemetry GenAI semconv), LLM streams only ---------------
+# Fed by the records of responses that spoke a stream dialect (agent/protocols/streams): a
+# chunked download or an SSE feed in no dialect is no token stream and feeds none of them.
 GEN_AI_TTFT = Metric(
     "gen_ai.server.time_to_first_token",
     "histogram",
     "s",
-    "Server TTFT per request: the app's read of the request → its first body write.",
+    "Server time to the first answer token: the app's read of the request → its write of"
+    " the first content event (not the head, a role-only delta or a heartbeat).",
     True,
 )
 GEN_AI_TPOT = Metric(
     "gen_ai.server.time_per_output_token",
     "histogram",
     "s",
-    "Server time per output token: (last write − first body write) / (body writes − 1),"
-    " one token per write (SSE and chunked streams write one event per token).",
+    "Server time per output token after the first: (last output event − first) / (output"
+    " tokens − 1), the count as the stream states it (usage) else its output events; one"
+    " observation per complete stream of two tokens or more.",
     True,
 )
-# OpenTelemetry's GenAI conventions' bucket boundaries for these two histograms (seconds).
+GEN_AI_DURATION = Metric(
+    "gen_ai.server.request.duration",
+    "histogram",
+    "s",
+    "Server time from the app's read of the request to its last write.",
+    True,
+)
+# OpenTelemetry's GenAI conventions' advised bucket boundaries (seconds).
 GEN_AI_TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 )  # fmt: skip
 GEN_AI_TPOT_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
+GEN_AI_DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+# Their attributes (semconv names; ours last: the agent serves every service of its node)
+GEN_AI_ATTRIBUTES = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.response.model",
+    "server.address",
+    "server.port",
+    "error.type",
+    "http.route",
+    "service.name",
+)
 
 # --- every request, sampled or not (the kernel's counts; docs/agent.md, Sampling) --------
 REQUESTS_SEEN = Metric(
@@ -144,7 +169,7 @@ DEVICE: tuple[Metric, ...] = (
     GPU_CLOCK_EVENT_REASONS,
 )
 PROCESS: tuple[Metric, ...] = (GPU_LAUNCHES, GPU_GRAPH_LAUNCHES, GPU_HOST_WAIT)
-GEN_AI: tuple[Metric, ...] = (GEN_AI_TTFT, GEN_AI_TPOT)
+GEN_AI: tuple[Metric, ...] = (GEN_AI_TTFT, GEN_AI_TPOT, GEN_AI_DURATION)
 SAMPLING: tuple[Metric, ...] = (REQUESTS_SEEN, REQUESTS_TRACED, SAMPLING_PROBABILITY)
 ALL: tuple[Metric, ...] = DEVICE + PROCESS + GEN_AI + SAMPLING
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
@@ -268,6 +293,18 @@ P_REQUEST_TTFB = PromSeries(
     "Server TTFB (the request's first read to the response head) of every request, sampled"
     " or not (the kernel's log2 buckets)",
 )
+# the GenAI histograms above under Prometheus names (their attributes as labels, dots as
+# underscores): LLM streams only
+P_GEN_AI_LABELS = tuple(a.replace(".", "_") for a in GEN_AI_ATTRIBUTES)
+P_GEN_AI_TTFT = PromSeries(
+    "gen_ai_server_time_to_first_token_seconds", "histogram", P_GEN_AI_LABELS, GEN_AI_TTFT.doc
+)
+P_GEN_AI_TPOT = PromSeries(
+    "gen_ai_server_time_per_output_token_seconds", "histogram", P_GEN_AI_LABELS, GEN_AI_TPOT.doc
+)
+P_GEN_AI_DURATION = PromSeries(
+    "gen_ai_server_request_duration_seconds", "histogram", P_GEN_AI_LABELS, GEN_AI_DURATION.doc
+)
 P_PAUSED = _g(P + "paused", "1 while tracing is paused (the last resort after a full ring buffer)")
 P_EVENT_ERRORS = _c(
     P + "event_errors_total",
@@ -325,7 +362,8 @@ PROMETHEUS: tuple[PromSeries, ...] = (
     P_TLS_UNPROBED, P_HEAD_TOO_LARGE, P_TRACEPARENT_MISSED, P_LISTEN_OVERFLOWS, P_LISTEN_DROPS,
     P_SYNACK_RETRANSMITS, P_CONN_EVICTIONS, P_LOST_EXCHANGES, P_H2_DESYNC, P_H2_LOST_STREAMS,
     P_UNANSWERED, P_SHED_REQUESTS, P_PAUSES, P_SAMPLING_PROBABILITY, P_REQUESTS_SEEN,
-    P_REQUESTS_TRACED, P_REQUEST_TTFB, P_PAUSED, P_EVENT_ERRORS, P_OTLP_FAILED, P_CONNECTIONS,
+    P_REQUESTS_TRACED, P_REQUEST_TTFB, P_GEN_AI_TTFT, P_GEN_AI_TPOT, P_GEN_AI_DURATION,
+    P_PAUSED, P_EVENT_ERRORS, P_OTLP_FAILED, P_CONNECTIONS,
     P_GPU_UTILIZATION, P_GPU_MEMORY_USED, P_GPU_MEMORY_TOTAL, P_GPU_SM_CLOCK,
     P_GPU_SM_CLOCK_MAX, P_GPU_POWER, P_GPU_POWER_LIMIT, P_GPU_CLOCK_EVENT_REASONS,
     P_GPU_LAUNCHES, P_GPU_HOST_WAIT, P_GPU_PROCESSES, P_GPU_RECORDS, P_GPU_HOLD_EXPIRED,

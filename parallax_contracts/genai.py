@@ -84,6 +84,12 @@ FIRST_OUTPUT_US = Attr(
     "First output token of any kind (reasoning included) − t1; `parallax.ttft_us` is the"
     " first *answer* token.",
 )
+LAST_OUTPUT_US = Attr(
+    "parallax.llm.last_output_us",
+    "int",
+    "us",
+    "The last output token's write − t1 (time per output token: last − first over the count − 1).",
+)
 OUTPUT_TOKENS_SOURCE = Attr(
     "parallax.llm.output_tokens_source",
     "string",
@@ -192,6 +198,7 @@ ALL: tuple[Attr, ...] = (
     ERROR_TYPE,
     DIALECT,
     FIRST_OUTPUT_US,
+    LAST_OUTPUT_US,
     OUTPUT_TOKENS_SOURCE,
     CONTENT_EVENTS,
     REASONING_EVENTS,

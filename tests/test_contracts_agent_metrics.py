@@ -48,7 +48,8 @@ def test_the_agents_registry_serves_exactly_the_declared_series() -> None:
 def test_prometheus_names_follow_prometheus_conventions() -> None:
     """Base units only (no ms, µs, MHz in a name); counters end _total, nothing else does."""
     for s in agent_metrics.PROMETHEUS:
-        assert s.name.startswith("parallax_agent_"), s
+        # ours, or the GenAI conventions' (their OpenTelemetry names in Prometheus' form)
+        assert s.name.startswith(("parallax_agent_", "gen_ai_server_")), s
         assert s.name.endswith("_total") == (s.kind == "counter"), s
         assert not re.search(r"_(ms|us|ns|mhz|khz|kb|mb|milliseconds|microseconds)(_|$)", s.name)
     assert len({s.name for s in agent_metrics.PROMETHEUS}) == len(agent_metrics.PROMETHEUS)

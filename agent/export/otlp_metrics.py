@@ -10,9 +10,9 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from agent.export import genai
 from parallax_contracts import agent_metrics as gm
 from parallax_contracts import span_attributes as sa
-from parallax_contracts.routes import route_template
 
 if TYPE_CHECKING:
     from agent.gpu.side import GpuSide
@@ -23,16 +23,6 @@ EXPORT_S = 10.0
 logging.getLogger("opentelemetry.exporter.otlp.proto.http.metric_exporter").setLevel(logging.ERROR)
 # services whose per-process GPU series are labelled (beyond: their pid only)
 MAX_PROCESS_SERIES = 256
-
-
-def tpot_s(rec: dict[str, Any]) -> float | None:
-    """Time per output token (s): the decode window over the writes after the first, one
-    token per write; None for a response with fewer than two body writes."""
-    ttft, chunks = rec.get("ttft_us"), rec.get("chunks") or 0
-    if ttft is None or chunks < 2:
-        return None
-    decode_us: int = rec["duration_us"] - ttft
-    return max(0, decode_us) / (chunks - 1) / 1e6
 
 
 class OtlpMetricsExporter:
@@ -66,24 +56,16 @@ class OtlpMetricsExporter:
             export_interval_millis=export_s * 1000,
         )
         views = [
-            View(
-                instrument_name=gm.GEN_AI_TTFT.name,
-                aggregation=ExplicitBucketHistogramAggregation(gm.GEN_AI_TTFT_BUCKETS),
-            ),
-            View(
-                instrument_name=gm.GEN_AI_TPOT.name,
-                aggregation=ExplicitBucketHistogramAggregation(gm.GEN_AI_TPOT_BUCKETS),
-            ),
+            View(instrument_name=m.name, aggregation=ExplicitBucketHistogramAggregation(b))
+            for m, b in genai.BUCKETS.items()
         ]
         resource = Resource.create({sa.RESOURCE_HOST_NAME: host or socket.gethostname()})
         self._provider = MeterProvider(resource=resource, metric_readers=[reader], views=views)
         meter = self._provider.get_meter("parallax.agent")
-        self._ttft = meter.create_histogram(
-            gm.GEN_AI_TTFT.name, unit=gm.GEN_AI_TTFT.unit, description=gm.GEN_AI_TTFT.doc
-        )
-        self._tpot = meter.create_histogram(
-            gm.GEN_AI_TPOT.name, unit=gm.GEN_AI_TPOT.unit, description=gm.GEN_AI_TPOT.doc
-        )
+        self._genai = {
+            m.name: meter.create_histogram(m.name, unit=m.unit, description=m.doc)
+            for m in gm.GEN_AI
+        }
         self._gpu = gpu
         if gpu is not None and gpu.on:
             self._gpu_instruments(meter)
@@ -101,18 +83,8 @@ class OtlpMetricsExporter:
         for rec in recs:
             if rec["local_port"] not in names and len(names) < MAX_PROCESS_SERIES:
                 names[rec["local_port"]] = rec["service"]
-            ttft = rec.get("ttft_us")
-            if ttft is None or (rec.get("chunks") or 0) < 2:
-                continue  # the GenAI series are about streamed answers
-            attrs = {
-                sa.HTTP_ROUTE.name: route_template(rec["path"]),
-                sa.SERVER_PORT.name: rec["local_port"],
-                gm.SERVICE_NAME: rec["service"],
-            }
-            self._ttft.record(ttft / 1e6, attrs)
-            tpot = tpot_s(rec)
-            if tpot is not None:
-                self._tpot.record(tpot, attrs)
+            for metric, value, attrs in genai.observations(rec):
+                self._genai[metric.name].record(value, attrs)
 
     def _gpu_instruments(self, meter: Any) -> None:
         from opentelemetry.metrics import Observation  # noqa: PLC0415

@@ -437,3 +437,30 @@ def test_litellm_in_front_two_hops(s: Stack) -> None:
     )
     assert back and back[0]["trace_id"] != c["ctx"].trace_id  # the dropped traceparent
     assert back[0]["llm_content_events"] == front["llm_content_events"] == len(c["arrivals"])
+
+
+def test_genai_metrics_for_llm_streams_only(s: Stack) -> None:
+    """The agent's /metrics: GenAI semconv histograms (seconds) for the LLM streams above,
+    with their attributes as labels; none for the CSV download."""
+    c = s.chat(tokens=12)
+    one_record(s.agent, c["ctx"])
+    deadline = time.monotonic() + 10
+    while True:
+        m = s.agent.metrics()
+        ttft = {k: v for k, v in m.items() if k.startswith("gen_ai_server_time_to_first_token")}
+        if (
+            any('gen_ai_provider_name="llama.cpp"' in k for k in ttft)
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(0.2)
+    engine = [
+        k
+        for k in ttft
+        if k.startswith("gen_ai_server_time_to_first_token_seconds_count")
+        and 'gen_ai_provider_name="llama.cpp"' in k
+    ]
+    assert engine and all('gen_ai_operation_name="chat"' in k for k in engine), ttft
+    assert any(k.startswith("gen_ai_server_time_per_output_token_seconds_count") for k in m)
+    assert any(k.startswith("gen_ai_server_request_duration_seconds_bucket") for k in m)
+    assert not any('http_route="/csv"' in k for k in m)

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlparse
 
 from demo.gpu.cuda_double import FakeCuda
 from demo.stack import die_with_parent
+from tests.agent.llm import sse_events as ev
 
 PREFILL_LAUNCHES = 40
 PREFILL_WAIT_US = 100_000
@@ -111,9 +112,13 @@ def main() -> None:
             for i in range(tokens):
                 if i:
                     waits["decode_wait_us"] += gpu.step("decode") // 1000
-                data = f"data: token{i}\n\n".encode()
+                # an inference server's stream: OpenAI chat chunks (a dialect the agent reads)
+                data = ev.sse(ev.content_chunk(f"token{i}"))
                 # head and first token in one write (as Node and uvicorn do)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            for last in (ev.sse(ev.finish_chunk("length")), ev.sse(b"[DONE]")):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(last), last))
                 self.wfile.flush()
             if args.log:  # before the last write: the log is complete when the client is
                 with open(args.log, "a") as f:

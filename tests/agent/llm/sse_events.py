@@ -33,6 +33,10 @@ def content_chunk(text: str) -> dict[str, Any]:
     return _chat_chunk({"content": text})
 
 
+def finish_chunk(reason: str = "stop") -> dict[str, Any]:
+    return _chat_chunk({}, reason)
+
+
 def openai_chat_raw(
     tokens: int, usage: bool, reasoning: int = 0, tool_call: bool = False
 ) -> list[Any]:
