@@ -48,6 +48,10 @@ BEHIND = 0.5  # ring share that means user space is falling behind
 HOLD_RISE_S = 2.0  # after a fall, p does not rise again for this long
 BEHIND_EVERY_S = 0.5  # a ring still behind halves p again after this (the backlog drains)
 IDLE_CORES = 0.002  # the agent's CPU with nothing to trace (measured 0.0017–0.0026)
+# After the agent starts tracing, its own start-up work (imports, the exporters' first
+# batches, the first drain of the ring) is not a cost per request: for this long the CPU
+# does not lower p, and the cost is measured from its end (the ring still can).
+WARMUP_S = 2.0
 
 
 class Sampler:
@@ -71,6 +75,14 @@ class Sampler:
         self._kept = 0
         self._hold_until = float("-inf")
         self._behind_at = float("-inf")
+        self._warm_until = float("-inf")
+
+    def start(self, warmup_s: float = WARMUP_S) -> None:
+        """Tracing begins now: the CPU spent so far (compiling, attaching, imports) is not
+        the requests', nor is that of the next ``warmup_s`` (the outputs' first work)."""
+        self._t = self._clock()
+        self._cpu = self._cpu_clock()
+        self._warm_until = self._t + warmup_s
 
     def step(self, ring_fill: float | None, seen: int, kept: int) -> float | None:
         now = self._clock()
@@ -80,6 +92,10 @@ class Sampler:
             return self._set(max(P_MIN, self.p / 2), now)
         dt = now - self._t
         if dt < PERIOD_S:
+            return None
+        if now < self._warm_until or self._t < self._warm_until:
+            # warming up (or the window that began in it): a fresh baseline, no decision
+            self._t, self._cpu, self._seen, self._kept = now, self._cpu_clock(), seen, kept
             return None
         cpu = self._cpu_clock()
         used = (cpu - self._cpu) / dt  # cores

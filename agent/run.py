@@ -209,6 +209,7 @@ class Agent:
         self._attach_line(loaded, gpu_line)
         error: str | None = None
         stop_error: str | None = None
+        self.shedding.sampler.start()  # the start-up's CPU is not the requests'
         try:
             self._main_loop()
         except Exception as e:  # noqa: BLE001  (reported in one line below, not a traceback)

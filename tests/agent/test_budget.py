@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -232,6 +233,24 @@ def test_sampler_rises_back_smoothly_when_the_load_falls(clock: _Clock) -> None:
         assert b >= a  # and only upwards
 
 
+def test_the_start_ups_cpu_is_not_charged_to_the_first_requests(clock: _Clock) -> None:
+    """The agent's start-up burns seconds of CPU (imports, the outputs' first batches) while
+    a light load (40 requests/s, cheap ones) begins: every request stays traced. The same
+    burn without the warm-up would have cut p at the first adjustment."""
+    from agent.budget import Sampler
+
+    for warm in (True, False):
+        s = Sampler(0.1, lambda: clock.t, lambda: clock.cpu)
+        if warm:
+            s.start()
+        clock.cpu += 3.9  # compiling done, but the outputs' first work is still running
+        ps = _run(s, clock, 10, 40, 50e-6)
+        if warm:
+            assert min(ps) == 1.0, ps
+        else:
+            assert min(ps) < 0.5  # (what the agent did before the warm-up)
+
+
 def test_the_ring_behind_halves_the_share_at_once(clock: _Clock) -> None:
     from agent.budget import Sampler
 
@@ -326,3 +345,48 @@ def test_attach_line_names_the_budget(tmp_path: Path) -> None:
         assert "CPU budget none" in agent.err.read_text()
     finally:
         agent.stop()
+
+
+def test_a_fresh_agent_traces_a_light_load_from_its_first_second(tmp_path: Path) -> None:
+    """40 requests a second under way while the agent starts (OTLP spans and metrics on,
+    the default CPU budget): every request from its attach on is traced, none sampled out
+    — its start-up (compiling, the OpenTelemetry SDK, the first exports) is not charged to
+    them."""
+    from tests.agent.helpers import OtlpReceiver
+
+    srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t.log")])
+    rx = OtlpReceiver()
+    stop = False
+    sent: list[tuple[float, str]] = []
+
+    def load(port: int) -> None:
+        while not stop:
+            ctx = trace_context.generate()
+            head = f"GET /plain?n=10 HTTP/1.1\r\nHost: t\r\ntraceparent: {ctx.header()}\r\n\r\n"
+            http_request(port, head.encode())
+            sent.append((time.monotonic(), ctx.trace_id))
+            time.sleep(0.025)
+
+    try:
+        port = srv.port()
+        t = threading.Thread(target=load, args=(port,), daemon=True)
+        t.start()
+        agent = Agent(tmp_path, [port], ["--otlp", rx.url])
+        attached = time.monotonic()
+        time.sleep(6)
+        stop = True
+        t.join(5)
+        time.sleep(0.5)
+        traced = {r["trace_id"]: r for r in agent.records()}
+        m = agent.metrics()
+        assert agent.stop() == 0
+    finally:
+        stop = True
+        srv.stop()
+        rx.close()
+    after = [tid for at, tid in sent if at > attached + 0.2]  # (the attach line is printed last)
+    assert len(after) > 150, len(after)
+    missing = [tid for tid in after if tid not in traced]
+    assert not missing, f"{len(missing)} of {len(after)} not traced: {agent.err.read_text()}"
+    assert all(traced[tid]["sample_th"] == "0" for tid in after)
+    assert m["parallax_agent_sampling_probability"] == 1.0
