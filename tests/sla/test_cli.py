@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.collector.helpers import start_collector
+from tests.sla import scenario
 
 WRITE = """
 import sys, clickhouse_connect
@@ -26,6 +27,8 @@ data = {k: v for k, v in scenario.build(now=now, spread_s=200).items() if k in r
 scenario.write(c, "parallax", data, paired_at=now)
 if scenario.SAMPLED_ROUTE in routes:
     scenario.write_sampled(c, "parallax", now)
+if scenario.CALM_ROUTE in routes:
+    scenario.write_calm_route(c, "parallax", now)
 """
 
 
@@ -75,17 +78,31 @@ def test_exit_0_when_inside_and_2_on_errors(tmp_path: Path) -> None:
     assert w.returncode == 2 and "--window" in w.stderr
 
 
-def test_text_states_the_sampling_and_the_effective_sample_size(tmp_path: Path) -> None:
-    d = _store(tmp_path, "/v1/ok,/v1/sampled")
+def test_text_states_the_sampling_per_route_and_the_effective_sample_size(
+    tmp_path: Path,
+) -> None:
+    """Two routes of one sampled service: the busy one traced about 40 % of its requests,
+    the calm one every request; each sentence says its route's share, then the service's."""
+    d = _store(tmp_path, f"/v1/ok,/v1/sampled,{scenario.CALM_ROUTE}")
     p = _cli("--once", "--data-dir", str(d))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
+    service = (
+        "its service traced 2,095 of 4,800 requests (44 %, counted by the agent on ports "
+        "8080, 8081); sampling now 10 % (2 hosts)."
+    )
     i = lines.index("/v1/sampled (shop): uncertain")
     assert lines[i + 1].startswith(
-        "  /v1/sampled (shop): traced 40 % of requests in the last 5 min"
-    )
-    assert lines[i + 1].endswith("counted by the agent); sampling now 10 % (2 hosts).")
+        "  /v1/sampled (shop): traced about 40 % of this route's requests in the last 5 min "
+        "(1,795 pairs stand for 4,4"
+    ), lines[i + 1]
+    assert lines[i + 1].endswith(service), lines[i + 1]
     assert "n=1795 (n_eff=" in lines[i + 2]
+    j = next(k for k, x in enumerate(lines) if x.startswith(f"{scenario.CALM_ROUTE} (shop): "))
+    assert lines[j + 1] == (
+        f"  {scenario.CALM_ROUTE} (shop): traced every request of this route in the last 5 min "
+        f"(300 pairs); {service}"
+    )
     assert not any("traced" in x for x in lines[lines.index("/v1/ok (app): ok") :])
 
 
