@@ -87,6 +87,7 @@ def gen_render(rng: np.random.Generator, n: int) -> dict[str, Any]:
         "server_ttfb_ms": server - 20,
         "user_ttfb_ms": server - 20 + net,
         "server_ttft_ms": server,
+        "server_duration_ms": server,  # answered in one write: no decode window
         "user_ttft_ms": server + net,
         "user_visible_ttft_ms": server + net + render,
         "render_delay_ms": render,
