@@ -45,6 +45,13 @@ _P95_ARR, _P50_ARR = divergence.P95_ARR, divergence.P50_ARR
 HOLD_PREFIX = "wire_hold:"  # wire_hold:<reason>
 # the reasons the agent names (bpf/agent/hold.h) that the SLA checker puts in words
 HOLD_REASONS = ("nagle", "sndbuf", "rwnd", "cwnd", "cork")
+# The time after the first body write, 0 for a response written at once: what a sum of a
+# request's parts needs (the dashboards' stacked means); the decode window is this where
+# there is one.
+AFTER_FIRST_WRITE = (
+    "if(server_duration_ms IS NULL OR server_ttft_ms IS NULL, NULL, "
+    "greatest(server_duration_ms - server_ttft_ms, 0))"
+)
 # parts: one value per pair where measured
 PARTS: dict[str, str] = {
     "network": "network_ms",
@@ -65,8 +72,7 @@ PARTS: dict[str, str] = {
     "prefill": "server_ttft_ms",
     # a response written at once (its last write is its first body write) has no decode
     # window: absent, not 0 ms
-    "decode": "if(server_duration_ms IS NULL OR server_ttft_ms IS NULL "
-    "OR server_duration_ms <= server_ttft_ms, NULL, server_duration_ms - server_ttft_ms)",
+    "decode": f"if(server_duration_ms <= server_ttft_ms, NULL, {AFTER_FIRST_WRITE})",
     # write-to-wire holdback at the origin, and per reason the share of requests it explains
     "wire_hold": "wire_hold_ms",
     **{
