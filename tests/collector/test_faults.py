@@ -192,11 +192,12 @@ def test_kill_9_under_load_loses_and_doubles_nothing(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    """Tight edge limits, so that a test sees each one act within seconds."""
+    """Tight edge limits, so that a test sees each one act within seconds (no rate limit:
+    the early-answer test sends 140 requests in about a second)."""
     c = start_collector(
         tmp_path_factory.mktemp("edge") / "data",
         "--header-timeout", "1", "--body-timeout", "1", "--max-connections", "16",
-        "--max-header-bytes", "16384", "--no-plugins",
+        "--max-header-bytes", "16384", "--rate", "0", "--no-plugins",
     )  # fmt: skip
     try:
         c.wait_ready()
