@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -42,40 +41,19 @@ class Series:
     server: dict[str, list[float | None]] = field(default_factory=lambda: defaultdict(list))
 
 
-def collector_holding(data_dir: Path) -> int | None:
-    """The pid of a running ``parallax-collector serve`` on this data directory, if any."""
-    want = data_dir.resolve()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            cwd = Path(os.readlink(proc / "cwd"))
-        except OSError:
-            continue
-        args = [a.decode(errors="replace") for a in argv if a]
-        if not any(a.endswith("parallax-collector") or a == "collector.cli" for a in args):
-            continue
-        if "--data-dir" in args:
-            i = args.index("--data-dir")
-            if i + 1 < len(args) and (cwd / args[i + 1]).resolve() == want:
-                return int(proc.name)
-    return None
-
-
 def load(data_dir: Path) -> tuple[dict[tuple[str, str], Series], dict[tuple[str, str, str], float]]:
     """P95 series per (service, route), and the SLA band per (service, route, metric)."""
     if not (data_dir / "chdb").is_dir():
         raise PlotError(f"no demo store at {data_dir / 'chdb'}: run `DEMO_EXIT=1 make demo` first")
-    pid = collector_holding(data_dir)
-    if pid is not None:
-        raise PlotError(
-            f"the store in {data_dir} is held by a running collector (pid {pid}): stop the demo"
-            " (Ctrl-C) or run it with DEMO_EXIT=1, then plot"
-        )
     from collector.sla.config import ConfigError, SlaConfig
     from collector.sla.config import load as load_sla
-    from collector.store.client import Store, chdb_dsn
+    from collector.store.client import Store, StoreInUseError, chdb_dsn, check_embedded_free
+
+    try:
+        check_embedded_free(chdb_dsn(data_dir))
+    except StoreInUseError as e:
+        msg = f"{e}: stop the demo (Ctrl-C) or run it with DEMO_EXIT=1, then plot"
+        raise PlotError(msg) from None
 
     try:
         cfg = load_sla(data_dir / "sla.yaml") if (data_dir / "sla.yaml").exists() else SlaConfig()

@@ -252,7 +252,8 @@ class Pipeline:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise SpoolLockedError(
-                f"spool {self.dir} is in use by another collector (one process per data dir)"
+                f"spool {self.dir} is in use by another collector (one process per data dir): "
+                "stop it, or give this one another --data-dir"
             ) from None
         for p in sorted(self.dir.glob("*.seg")):
             seg_id = int(p.stem)

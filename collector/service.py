@@ -37,7 +37,7 @@ from collector.pipeline import ENTRIES, SPANS, Pipeline, SpoolLockedError
 from collector.plugins import Context, Plugin
 from collector.plugins import load as load_plugins
 from collector.store import native
-from collector.store.client import Store, redact
+from collector.store.client import Store, StoreInUseError, check_embedded_free, redact
 
 log = logging.getLogger("parallax.collector")
 GC_THRESHOLD0 = 50_000  # allocations between young-generation collections (default 700)
@@ -153,6 +153,11 @@ class Collector:
         self.pipeline.start()
         if self.store.is_embedded:
             # chDB: one process per directory; say so now rather than retry forever.
+            try:
+                check_embedded_free(self.dsn)
+            except StoreInUseError as e:
+                msg = f"{e}: stop it, or give this collector another --data-dir or --store"
+                raise StartupError(msg) from None
             try:
                 self.store.client()
             except Exception as e:  # noqa: BLE001 — reported as one line by the CLI

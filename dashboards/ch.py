@@ -92,6 +92,7 @@ ADJ = adjusted_count_sql("sample_th")
 QW = f"toUInt64(round({sla_source.WEIGHT_SCALE} * {ADJ}))"
 METRICS = sla_source.METRICS
 PARTS = sla_source.PARTS
+AFTER_FIRST_WRITE = sla_source.AFTER_FIRST_WRITE
 EXCHANGES_ONLY = sla_source.EXCHANGES_ONLY
 SEEN, TRACED = gm.REQUESTS_SEEN.name, gm.REQUESTS_TRACED.name
 

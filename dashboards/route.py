@@ -19,6 +19,7 @@ from collector.sla.notify import LINK_VARS, ROUTE_DASHBOARD_UID
 from dashboards import panels as pn
 from dashboards.ch import (
     ADJ,
+    AFTER_FIRST_WRITE,
     DB,
     DS,
     EXCHANGES_ONLY,
@@ -56,7 +57,7 @@ TAIL_PARTS = (
     ("proxies_ms", "if(hops > 1, arraySum(arrayPopBack(hop_added_ms)), 0)"),
     ("queue_ms", PARTS["queue"]),
     ("prefill_ms", PARTS["prefill"]),
-    ("decode_ms", PARTS["decode"]),
+    ("decode_ms", AFTER_FIRST_WRITE),  # 0 for a response written at once: the means add up
     ("render_delay_ms", PARTS["render"]),
 )
 P95_PARTS = ("network", "queue", "accept_queue", "recv_queue", "server", "prefill", "decode")
@@ -333,8 +334,9 @@ def build() -> db.Dashboard:
                 7,
                 "P95 of each part",
                 "The SLA checker's parts (the ranking in its sentence): network δ, kernel "
-                "queue (accept + receive), server processing (server TTFB), prefill, decode. "
-                f"{WEIGHTED}",
+                "queue (accept + receive), server processing (server TTFB), prefill, decode "
+                "(over the requests written after their first body write: one written at once "
+                f"has no decode window). {WEIGHTED}",
                 [part_p95],
                 (12, 11, 12, 9),
                 interval="1m",

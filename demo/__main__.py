@@ -6,8 +6,10 @@ whose event loop stalls now and then, an inference-like service whose engine run
 stand-ins for the NVIDIA libraries (demo/gpu: no GPU needed; the agent's GPU path is the
 real one), a twin of the app that leaves Nagle's algorithm on (its WebSocket tokens leave in
 pairs), and headless Chromium running a chat page with the probe. It drives chats for a
-while with a progress line, then prints the per-route SLA table with its explanations, and
-keeps serving the SLA page until Ctrl-C (DEMO_EXIT=1: exit once the table is printed).
+while with a progress line, then prints the per-route SLA table with its explanations and
+every address (the SLA page, the API, the agent's and the collector's /metrics), and keeps
+serving until Ctrl-C, which stops every piece within a few seconds (DEMO_EXIT=1: exit once
+the table is printed; PARALLAX_DEMO_DIR: data elsewhere).
 Afterwards, `parallax-collector sla --once --json --data-dir .parallax/demo` shows the same
 verdicts from the stored data.
 """
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import urllib.error
@@ -34,7 +38,10 @@ from demo.infer_app import GPU_UUID
 from demo.stack import Stack, StartError
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_DIR = ROOT / ".parallax" / "demo"
+# PARALLAX_DEMO_DIR: elsewhere (a test's own directory)
+DEMO_DIR = Path(os.environ.get("PARALLAX_DEMO_DIR") or ROOT / ".parallax" / "demo")
+# On Ctrl-C the pieces get this long, together, to stop before SIGKILL.
+STOP_ON_CTRL_C_S = 2.0
 SERVICE = "chat-demo"
 # Realistic pacing, shortened so a minute gives the checker enough samples per route.
 PACING = ["--first-token-ms", "120", "--token-gap-ms", "25", "--tokens", "12"]
@@ -86,10 +93,11 @@ def wait_for_evaluation(query: str, after: float, timeout: float = 60.0) -> dict
 
 
 def sla_table(report: dict[str, Any]) -> str:
-    """The per-route SLA table with its sentences, as the on-call engineer reads it."""
+    """The per-route SLA table with its sentences, as the on-call engineer reads it; each
+    metric's band in its row (visible TTFT's is wider: it includes the display)."""
     lines = [
         f"{'route':28} {'metric':13} {'n':>5} {'user P95':>8} {'server P95':>10} "
-        f"{'divergence [95% CI]':>26}  verdict",
+        f"{'divergence [95% CI]':>26} {'band':>7}  verdict",
     ]
     sentences = []
     for r in report.get("routes", []):
@@ -101,9 +109,12 @@ def sla_table(report: dict[str, Any]) -> str:
                 if isinstance(div, int | float) and m.get("ci_low_ms") is not None
                 else "—"
             )
+            band = m.get("band_ms")
+            band_text = f"±{band:g} ms" if isinstance(band, int | float) else "—"
             lines.append(
                 f"{name[:28]:28} {metric:13} {m.get('n', 0):5d} {fmt_ms(m.get('user_p95_ms'))} "
-                f"{fmt_ms(m.get('server_p95_ms')):>10} {ci:>26}  {m.get('verdict')}"
+                f"{fmt_ms(m.get('server_p95_ms')):>10} {ci:>26} {band_text:>7}  "
+                f"{m.get('verdict')}"
             )
             if m.get("verdict") == "out_of_band" and m.get("sentence"):
                 sentences.append(f"  • {m['sentence']}")
@@ -176,6 +187,11 @@ def start_infer(stack: Stack) -> tuple[dict[str, str], str]:
     return agent_env, url
 
 
+def _shown(p: Path) -> str:
+    """A path as the user typed it from the checkout (absolute when outside it)."""
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="make demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -193,85 +209,114 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(DEMO_DIR)  # a fresh run: the table reflects this minute only
     DEMO_DIR.mkdir(parents=True)
     (DEMO_DIR / "sla.yaml").write_text(SLA_YAML)
-    print(
-        f"Parallax demo — data in {DEMO_DIR.relative_to(ROOT)}/, logs in "
-        f"{(DEMO_DIR / 'logs').relative_to(ROOT)}/"
-    )
-    with Stack(DEMO_DIR) as stack:
-        try:
-            ingest, query = stack.collector(DEMO_DIR)
-            print(f"  collector   ingest {ingest}  ·  query {query}")
-            os.environ["OTEL_SERVICE_NAME"] = SERVICE
-            app = stack.llm_app(*PACING, *STALL)
-            app_port = int(app.rsplit(":", 1)[1])
-            print(
-                f"  app         {app}  ({SERVICE}: SSE, chunked fetch, WebSocket; event loop"
-                " stalls 60 ms every 200 ms)"
-            )
-            os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE
-            try:
-                nagle = stack.llm_app(*NAGLE, name="nagle_app")
-            finally:
-                os.environ["OTEL_SERVICE_NAME"] = SERVICE
-            nagle_port = int(nagle.rsplit(":", 1)[1])
-            print(
-                f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 10 ms,"
-                " TCP_NODELAY off)"
-            )
-            gpu_env, infer = start_infer(stack)
-            infer_port = int(infer.rsplit(":", 1)[1])
-            print(
-                f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
-                " stand-in GPU, power-capped)"
-            )
-            stack.agent([app_port, nagle_port, infer_port], ingest, env=gpu_env)
-            print(
-                f"  agent       tracing ports {app_port}, {nagle_port}, {infer_port}, exporting"
-                f" OTLP to {ingest}"
-            )
-        except StartError as e:
-            print(f"demo: {e}")
-            return 1
+    print(f"Parallax demo — data in {_shown(DEMO_DIR)}/, logs in {_shown(DEMO_DIR / 'logs')}/")
+    stack = Stack(DEMO_DIR)
+    interrupted: list[bool] = []
 
-        tty = sys.stdout.isatty()
-        last_line = [-10.0]
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.append(True)
+        raise KeyboardInterrupt
 
-        def progress(elapsed: float, done: int, errors: int) -> None:
-            bar = "#" * int(30 * min(1.0, elapsed / args.seconds))
-            text = (
-                f"  browser     [{bar:30}] {elapsed:4.0f}/{args.seconds:.0f} s"
-                f"  chats {done}  errors {errors}"
-            )
-            if tty:  # one line redrawn in place; a log (CI) gets a line every 10 s
-                sys.stdout.write(f"\r{text} ")
-                sys.stdout.flush()
-            elif elapsed - last_line[0] >= 10:
-                last_line[0] = elapsed
-                print(text, flush=True)
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return run(stack, args.seconds, exit_after)
+    except Exception:
+        if not interrupted:  # a real failure: say it as it is
+            raise
+        return _stop(stack)  # the terminal's SIGINT also reached the browser's driver
+    except KeyboardInterrupt:
+        return _stop(stack)
+    finally:
+        stack.close()
 
-        done = drive(chat_url(app, ingest, gen=infer, nagle=nagle), args.seconds, progress)
-        print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
-        try:
-            report = wait_for_evaluation(query, after=time.time() + 2.0)
-        except (urllib.error.URLError, OSError, ValueError, TimeoutError) as e:
-            print(f"demo: could not read the SLA report from {query}/v1/sla: {e}")
-            return 1
-        print("\nSLA: user P95 vs server P95 per route (±15 ms band)\n")
-        print(sla_table(report))
-        print(f"\nSLA page: {query}/ui   ·   API: {query}/v1/sla, {query}/v1/requests")
+
+def _stop(stack: Stack) -> int:
+    """Ctrl-C: the pieces get SIGTERM together and SIGKILL after STOP_ON_CTRL_C_S; a second
+    Ctrl-C meanwhile changes nothing; the browser driver's complaints (the terminal's SIGINT
+    reached it too) are not the user's business."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    t = time.monotonic()
+    print("\ndemo: stopping …", flush=True)
+    stack.close(STOP_ON_CTRL_C_S)
+    print(f"demo: stopped in {time.monotonic() - t:.1f} s", flush=True)
+    return 130
+
+
+def run(stack: Stack, seconds: float, exit_after: bool) -> int:
+    try:
+        ingest, query = stack.collector(DEMO_DIR)
+        print(f"  collector   ingest {ingest}  ·  query {query}")
+        os.environ["OTEL_SERVICE_NAME"] = SERVICE
+        app = stack.llm_app(*PACING, *STALL)
+        app_port = int(app.rsplit(":", 1)[1])
         print(
-            "Afterwards, from the stored data: .venv/bin/parallax-collector sla --once --json "
-            f"--data-dir {DEMO_DIR.relative_to(ROOT)}"
+            f"  app         {app}  ({SERVICE}: SSE, chunked fetch, WebSocket; event loop"
+            " stalls 60 ms every 200 ms)"
         )
-        if exit_after:
-            return 0
-        print("Serving until Ctrl-C …")
+        os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE
         try:
-            while all(p.alive() for p in stack.procs):
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            print()
-    return 0
+            nagle = stack.llm_app(*NAGLE, name="nagle_app")
+        finally:
+            os.environ["OTEL_SERVICE_NAME"] = SERVICE
+        nagle_port = int(nagle.rsplit(":", 1)[1])
+        print(
+            f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 10 ms,"
+            " TCP_NODELAY off)"
+        )
+        gpu_env, infer = start_infer(stack)
+        infer_port = int(infer.rsplit(":", 1)[1])
+        print(
+            f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
+            " stand-in GPU, power-capped)"
+        )
+        agent = stack.agent([app_port, nagle_port, infer_port], ingest, env=gpu_env)
+        print(
+            f"  agent       tracing ports {app_port}, {nagle_port}, {infer_port}, exporting"
+            f" OTLP to {ingest}  ·  metrics {agent}/metrics"
+        )
+    except StartError as e:
+        print(f"demo: {e}")
+        return 1
+
+    tty = sys.stdout.isatty()
+    last_line = [-10.0]
+
+    def progress(elapsed: float, done: int, errors: int) -> None:
+        bar = "#" * int(30 * min(1.0, elapsed / seconds))
+        text = (
+            f"  browser     [{bar:30}] {elapsed:4.0f}/{seconds:.0f} s"
+            f"  chats {done}  errors {errors}"
+        )
+        if tty:  # one line redrawn in place; a log (CI) gets a line every 10 s
+            sys.stdout.write(f"\r{text} ")
+            sys.stdout.flush()
+        elif elapsed - last_line[0] >= 10:
+            last_line[0] = elapsed
+            print(text, flush=True)
+
+    done = drive(chat_url(app, ingest, gen=infer, nagle=nagle), seconds, progress)
+    print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
+    try:
+        report = wait_for_evaluation(query, after=time.time() + 2.0)
+    except (urllib.error.URLError, OSError, ValueError, TimeoutError) as e:
+        print(f"demo: could not read the SLA report from {query}/v1/sla: {e}")
+        return 1
+    print("\nSLA: user P95 vs server P95 per route (each metric's band in its row)\n")
+    print(sla_table(report))
+    print(f"\nSLA page: {query}/ui   ·   API: {query}/v1/sla, {query}/v1/requests")
+    print(f"Agent metrics (Prometheus): {agent}/metrics   ·   collector's: {query}/metrics")
+    print(
+        "Afterwards, from the stored data: .venv/bin/parallax-collector sla --once --json "
+        f"--data-dir {_shown(DEMO_DIR)}"
+    )
+    if exit_after:
+        return 0
+    print("Serving until Ctrl-C …", flush=True)
+    while all(p.alive() for p in stack.procs):
+        time.sleep(1.0)
+    print("demo: a piece stopped; see its log in " + _shown(DEMO_DIR / "logs"))
+    return 1
 
 
 if __name__ == "__main__":

@@ -99,20 +99,31 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> int | None:
+    def terminate(self) -> None:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
+
+    def reap(self, deadline: float) -> int | None:
+        """Wait for the piece until ``deadline`` (monotonic), then SIGKILL it."""
+        try:
+            self.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
         return self.popen.returncode
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        self.terminate()
+        return self.reap(time.monotonic() + timeout)
+
+
+# How long the pieces of a stack get, all together, to stop after SIGTERM before SIGKILL.
+STOP_TIMEOUT_S = 5.0
 
 
 @dataclass
 class Stack:
-    """A set of processes stopped together (in reverse start order) on exit."""
+    """A set of processes stopped together on exit (``close``)."""
 
     workdir: Path
     procs: list[Proc] = field(default_factory=list)
@@ -132,9 +143,16 @@ class Stack:
     ) -> None:
         self.close()
 
-    def close(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
+    def close(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to every piece at once (in reverse start order), one deadline for all,
+        then SIGKILL to what still runs. Stopped one after another, each allowed 10 s (the
+        agent takes 2–5 s to detach and flush), the demo took over 30 s to stop on Ctrl-C."""
+        procs = list(reversed(self.procs))
+        for p in procs:
+            p.terminate()
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.reap(deadline)
         self.procs.clear()
         for d in self.cgroups:
             remove_cgroup(d)

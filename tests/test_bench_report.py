@@ -85,6 +85,33 @@ def test_demo_plot_without_a_store_says_so_in_one_line(
     assert not (tmp_path / "p.png").exists()
 
 
+def test_demo_plot_on_a_store_in_use_names_the_holder_in_one_line(tmp_path: Path) -> None:
+    """`python -m bench.demo_plot` while the demo's collector holds its store: one line
+    naming the store and the holder, what to do, no engine message."""
+    import subprocess
+    import sys
+
+    from tests.collector.helpers import start_collector
+
+    data = tmp_path / "demo"
+    c = start_collector(data, "--no-plugins")
+    try:
+        c.wait_ready(60)
+        p = subprocess.run(
+            [sys.executable, "-m", "bench.demo_plot", "--data-dir", str(data), "--out",
+             str(tmp_path / "p.png")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        c.stop()
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr == (
+        f"bench.demo_plot: {(data / 'chdb').resolve()} is in use by process {c.proc.pid} (the "
+        "embedded store opens in one process at a time): stop the demo (Ctrl-C) or run it "
+        "with DEMO_EXIT=1, then plot\n"
+    )
+
+
 def test_store_bench_requests_are_stored_whole() -> None:
     """bench.store's generated requests go through the collector's parsers with nothing
     rejected or cut: the bytes it measures are those of real rows, span and entry alike."""

@@ -40,6 +40,11 @@ _DAY_NS = 86_400 * 10**9
 # While the spool cannot keep a request (store down long, disk full): come back in 5 s.
 RETRY_AFTER_S = "5"
 _SLOW_BODY = "request body not received in time"
+# After an early answer, what is left of a body is read and dropped for at most this long
+# (or --body-timeout, if shorter) and this much (nginx's lingering close: 5 s between reads,
+# 30 s in all): enough for an honest client to finish its send, little for a hostile one.
+LINGER_S = 5.0
+LINGER_BYTES = 64 << 20
 # google.rpc.Code of an OTLP refusal: INVALID_ARGUMENT, DEADLINE_EXCEEDED,
 # RESOURCE_EXHAUSTED, UNAVAILABLE; INTERNAL otherwise.
 _RPC_CODE = {400: 3, 408: 4, 429: 8, 503: 14}
@@ -136,18 +141,46 @@ class ClientGoneError(Exception):
 
 
 class _Request:
-    """What the handlers need of one ASGI HTTP request (the first value of each header)."""
+    """What the handlers need of one ASGI HTTP request (the first value of each header), and
+    whether its body has been read to the end (``body_done``: see ``linger``)."""
 
-    __slots__ = ("client_ip", "headers", "receive")
+    __slots__ = ("_receive", "body_done", "client_ip", "headers")
 
     def __init__(self, scope: dict[str, Any], receive: Receive):
         h: Headers = {}
         for k, v in scope["headers"]:
             h.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
         self.headers = h
-        self.receive = receive
+        self._receive = receive
         client = scope.get("client")
         self.client_ip: str = client[0] if client else "?"
+        self.body_done = "transfer-encoding" not in h and h.get("content-length", "0") == "0"
+
+    async def receive(self) -> dict[str, Any]:
+        msg = await self._receive()
+        if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
+            self.body_done = True
+        return msg
+
+    async def linger(self, timeout_s: float) -> None:
+        """Read and drop what is left of the body after an early answer, until its end, the
+        client's disconnect, ``LINGER_BYTES`` or ``timeout_s``. A socket closed with unread
+        bytes sends a reset instead of a FIN, and the server (hyper) closes so when the app
+        leaves the body unread: the client's send breaks, and its kernel may drop the answer
+        before the client reads it (docs/collector.md, "Early answers")."""
+        drained = 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self.body_done and drained <= LINGER_BYTES:
+                    drained += len((await self.receive()).get("body", b""))
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            # the server cancels a pending read when the connection ends; only a
+            # cancellation of this task itself (shutdown) goes on
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
 
 
 class _Response:
@@ -253,8 +286,9 @@ class IngestApp:
     middleware and request objects cost more CPU per request than parsing a beacon of a
     few entries (measured: docs/collector.md, Performance)."""
 
-    def __init__(self, routes: dict[tuple[str, str], Handler]):
+    def __init__(self, routes: dict[tuple[str, str], Handler], linger_s: float = LINGER_S):
         self.routes = routes
+        self.linger_s = linger_s
         self.paths = {path for _, path in routes}
         self._logged: dict[tuple[str, str], float] = {}
 
@@ -282,9 +316,11 @@ class IngestApp:
                 resp = _Response('{"detail":"Not Found"}', 404)
             resp.media_type = "application/json"
             await resp.send(send)
+            await _Request(scope, receive).linger(self.linger_s)
             return
+        request = _Request(scope, receive)
         try:
-            resp = await handler(_Request(scope, receive))
+            resp = await handler(request)
         except ClientGoneError:
             return
         except Exception as e:
@@ -297,6 +333,8 @@ class IngestApp:
                 log.exception("ingest: %s %s failed (said once a minute)", method, path)
             resp = _Response("Internal Server Error", 500, media_type="text/plain")
         await resp.send(send)
+        if not request.body_done:
+            await request.linger(self.linger_s)
 
 
 def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> IngestApp:
@@ -496,5 +534,6 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             ("POST", "/v1/metrics"): metric_points,
             ("OPTIONS", "/v1/beacons"): beacons_preflight,
             ("POST", "/v1/beacons"): beacons_post,
-        }
+        },
+        linger_s=min(LINGER_S, settings.body_timeout_s),
     )

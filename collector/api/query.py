@@ -17,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from collector.pairing import coverage
+from collector.pairing import coverage, divergence
 from collector.pairing.lookups import read_traces
 from collector.pairing.rules import arrange, candidates, derive
 from collector.plugins import Context, Plugin
@@ -172,6 +172,48 @@ class RequestList(BaseModel):
     requests: list[RequestSummary]
 
 
+class HopAdded(BaseModel):
+    service: str
+    added_ms: float = Field(description="the time this hop adds (the origin: its t2 − t_arr)")
+
+
+class SlowRequest(BaseModel):
+    """One pair of a route and the parts of its divergence, as the pairs table holds them
+    (null: not measured for this request — absent, not 0)."""
+
+    time: dt.datetime
+    trace_id: str = Field(description="GET /v1/requests/{trace_id} for every hop")
+    span_id: str
+    seq: int
+    kind: str
+    status: int
+    user_ms: float = Field(description="the metric as the user saw it")
+    server_ms: float = Field(description="the metric as the app reports it (origin hop)")
+    gap_ms: float = Field(description="user_ms − server_ms")
+    network_ms: float | None = Field(description="δ against the edge hop")
+    queue_ms: float | None = Field(description="kernel queue wait at the origin, t1 − t_arr")
+    accept_queue_ms: float | None
+    recv_queue_ms: float | None
+    server_ttfb_ms: float | None = Field(description="server processing, t2 − t1")
+    server_ttft_ms: float | None
+    render_delay_ms: float | None = Field(description="visible TTFT − user TTFT")
+    hops: list[HopAdded] = Field(description="arrival order: edge … origin")
+    retransmits: int | None = Field(description="TCP retransmits (edge hop)")
+    srtt_ms: float | None
+    wire_hold_ms: float | None = Field(description="the origin's longest write-to-wire hold")
+    wire_hold_reason: str | None
+    keep_probability: float = Field(description="the agent kept this request with it")
+
+
+class SlowestRequests(BaseModel):
+    service: str
+    route: str
+    metric: str
+    since: dt.datetime
+    until: dt.datetime
+    requests: list[SlowRequest] = Field(description="slowest first, by user_ms")
+
+
 def _ms(ns: Any) -> float | None:
     return None if ns is None else ns / 1e6
 
@@ -283,6 +325,40 @@ def detail(
 
 
 _SUMMARY = list(RequestSummary.model_fields)
+_SLOW_PARTS = (
+    "network_ms, queue_ms, accept_queue_ms, recv_queue_ms, server_ttfb_ms, server_ttft_ms, "
+    "render_delay_ms, hop_services, hop_added_ms, retransmits, srtt_ms, wire_hold_ms, "
+    "wire_hold_reason, sample_th"
+)
+
+
+def _slow(r: dict[str, Any]) -> SlowRequest:
+    hops = [
+        HopAdded(service=str(svc), added_ms=ms)
+        for svc, ms in zip(r.pop("hop_services"), r.pop("hop_added_ms"), strict=False)
+    ]
+    th = int(r.pop("sample_th") or 0)
+    if r["time"].tzinfo is None:
+        r["time"] = r["time"].replace(tzinfo=dt.UTC)
+    r["wire_hold_reason"] = r["wire_hold_reason"] or None  # '' when not measured
+    return SlowRequest(
+        **r,
+        gap_ms=r["user_ms"] - r["server_ms"],
+        hops=hops,
+        keep_probability=sampling.probability(th),
+    )
+
+
+def _unix_us(t: dt.datetime | None, default: dt.datetime) -> int:
+    t = default if t is None else t
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    try:
+        return max(0, min(int(t.timestamp() * 1e6), 2**62))
+    except (OverflowError, ValueError, OSError):
+        raise HTTPException(422, "time out of range") from None
+
+
 # Module level: with postponed annotations FastAPI resolves Depends(...) in module globals.
 _BEARER = HTTPBearer(auto_error=False)
 
@@ -363,6 +439,47 @@ def build_query_app(
         refresh_metrics()
         return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
 
+    # before /v1/requests/{trace_id}: routes match in order
+    @app.get("/v1/requests/slowest", dependencies=protected)
+    async def slowest_requests(
+        service: Annotated[str, Query(max_length=512)],
+        route: Annotated[str, Query(max_length=512)],
+        metric: Annotated[
+            str, Query(pattern="^(" + "|".join(divergence.METRIC_ORDER) + ")$")
+        ] = "ttfb",
+        since: Annotated[
+            dt.datetime | None, Query(description="ISO 8601; default: 5 minutes ago")
+        ] = None,
+        until: Annotated[dt.datetime | None, Query(description="ISO 8601; default: now")] = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 10,
+    ) -> SlowestRequests:
+        """A route's slowest pairs for one metric (the user's side, slowest first) with the
+        parts of each one's divergence: the drill-down from an SLA verdict to requests."""
+        now = dt.datetime.now(dt.UTC)
+        lo = _unix_us(since, now - dt.timedelta(minutes=5))
+        hi = _unix_us(until, now)
+        user, server, _ = divergence.METRICS[metric]
+        sql = (
+            f"SELECT time, trace_id, span_id, seq, toString(kind) AS kind, status, "  # noqa: S608
+            f"toFloat64({user}) AS user_ms, toFloat64({server}) AS server_ms, {_SLOW_PARTS} "
+            f"FROM {store.database}.pairs FINAL WHERE service = {{service:String}} "
+            f"AND route = {{route:String}} "
+            "AND time >= fromUnixTimestamp64Micro({lo:Int64}, 'UTC') "
+            "AND time < fromUnixTimestamp64Micro({hi:Int64}, 'UTC') "
+            f"AND {divergence.measured(metric)} AND {divergence.EXCHANGES_ONLY} "
+            "ORDER BY user_ms DESC LIMIT {limit:UInt32}"
+        )
+        params = {"service": service, "route": route, "lo": lo, "hi": hi, "limit": limit}
+        rows = await asyncio.to_thread(store.rows, sql, params)
+        return SlowestRequests(
+            service=service,
+            route=route,
+            metric=metric,
+            since=dt.datetime.fromtimestamp(lo / 1e6, dt.UTC),
+            until=dt.datetime.fromtimestamp(hi / 1e6, dt.UTC),
+            requests=[_slow(r) for r in rows],
+        )
+
     @app.get(
         "/v1/requests/{trace_id}",
         dependencies=protected,
@@ -391,15 +508,7 @@ def build_query_app(
         ] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> RequestList:
-        if since is None:
-            since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
-        elif since.tzinfo is None:
-            since = since.replace(tzinfo=dt.UTC)
-        try:
-            since_us = int(since.timestamp() * 1e6)
-        except (OverflowError, ValueError, OSError):
-            raise HTTPException(422, "since out of range") from None
-        since_us = max(0, min(since_us, 2**62))
+        since_us = _unix_us(since, dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
         where = "time >= fromUnixTimestamp64Micro({since:Int64}, 'UTC')"
         params: dict[str, Any] = {"since": since_us, "limit": limit}
         if route is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from math import ceil
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,52 @@ def _text(doc: dict[str, Any]) -> str:
             )
             if m["verdict"] == "out_of_band":
                 lines.append(f"    {m['sentence']}")
-    if not doc["routes"]:
-        lines.append("no paired requests in the window")
     return "\n".join(lines)
+
+
+def _utc(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def quiet_hint(
+    window: timedelta, start: datetime, end: datetime, pairs: int, newest: datetime | None
+) -> str:
+    """One line for a window without a paired request: what the window holds, and what the
+    store holds beyond it (a `--window` that reaches its newest pair)."""
+    mins = window.total_seconds() / 60
+    held = f"the last {mins:g} min: {_utc(start)} … {_utc(end)}"
+    head = f"no paired requests in the window ({held})"
+    if not pairs or newest is None:
+        return (
+            f"{head}, and none in the store: are the agent and the browser probe sending to "
+            "this collector?"
+        )
+    if newest >= start:  # pairs in the window, none with both sides of a metric measured
+        return (
+            f"{head} with both sides of a metric measured; the store holds {pairs:,} pairs, "
+            f"the newest from {_utc(newest)}"
+        )
+    age = (end - newest).total_seconds()
+    reach = f"{ceil(age / 60) + 1}m" if age < 2 * 3600 else f"{ceil(age / 3600)}h"
+    return (
+        f"{head}; the store's newest pair is from {_utc(newest)}, {_age(age)} before its end "
+        f"({pairs:,} pairs in all): widen the window to reach it, e.g. --window {reach}"
+    )
+
+
+def _age(s: float) -> str:
+    if s < 2 * 3600:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.0f} h" if s < 2 * 86400 else f"{s / 86400:.0f} days"
+
+
+def _store_pairs(store: Any, db: str) -> tuple[int, datetime | None]:
+    rows = store.rows(f"SELECT count() AS n, max(time) AS newest FROM {db}.pairs")  # noqa: S608
+    n = int(rows[0]["n"]) if rows else 0
+    newest = rows[0]["newest"] if n else None
+    if newest is not None and newest.tzinfo is None:
+        newest = newest.replace(tzinfo=UTC)
+    return n, newest
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +125,14 @@ def run(args: argparse.Namespace) -> int:
     from collector.sla.evaluate import evaluate  # noqa: PLC0415
     from collector.sla.service import utcnow  # noqa: PLC0415
     from collector.sla.source import SlaSource  # noqa: PLC0415
-    from collector.store.client import CLUSTER_ENV, DSN_ENV, Store, chdb_dsn  # noqa: PLC0415
+    from collector.store.client import (  # noqa: PLC0415
+        CLUSTER_ENV,
+        DSN_ENV,
+        Store,
+        StoreInUseError,
+        chdb_dsn,
+        check_embedded_free,
+    )
 
     if not args.once:
         print("sla: only --once is supported here; `serve` runs the evaluator", file=sys.stderr)
@@ -109,6 +160,15 @@ def run(args: argparse.Namespace) -> int:
         dsn = chdb_dsn(d)
     else:
         dsn = os.environ.get(DSN_ENV) or chdb_dsn(Path("./.parallax/data"))
+    try:
+        check_embedded_free(dsn)
+    except StoreInUseError as e:
+        print(
+            f"sla: {e}: read the running collector's GET /v1/sla (its query port), or stop it "
+            "and run this again",
+            file=sys.stderr,
+        )
+        return 2
     try:
         store = Store(dsn, cluster=args.cluster or os.environ.get(CLUSTER_ENV) or None)
         db = store.database
@@ -139,11 +199,19 @@ def run(args: argparse.Namespace) -> int:
         states.load(alerts_mod.load_states(store.client, db))
         ev = evaluate(source, cfg, utcnow(), window, states.state_of)
         doc = ev.to_json()
+        hint = None
+        if not doc["routes"]:
+            w = doc["window"]
+            start, end = datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"])
+            hint = quiet_hint(window, start, end, *_store_pairs(store, db))
     except Exception as e:  # noqa: BLE001 — one clear line, no traceback
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "Cannot lock file" in str(e):
-            msg = "the data directory is in use by a running collector; use GET /v1/sla or --store"
         print(f"sla: {msg}", file=sys.stderr)
         return 2
-    print(json.dumps(doc, indent=2, ensure_ascii=False) if args.json else _text(doc))
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        if hint:  # stdout stays the document
+            print(f"sla: {hint}", file=sys.stderr)
+    else:
+        print(_text(doc) + (f"\n{hint}" if hint else ""))
     return 1 if ev.any_out_of_band else 0

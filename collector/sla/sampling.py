@@ -1,14 +1,14 @@
-"""The sampling in force, per service, in words: how many of its requests the agent traced.
+"""The sampling in force, per route, in words: how many of its requests the agent traced.
 
 Under load the agent traces each request with a probability p (docs/agent.md, Sampling) and
 counts every request exactly, sampled or not (``parallax.requests.seen`` / ``traced`` per
 port, cumulative counters; ``parallax.sampling.probability`` per agent): the store's
-``request_counts``. From them, per service over the evaluation window: the exact share
-traced ("traced 12 % of requests in the last 5 min") and the probability the agent uses now.
-Without those counts (another OTLP source, an agent that predates them) the route's pairs
-still say what they stand for: Σ of their adjusted counts (collector/sla/stats.py), so the
-traced share is estimated as n / Σw. A route with neither counts nor sampled pairs gets no
-sentence: nothing says it was sampled.
+``request_counts``. The agent counts per port, so a route's own share comes from its pairs:
+each stands for its adjusted count (collector/sla/stats.py), so about n / Σw of the route's
+requests were traced ("traced about 40 % of this route's requests"); the service's exact
+counts over the window follow, said as the service's, with the probability the agent uses
+now. A route with neither counts nor sampled pairs gets no sentence: nothing says it was
+sampled.
 """
 
 from __future__ import annotations
@@ -84,9 +84,10 @@ def route_json(
     weight: float,
     window_s: float,
 ) -> dict[str, Any]:
-    """The route's ``sampling`` object: the service's exact counts and the probability now
-    (null without the agent's counts), the pairs and the requests they stand for, and the
-    sentence (null when nothing says the route was sampled)."""
+    """The route's ``sampling`` object: the share of the route's requests traced, from its
+    pairs (``pair_share`` = n / Σw: the agent counts per port, not per route), its service's
+    exact counts and the probability now (null without the agent's counts), and the sentence
+    (null when nothing says the route was sampled)."""
     doc: dict[str, Any] = {
         "seen": None,
         "traced": None,
@@ -96,9 +97,19 @@ def route_json(
         "ports": [],
         "pairs": pairs,
         "pair_requests": round(weight, 1),
+        "pair_share": round(min(1.0, pairs / weight), 4) if pairs and weight > 0 else None,
         "sentence": None,
     }
     span = f"in the last {_minutes(window_s)}"
+    sampled = bool(pairs) and weight > pairs * (1 + 1e-9)
+    clauses = []
+    if sampled:
+        clauses.append(
+            f"traced about {_pct(pairs / weight)} of this route's requests {span} "
+            f"({_count(pairs)} pairs stand for {_count(weight)})"
+        )
+    elif pairs:
+        clauses.append(f"traced every request of this route {span} ({_count(pairs)} pairs)")
     if counts is not None and counts.seen > 0:
         share = min(1.0, counts.traced / counts.seen)
         doc.update(
@@ -107,12 +118,14 @@ def route_json(
             traced_share=round(share, 4),
             ports=sorted(counts.ports),
         )
+        ports = ", ".join(str(p) for p in sorted(counts.ports))
+        on = f"counted by the agent on port{'s' if len(counts.ports) > 1 else ''} {ports}"
         if round(counts.traced) >= round(counts.seen):
-            text = f"traced every request {span} ({_count(counts.seen)})"
+            clauses.append(f"its service traced every request ({_count(counts.seen)}, {on})")
         else:
-            text = (
-                f"traced {_pct(share)} of requests {span} "
-                f"({_count(counts.traced)} of {_count(counts.seen)}, counted by the agent)"
+            clauses.append(
+                f"its service traced {_count(counts.traced)} of {_count(counts.seen)} requests "
+                f"({_pct(share)}, {on})"
             )
         probs = sorted(counts.probability.values())
         if probs:
@@ -124,11 +137,10 @@ def route_json(
                     else f"{_pct(probs[0])}–{_pct(probs[-1])}"
                 )
                 hosts = f" ({len(probs)} hosts)" if len(probs) > 1 else ""
-                text += f"; sampling now {now}{hosts}"
-        doc["sentence"] = f"{label}: {text}."
-    elif pairs and weight > pairs * (1 + 1e-9):
-        doc["sentence"] = (
-            f"{label}: no request counts from the agent {span}; the {_count(pairs)} pairs "
-            f"stand for {_count(weight)} requests (about {_pct(pairs / weight)} traced)."
-        )
+                clauses.append(f"sampling now {now}{hosts}")
+    elif sampled:
+        clauses.append("no request counts from the agent")
+    else:
+        return doc  # neither counts nor sampled pairs: nothing says the route was sampled
+    doc["sentence"] = f"{label}: {'; '.join(clauses)}."
     return doc

@@ -1,6 +1,7 @@
 """The SLA checker's SQL: per-minute summaries of ``pairs`` and the window's quantiles.
 
-Only this module knows the ``pairs`` column names (collector/store/schema.py, docs/store.md).
+Only this module of the SLA checker knows the ``pairs`` column names (collector/store/schema.py,
+docs/store.md); the metric pairs themselves are collector/pairing/divergence.py's.
 
 Each pair weighs its adjusted count (1/p of its ``sample_th``: the requests it stands for
 when the agent sampled; 1 otherwise): the histograms hold per cell the count, Σw and Σw²,
@@ -21,14 +22,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from collector.pairing import divergence
 from collector.sla import gpu_source, quantize, sampling_source, schema, stats
 from collector.sla.clock import Sample, best_samples, clock_filter
 from collector.store.schema import adjusted_count_sql
 
 PAIRS = "pairs"
-# A WebSocket handshake (seq 0) is connection set-up, not an exchange: mixed into the route's
-# message exchanges it would pull TTFB and duration towards the open time.
-EXCHANGES_ONLY = "NOT (kind = 'websocket' AND seq = 0)"
 HORIZON_EXTRA = timedelta(minutes=2)
 # A pair's weight: its adjusted count (the requests it stands for under the agent's sampling).
 PAIR_WEIGHT = adjusted_count_sql("sample_th")
@@ -38,30 +37,21 @@ WEIGHT_SCALE = 65536
 _QW = f"arrayMap(x -> toUInt64(round(x * {WEIGHT_SCALE})), weights)"
 _HIST = "cells, counts, weights, weights2"
 _HIST_COLS = f"n, {_HIST}, w, w2"
-
-# metric → (user expression, server expression, extra condition); both sides must be
-# measured for a pair to count ("on pairs only").
-_P95_ARR = "arrayReduce('quantileExact(0.95)', {a})"
-_P50_ARR = "arrayReduce('quantileExact(0.5)', {a})"
-METRICS: dict[str, tuple[str, str, str]] = {
-    "ttfb": ("user_ttfb_ms", "server_ttfb_ms", "1"),
-    "ttft": ("user_ttft_ms", "server_ttft_ms", "1"),
-    # the render delay shows here: paint vs the server's first body write
-    "visible_ttft": ("user_visible_ttft_ms", "server_ttft_ms", "1"),
-    # per request, the P95 of its gaps (requests are the independent samples, gaps within
-    # one stream are not); throttled browser chunk times (XHR progress) are left out
-    "itl": (
-        _P95_ARR.format(a="user_itl_ms"),
-        _P95_ARR.format(a="server_itl_ms"),
-        "NOT chunks_coarse AND length(user_itl_ms) > 0 AND length(server_itl_ms) > 0",
-    ),
-    "duration": ("user_duration_ms", "server_duration_ms", "1"),
-}
-METRIC_ORDER = tuple(METRICS)
+# the metric pairs (collector/pairing/divergence.py), named here for the SLA modules
+METRICS, METRIC_ORDER = divergence.METRICS, divergence.METRIC_ORDER
+EXCHANGES_ONLY = divergence.EXCHANGES_ONLY
+_P95_ARR, _P50_ARR = divergence.P95_ARR, divergence.P50_ARR
 
 HOLD_PREFIX = "wire_hold:"  # wire_hold:<reason>
 # the reasons the agent names (bpf/agent/hold.h) that the SLA checker puts in words
 HOLD_REASONS = ("nagle", "sndbuf", "rwnd", "cwnd", "cork")
+# The time after the first body write, 0 for a response written at once: what a sum of a
+# request's parts needs (the dashboards' stacked means); the decode window is this where
+# there is one.
+AFTER_FIRST_WRITE = (
+    "if(server_duration_ms IS NULL OR server_ttft_ms IS NULL, NULL, "
+    "greatest(server_duration_ms - server_ttft_ms, 0))"
+)
 # parts: one value per pair where measured
 PARTS: dict[str, str] = {
     "network": "network_ms",
@@ -80,8 +70,9 @@ PARTS: dict[str, str] = {
     f"{_P95_ARR.format(a='edge_itl_ms')}, NULL)",
     # the server-time windows (collector/sla/gpu.py): t1 → first body write, then → last
     "prefill": "server_ttft_ms",
-    "decode": "if(server_duration_ms IS NULL OR server_ttft_ms IS NULL, NULL, "
-    "greatest(server_duration_ms - server_ttft_ms, 0))",
+    # a response written at once (its last write is its first body write) has no decode
+    # window: absent, not 0 ms
+    "decode": f"if(server_duration_ms <= server_ttft_ms, NULL, {AFTER_FIRST_WRITE})",
     # write-to-wire holdback at the origin, and per reason the share of requests it explains
     "wire_hold": "wire_hold_ms",
     **{
@@ -103,8 +94,8 @@ SERIES: tuple[str, ...] = (
 def _values_array() -> str:
     """One Float64 per fixed series for a pair; NaN where not measured."""
     items: list[str] = []
-    for u, s, cond in METRICS.values():
-        both = f"({u}) IS NOT NULL AND ({s}) IS NOT NULL AND ({cond})"
+    for m, (u, s, _) in METRICS.items():
+        both = divergence.measured(m)
         items.append(f"if({both}, toFloat64(assumeNotNull({u})), nan)")
         items.append(f"if({both}, toFloat64(assumeNotNull({s})), nan)")
     for e in PARTS.values():

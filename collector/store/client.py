@@ -8,6 +8,8 @@ which is right for both.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +42,42 @@ CLUSTER_SETTINGS: dict[str, Any] = {
 
 def chdb_dsn(data_dir: Path) -> str:
     return f"chdb://{(data_dir / 'chdb').resolve()}"
+
+
+class StoreInUseError(Exception):
+    """Another process holds the embedded store's directory (chDB: one process per path)."""
+
+
+def check_embedded_free(dsn: str) -> None:
+    """Raise StoreInUseError, naming the path and the holder's pid, when another process has
+    the embedded store at ``dsn`` open — chDB's own error is a raw two-line engine message.
+    ClickHouse holds an flock on ``<path>/status`` while it runs and writes its pid there.
+    Call it before this process opens the path (its own engine's lock would count too)."""
+    if not dsn.startswith("chdb:"):
+        return
+    status = Path(urlparse(dsn).path) / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except OSError:
+        return  # never opened: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = next((ln.split(":", 1)[1].strip() for ln in _lines(fd) if ln.startswith("PID:")), "?")
+        if pid == str(os.getpid()):
+            return  # this process's own engine (an embedded collector restarted in a test)
+        raise StoreInUseError(
+            f"{status.parent} is in use by process {pid} (the embedded store opens in one "
+            "process at a time)"
+        ) from None
+    finally:
+        os.close(fd)  # closing the descriptor releases a lock taken here
+
+
+def _lines(fd: int) -> list[str]:
+    with contextlib.suppress(OSError):
+        return os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
+    return []
 
 
 def database_of(dsn: str) -> str:

@@ -205,6 +205,66 @@ def hostile_head(port: int, header_bytes: int) -> bytes:
             return b""
 
 
+@dataclass
+class EarlyAnswers:
+    """What clients read of answers given before their bodies were read (e.g. a 413)."""
+
+    statuses: Counter[bytes] = field(default_factory=Counter)  # status lines read
+    send_errors: int = 0  # the body's send failed: reset or broken pipe (answer or not)
+    resets: int = 0  # no answer could be read: the connection broke first
+
+    def __str__(self) -> str:
+        codes = ", ".join(
+            f"{n}×{s.decode()[9:12] or '?'}" for s, n in sorted(self.statuses.items())
+        )
+        return f"{codes}; {self.send_errors} send errors, {self.resets} resets"
+
+
+def early_answer(port: int, path: str, body_bytes: int, ctype: str) -> tuple[bytes, bool]:
+    """One request as most clients send it — head and the whole body, then read the answer —
+    to a server that answers before reading the body. (The status line read, b"" when the
+    connection broke before it could be read; whether sending the body failed.)"""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {body_bytes}\r\n\r\n"
+        )
+        failed = False
+        try:
+            s.sendall(head.encode())
+            chunk = b"x" * (64 << 10)
+            left = body_bytes
+            while left > 0:
+                s.sendall(chunk[:left])
+                left -= len(chunk)
+        except OSError:
+            failed = True  # a client like httpx still reads what was answered
+        try:
+            return s.recv(200).split(b"\r\n", 1)[0], failed
+        except OSError:
+            return b"", failed
+
+
+def early_answers(
+    port: int,
+    n: int,
+    body_bytes: int,
+    path: str = "/v1/beacons",
+    ctype: str = "text/plain",
+    threads: int = 8,
+) -> EarlyAnswers:
+    """``n`` early answers, ``threads`` clients at once (a new connection each)."""
+    out = EarlyAnswers()
+    with ThreadPoolExecutor(threads) as ex:
+        for status, failed in ex.map(
+            lambda _: early_answer(port, path, body_bytes, ctype), range(n)
+        ):
+            out.statuses[status] += 1
+            out.send_errors += failed
+            out.resets += not status
+    return out
+
+
 def slowloris(port: int, every_s: float, give_up_s: float) -> float:
     """Dribble a request head one header line every ``every_s``; seconds until the server
     closed the connection (``give_up_s`` if it never did)."""

@@ -152,9 +152,12 @@ def test_sampled_spans_counts_and_coverage(tmp_path: Path) -> None:
     assert s["probability_min"] == s["probability_max"] == sampling.probability(TH)
     assert s["pairs"] == len(sent) and abs(s["pair_requests"] - len(sent) / P) < 0.5
     share = f"{100 * len(kept) / N:.0f} %"
+    about = f"{100 * len(sent) / s['pair_requests']:.0f} %"
     assert s["sentence"] == (
-        f"{ROUTE} ({SERVICE}): traced {share} of requests in the last 5 min ({len(kept)} of "
-        f"{N}, counted by the agent); sampling now 25 %."
+        f"{ROUTE} ({SERVICE}): traced about {about} of this route's requests in the last 5 min "
+        f"({len(sent)} pairs stand for {s['pair_requests']:,.0f}); its service traced "
+        f"{len(kept)} of {N} requests ({share}, counted by the agent on port {PORT}); sampling "
+        "now 25 %."
     )
     m = route["metrics"]["ttfb"]
     assert m["n"] == m["n_eff"] == len(sent)  # one probability in the window: equal weights

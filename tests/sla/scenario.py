@@ -87,6 +87,7 @@ def gen_render(rng: np.random.Generator, n: int) -> dict[str, Any]:
         "server_ttfb_ms": server - 20,
         "user_ttfb_ms": server - 20 + net,
         "server_ttft_ms": server,
+        "server_duration_ms": server,  # answered in one write: no decode window
         "user_ttft_ms": server + net,
         "user_visible_ttft_ms": server + net + render,
         "render_delay_ms": render,
@@ -326,3 +327,26 @@ def write_sampled(client: Any, db: str, now: datetime = NOW) -> sampled.Populati
     names = [c.name for c in store_schema.REQUEST_COUNT_COLUMNS]
     client.insert(f"{db}.{store_schema.REQUEST_COUNTS}", rows, column_names=names)
     return pop
+
+
+# A second route of the sampled service whose requests all came while the agent kept every
+# one (p = 1), counted on a port of its own: its sentence says so, while its service's counts
+# say the service was sampled — the sampling sentence is per route.
+CALM_ROUTE, CALM_PORT, CALM_N = "/v1/browse", 8081, 300
+
+
+def write_calm_route(client: Any, db: str, now: datetime = NOW) -> None:
+    pop = sampled.overload(np.random.default_rng(5), CALM_N, 0, 1.0, 1.0)
+    sampled.write(client, db, sampled.pair_rows(pop, now, CALM_ROUTE, SAMPLED_SERVICE))
+    ns = int(now.timestamp() * 1e9)
+    rows: list[tuple[Any, ...]] = []
+    for k in range(37):  # an export every 10 s, from 6 min before now
+        t = ns - (360 - 10 * k) * 10**9
+        v = float((pop.offset_s * 1e9 > ns - t).sum())
+        for metric in ("parallax.requests.seen", "parallax.requests.traced"):
+            rows.append(
+                (t, ns - 400 * 10**9, SAMPLED_HOSTS[0], SAMPLED_SERVICE, CALM_PORT, metric, v,
+                 "cumulative")
+            )  # fmt: skip
+    names = [c.name for c in store_schema.REQUEST_COUNT_COLUMNS]
+    client.insert(f"{db}.{store_schema.REQUEST_COUNTS}", rows, column_names=names)

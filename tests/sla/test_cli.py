@@ -9,28 +9,37 @@ from pathlib import Path
 
 import pytest
 
+from tests.collector.helpers import start_collector
+from tests.sla import scenario
+
 WRITE = """
 import sys, clickhouse_connect
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from collector.store import schema
 from tests.sla import scenario
 d = Path(sys.argv[1])
 c = clickhouse_connect.get_client(dsn=f"chdb://{(d / 'chdb').resolve()}")
 schema.migrate(c, "parallax")
-now = datetime.now(UTC)
+now = datetime.now(UTC) - timedelta(minutes=float(sys.argv[3]))
 routes = sys.argv[2].split(",")
 data = {k: v for k, v in scenario.build(now=now, spread_s=200).items() if k in routes}
 scenario.write(c, "parallax", data, paired_at=now)
 if scenario.SAMPLED_ROUTE in routes:
     scenario.write_sampled(c, "parallax", now)
+if scenario.CALM_ROUTE in routes:
+    scenario.write_calm_route(c, "parallax", now)
 """
 
 
-def _store(tmp_path: Path, routes: str) -> Path:
+def _store(tmp_path: Path, routes: str, minutes_ago: float = 0) -> Path:
+    """A stopped collector's data directory holding the scenario's ``routes``, their pairs
+    spread over the 200 s before ``minutes_ago``."""
     d = tmp_path / "data"
     d.mkdir()
-    subprocess.run([sys.executable, "-c", WRITE, str(d), routes], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", WRITE, str(d), routes, str(minutes_ago)], check=True, timeout=120
+    )
     return d
 
 
@@ -69,17 +78,31 @@ def test_exit_0_when_inside_and_2_on_errors(tmp_path: Path) -> None:
     assert w.returncode == 2 and "--window" in w.stderr
 
 
-def test_text_states_the_sampling_and_the_effective_sample_size(tmp_path: Path) -> None:
-    d = _store(tmp_path, "/v1/ok,/v1/sampled")
+def test_text_states_the_sampling_per_route_and_the_effective_sample_size(
+    tmp_path: Path,
+) -> None:
+    """Two routes of one sampled service: the busy one traced about 40 % of its requests,
+    the calm one every request; each sentence says its route's share, then the service's."""
+    d = _store(tmp_path, f"/v1/ok,/v1/sampled,{scenario.CALM_ROUTE}")
     p = _cli("--once", "--data-dir", str(d))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
+    service = (
+        "its service traced 2,095 of 4,800 requests (44 %, counted by the agent on ports "
+        "8080, 8081); sampling now 10 % (2 hosts)."
+    )
     i = lines.index("/v1/sampled (shop): uncertain")
     assert lines[i + 1].startswith(
-        "  /v1/sampled (shop): traced 40 % of requests in the last 5 min"
-    )
-    assert lines[i + 1].endswith("counted by the agent); sampling now 10 % (2 hosts).")
+        "  /v1/sampled (shop): traced about 40 % of this route's requests in the last 5 min "
+        "(1,795 pairs stand for 4,4"
+    ), lines[i + 1]
+    assert lines[i + 1].endswith(service), lines[i + 1]
     assert "n=1795 (n_eff=" in lines[i + 2]
+    j = next(k for k, x in enumerate(lines) if x.startswith(f"{scenario.CALM_ROUTE} (shop): "))
+    assert lines[j + 1] == (
+        f"  {scenario.CALM_ROUTE} (shop): traced every request of this route in the last 5 min "
+        f"(300 pairs); {service}"
+    )
     assert not any("traced" in x for x in lines[lines.index("/v1/ok (app): ok") :])
 
 
@@ -99,3 +122,68 @@ def test_a_store_older_than_sampling_is_refused(tmp_path: Path) -> None:
 def test_help(flag: str) -> None:
     p = _cli(flag)
     assert p.returncode == 0 and "--data-dir" in p.stdout
+
+
+def test_a_quiet_window_says_what_it_holds_and_how_to_reach_the_data(tmp_path: Path) -> None:
+    """After 40 quiet minutes the window is empty: one line says what it covered and which
+    --window reaches the newest pair; that window finds the data."""
+    d = _store(tmp_path, "/v1/ok", minutes_ago=40)
+    p = _cli("--once", "--data-dir", str(d))
+    assert p.returncode == 0, p.stderr
+    hint = p.stdout.splitlines()[-1]
+    assert hint.startswith("no paired requests in the window (the last 5 min: "), hint
+    assert "(1,500 pairs in all): widen the window to reach it, e.g. --window 4" in hint
+    reach = hint.rsplit("--window ", 1)[1]
+    assert reach in ("42m", "43m", "44m", "45m"), reach  # 40 min + the 200 s spread, rounded up
+    j = _cli("--once", "--json", "--data-dir", str(d))
+    assert json.loads(j.stdout)["routes"] == [] and j.stderr.count("\n") == 1
+    assert j.stderr.startswith("sla: no paired requests in the window (the last 5 min: ")
+    assert j.stderr.endswith(hint.split(" UTC); ", 1)[1] + "\n")  # the times move on
+    wide = _cli("--once", "--data-dir", str(d), "--window", reach)
+    assert wide.returncode == 0 and "/v1/ok (app): ok" in wide.stdout, wide.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", WRITE, str(empty), "none", "0"], check=True, timeout=120
+    )
+    assert run.returncode == 0
+    p = _cli("--once", "--data-dir", str(empty))
+    assert p.stdout.splitlines()[-1].endswith(
+        "and none in the store: are the agent and the browser probe sending to this collector?"
+    )
+
+
+def test_a_store_held_by_a_running_collector_is_one_line(tmp_path: Path) -> None:
+    """chDB opens a directory in one process: against a running collector's data `sla` and a
+    second `serve` each say so in one line naming the path and the holder — no engine
+    message, no traceback."""
+    d = _store(tmp_path, "/v1/ok")
+    c = start_collector(d, "--no-plugins")
+    try:
+        c.wait_ready(60)
+        p = _cli("--once", "--data-dir", str(d))
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr == (
+            f"sla: {(d / 'chdb').resolve()} is in use by process {c.proc.pid} (the embedded "
+            "store opens in one process at a time): read the running collector's GET /v1/sla "
+            "(its query port), or stop it and run this again\n"
+        )
+        other = start_collector(
+            tmp_path / "other", "--no-plugins", "--store", f"chdb://{(d / 'chdb').resolve()}"
+        )
+        assert other.proc.wait(60) == 2
+        errors = [ln for ln in other.tail().splitlines() if "ERROR" in ln or "Code:" in ln]
+        assert len(errors) == 1 and errors[0].endswith(
+            f"{(d / 'chdb').resolve()} is in use by process {c.proc.pid} (the embedded store "
+            "opens in one process at a time): stop it, or give this collector another "
+            "--data-dir or --store"
+        ), other.tail()
+        assert "Traceback" not in other.tail()
+        same = start_collector(d, "--no-plugins")
+        assert same.proc.wait(60) == 2
+        assert (
+            "is in use by another collector (one process per data dir): stop it, or give "
+            "this one another --data-dir" in same.tail()
+        )
+    finally:
+        c.stop()

@@ -36,24 +36,39 @@ def test_increase_of_a_cumulative_counter() -> None:
 
 
 def test_route_sentences() -> None:
+    """The route's share from its own pairs (the agent counts per port), then its service's
+    exact counts, said as the service's."""
     c = ServiceCounts(10_284.0, 1_234.0, {8000}, {"a", "b"}, {"a": 0.1, "b": 0.3})
-    doc = route_json("/v1/chat (app)", c, 1234, 10_000.0, 300)
+    doc = route_json("/v1/chat (app)", c, 1000, 8_000.0, 300)
     assert doc["sentence"] == (
-        "/v1/chat (app): traced 12 % of requests in the last 5 min (1,234 of 10,284, counted "
-        "by the agent); sampling now 10 %–30 % (2 hosts)."
+        "/v1/chat (app): traced about 12 % of this route's requests in the last 5 min (1,000 "
+        "pairs stand for 8,000); its service traced 1,234 of 10,284 requests (12 %, counted "
+        "by the agent on port 8000); sampling now 10 %–30 % (2 hosts)."
     )
     assert doc["traced_share"] == 0.12 and doc["seen"] == 10284 and doc["ports"] == [8000]
-    every = ServiceCounts(900.0, 900.0, {8000}, {"a"}, {"a": 1.0})
+    assert doc["pair_share"] == 0.125
+    # a route whose pairs were all kept, in a service that shed others: said per route
+    calm = route_json("/v1/ping (app)", c, 300, 300.0, 300)
+    assert calm["sentence"] == (
+        "/v1/ping (app): traced every request of this route in the last 5 min (300 pairs); "
+        "its service traced 1,234 of 10,284 requests (12 %, counted by the agent on port "
+        "8000); sampling now 10 %–30 % (2 hosts)."
+    )
+    assert calm["pair_share"] == 1.0
+    every = ServiceCounts(900.0, 900.0, {8000, 8001}, {"a"}, {"a": 1.0})
     assert route_json("/v1/chat (app)", every, 900, 900.0, 300)["sentence"] == (
-        "/v1/chat (app): traced every request in the last 5 min (900)."
+        "/v1/chat (app): traced every request of this route in the last 5 min (900 pairs); "
+        "its service traced every request (900, counted by the agent on ports 8000, 8001)."
     )
     few = ServiceCounts(100_000.0, 50.0, {8000}, {"a"}, {"a": 0.0005})
-    assert "traced <0.1 % of requests" in str(route_json("x", few, 50, 1e5, 300)["sentence"])
+    assert "traced 50 of 100,000 requests (<0.1 %," in str(
+        route_json("x", few, 50, 1e5, 300)["sentence"]
+    )
     # no counts from the agent: what the pairs stand for; nothing sampled: nothing said
     doc = route_json("/v1/chat (app)", None, 400, 2000.0, 300)
     assert doc["sentence"] == (
-        "/v1/chat (app): no request counts from the agent in the last 5 min; the 400 pairs "
-        "stand for 2,000 requests (about 20 % traced)."
+        "/v1/chat (app): traced about 20 % of this route's requests in the last 5 min (400 "
+        "pairs stand for 2,000); no request counts from the agent."
     )
     assert route_json("/v1/chat (app)", None, 400, 400.0, 300)["sentence"] is None
 
@@ -77,9 +92,12 @@ def test_sampled_service_in_the_evaluation(
     assert s["probability_min"] == s["probability_max"] == 0.1
     assert s["pairs"] == kept and abs(s["pair_requests"] - float(pop.weights.sum())) < 0.1
     share = f"{100 * kept / 4500:.0f} %"
+    about = f"{100 * kept / float(pop.weights.sum()):.0f} %"
     assert s["sentence"] == (
-        f"/v1/sampled (shop): traced {share} of requests in the last 5 min ({kept:,} of 4,500,"
-        " counted by the agent); sampling now 10 % (2 hosts)."
+        f"/v1/sampled (shop): traced about {about} of this route's requests in the last 5 min "
+        f"({kept:,} pairs stand for {float(pop.weights.sum()):,.0f}); its service traced "
+        f"{kept:,} of 4,500 requests ({share}, counted by the agent on port 8080); sampling "
+        "now 10 % (2 hosts)."
     )
     ok = next(r for r in ev.routes if r.route == "/v1/ok").to_json()["sampling"]
     assert ok["sentence"] is None and ok["seen"] is None

@@ -1,4 +1,5 @@
-// The SLA page: no framework; reads /v1/sla, /v1/alerts and /v1/sla/history.
+// The SLA page: no framework; reads /v1/sla, /v1/alerts, /v1/sla/history and, one click
+// down, /v1/requests/slowest (a route's slowest pairs and the parts of each divergence).
 "use strict";
 
 const WORDS = {
@@ -17,11 +18,13 @@ function el(tag, attrs, ...kids) {
   for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
   return e;
 }
-const fmt = (v) => (v === null || v === undefined ? "—" : `${Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(1)} ms`);
-const sgn = (v) => (v === null || v === undefined ? "?" : `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(1)}`);
+const absent = (v) => v === null || v === undefined;
+const fmt = (v) => (absent(v) ? "—" : `${Math.abs(v) >= 10 ? v.toFixed(0) : v.toFixed(1)} ms`);
+const sgn = (v) => (absent(v) ? "?" : `${v >= 0 ? "+" : "−"}${Math.abs(v).toFixed(1)}`);
 // an interval bound that is null is unbounded (too few samples for that rank)
-const lo = (v) => (v === null || v === undefined ? "−∞" : sgn(v));
-const hi = (v) => (v === null || v === undefined ? "+∞" : sgn(v));
+const lo = (v) => (absent(v) ? "−∞" : sgn(v));
+const hi = (v) => (absent(v) ? "+∞" : sgn(v));
+const clock = (iso) => new Date(iso).toLocaleTimeString([], { hour12: false });
 // a sampled window's pairs may weigh unequally: they are then worth fewer samples (n_eff)
 const worth = (m) => (m.n_eff < m.n ? `, worth ${m.n_eff}` : "");
 function headline(name, m) {
@@ -43,23 +46,27 @@ function worstMetric(r) {
 
 function partsText(p) {
   const out = [];
-  if (p.network_p95_ms !== null) out.push(`network δ ${fmt(p.network_p95_ms)}`);
-  if (p.accept_queue_p95_ms !== null) out.push(`accept queue ${fmt(p.accept_queue_p95_ms)}`);
-  if (p.recv_queue_p95_ms !== null) out.push(`receive queue ${fmt(p.recv_queue_p95_ms)}`);
-  if (p.server_processing_p95_ms !== null) out.push(`server processing ${fmt(p.server_processing_p95_ms)}`);
-  if (p.render_delay_p95_ms !== null) out.push(`render delay ${fmt(p.render_delay_p95_ms)}`);
+  if (!absent(p.network_p95_ms)) out.push(`network δ ${fmt(p.network_p95_ms)}`);
+  if (!absent(p.accept_queue_p95_ms)) out.push(`accept queue ${fmt(p.accept_queue_p95_ms)}`);
+  if (!absent(p.recv_queue_p95_ms)) out.push(`receive queue ${fmt(p.recv_queue_p95_ms)}`);
+  if (!absent(p.server_processing_p95_ms)) out.push(`server processing ${fmt(p.server_processing_p95_ms)}`);
+  if (!absent(p.render_delay_p95_ms)) out.push(`render delay ${fmt(p.render_delay_p95_ms)}`);
   for (const h of p.hops || []) out.push(`hop ${h.index} ${h.service} adds ${fmt(h.added_p95_ms)}`);
-  if (p.retransmit_share !== null) out.push(`retransmits in ${(100 * p.retransmit_share).toFixed(1)}% of requests`);
+  if (!absent(p.retransmit_share)) out.push(`retransmits in ${(100 * p.retransmit_share).toFixed(1)}% of requests`);
   return out.length ? `Parts (P95): ${out.join(", ")}` : "";
 }
 
 // The server's own view of the route: where its time goes (queue, prefill to the first token,
 // decode to the last), P50 and P95 of each window, and what the GPU was doing in them.
 const GPU_WORDS = { gpu_bound: "GPU-bound", before_gpu: "Waits before the GPU", clock_low: "GPU clock low" };
+// [key, label, what the window is, why it can be absent]
 const WINDOWS = [
-  ["queue", "Queue", "kernel accept + receive queues, before the app reads the request"],
-  ["prefill", "Prefill", "app reads the request → first body write (first token)"],
-  ["decode", "Decode", "first → last body write (the stream)"],
+  ["queue", "Queue", "kernel accept + receive queues, before the app reads the request",
+    "not measured: no kernel arrival times for these requests"],
+  ["prefill", "Prefill", "app reads the request → first body write (first token)",
+    "not measured: no first-body-write time"],
+  ["decode", "Decode", "first → last body write (the stream)",
+    "none: every response was written at once (nothing after its first body write)"],
 ];
 
 function gpuBadges(s) {
@@ -75,17 +82,27 @@ function gpuBadges(s) {
 
 function serverBlock(s) {
   // without the agent's kernel timings there is no first-token time to split at
-  if ((s.prefill_p95_ms === null || s.prefill_p95_ms === undefined) && !s.gpu) return null;
-  const rows = WINDOWS.filter(([k]) => s[`${k}_p95_ms`] !== null && s[`${k}_p95_ms`] !== undefined);
+  if (absent(s.prefill_p95_ms) && !s.gpu) return null;
   const box = el("div", { class: "server" }, el("h3", {}, "Server time per request"));
   const t = el("table", { class: "split" }, el("tr", {}, ...["Window", "P50", "P95"].map((h) => el("th", {}, h))));
-  for (const [k, label, what] of rows) {
-    t.append(el("tr", { "data-window": k, title: what },
-      el("td", {}, label), el("td", {}, fmt(s[`${k}_p50_ms`])), el("td", {}, fmt(s[`${k}_p95_ms`]))));
+  const why = [];
+  for (const [k, label, what, gone] of WINDOWS) {
+    const p50 = s[`${k}_p50_ms`], p95 = s[`${k}_p95_ms`];
+    const row = el("tr", { "data-window": k, title: what }, el("td", {}, label));
+    if (absent(p95)) {  // absent is not zero: a dash and the reason, never "0.0 ms"
+      row.classList.add("absent");
+      row.append(el("td", { title: gone }, "—"), el("td", { title: gone }, "—"));
+      why.push(`${label} — ${gone}.`);
+    } else {
+      row.append(el("td", {}, fmt(p50)), el("td", {}, fmt(p95)));
+    }
+    t.append(row);
   }
-  box.append(t, el("p", { class: "hint" }, `${s.n} paired requests. P50 is the typical request, P95 the tail the SLA judges; percentiles of parts do not add up.`));
+  box.append(t);
+  for (const w of why) box.append(el("p", { class: "hint absent-why" }, w));
+  box.append(el("p", { class: "hint" }, `${s.n} paired requests. P50 is the typical request, P95 the tail the SLA judges; percentiles of parts do not add up.`));
   if (s.gpu) {
-    const cov = s.gpu.sample_coverage === null ? "" : ` · NVML samples cover ${(100 * s.gpu.sample_coverage).toFixed(0)} % of their time`;
+    const cov = absent(s.gpu.sample_coverage) ? "" : ` · NVML samples cover ${(100 * s.gpu.sample_coverage).toFixed(0)} % of their time`;
     const n = s.gpu.gpus.length;
     const on = n ? ` on ${n} GPU${n === 1 ? "" : "s"}` : "";
     box.append(el("p", { class: "gpu-head" }, `GPU: ${s.gpu.requests} requests with GPU figures${on}${cov}`));
@@ -96,41 +113,45 @@ function serverBlock(s) {
   return box;
 }
 
-// The agent's sampling: the share of the service's requests it traced (its exact counts).
+// The agent's sampling: the share of this route's requests it traced (from its pairs).
 function samplingBadge(s) {
   if (!s || !s.sentence) return [];
-  const share = s.traced_share;
-  if (share === null || share === undefined) return [el("span", { class: "sampling-badge" }, "sampled")];
-  if (share >= 1) return [];
+  const share = s.pair_share;
+  if (absent(share) || share >= 1) return [];
   const pct = 100 * share;
   return [el("span", { class: "sampling-badge", title: s.sentence }, `traced ${pct >= 10 ? pct.toFixed(0) : pct.toFixed(1)} %`)];
 }
 
-function routeBlock(r) {
-  const [wname, wm] = worstMetric(r);
-  const d = el("details", { class: "route", "data-route": r.route, "data-service": r.service });
-  const summary = el("summary", {},
-    el("span", { class: "route-name" }, r.route),
-    el("span", {}, el("span", { class: `verdict v-${r.verdict}` }, WORDS[r.verdict]), " ",
-      headline(wname, wm), ...samplingBadge(r.sampling), ...gpuBadges(r.server)),
-    el("span", { class: "service" }, r.service));
-  d.append(summary);
-  const body = el("div", { class: "body" });
-  if (r.sampling && r.sampling.sentence) body.append(el("p", { class: "sampling" }, r.sampling.sentence));
-  const user = el("div", { class: "user" }, el("h3", {}, "What users see against what the app reports"));
-  const t = el("table", {}, el("tr", {}, ...["Metric", "Verdict", "Divergence", "95% CI", "User P95", "Server P95", "n", "Alert"].map((h) => el("th", {}, h))));
+function metricTable(r) {
+  const head = ["Metric", "Verdict", "Divergence", "95% CI", "Band", "User P95", "Server P95", "n", "Alert"];
+  const t = el("table", { class: "metrics" }, el("tr", {}, ...head.map((h) => el("th", {}, h))));
   for (const [name, m] of Object.entries(r.metrics)) {
     t.append(el("tr", { "data-metric": name },
       el("td", {}, METRIC[name]),
       el("td", { class: "verdict-cell" }, el("span", { class: `verdict v-${m.verdict}` }, WORDS[m.verdict])),
       el("td", { class: "div" }, `${sgn(m.divergence_ms)} ms`),
       el("td", {}, `${lo(m.ci_low_ms)}…${hi(m.ci_high_ms)}`),
+      el("td", { class: "band", title: "this metric's band: the divergence may go this far either way" }, `±${m.band_ms} ms`),
       el("td", {}, fmt(m.user_p95_ms)), el("td", {}, fmt(m.server_p95_ms)),
       el("td", { class: "n", title: m.n_eff < m.n ? "pairs (effective sample size: the sampling rate varied)" : "pairs" },
         m.n_eff < m.n ? `${m.n} (${m.n_eff} eff.)` : m.n),
-      el("td", {}, m.alert_state)));
+      el("td", { class: "alert-cell" }, m.alert_state)));
   }
-  user.append(t);
+  return el("div", { class: "table-wrap" }, t);
+}
+
+function routeBlock(r, win) {
+  const [wname, wm] = worstMetric(r);
+  const d = el("details", { class: "route", "data-route": r.route, "data-service": r.service });
+  const summary = el("summary", {},
+    el("span", { class: "route-name" }, r.route),
+    el("span", { class: "route-head" }, el("span", { class: `verdict v-${r.verdict}` }, WORDS[r.verdict]), " ",
+      headline(wname, wm), ...samplingBadge(r.sampling), ...gpuBadges(r.server)),
+    el("span", { class: "service" }, r.service));
+  d.append(summary);
+  const body = el("div", { class: "body" });
+  if (r.sampling && r.sampling.sentence) body.append(el("p", { class: "sampling" }, r.sampling.sentence));
+  const user = el("div", { class: "user" }, el("h3", {}, "What users see against what the app reports"), metricTable(r));
   for (const [, m] of Object.entries(r.metrics)) {
     if (m.verdict === "out_of_band") user.append(el("p", { class: "sentence" }, m.sentence));
   }
@@ -141,10 +162,28 @@ function routeBlock(r) {
   if (server) side.append(server);
   body.append(side);
   const chart = el("div", { class: "chart-box" });
-  body.append(chart);
+  const slow = el("div", { class: "slowest" });
+  body.append(chart, slow);
   d.append(body);
-  d.addEventListener("toggle", () => { if (d.open) drawHistory(chart, r.service, r.route, wname); });
+  d.addEventListener("toggle", () => {
+    if (!d.open) return;
+    drawHistory(chart, r.service, r.route, wname);
+    drawSlowest(slow, r, wname, win);
+  });
   return d;
+}
+
+// -- the chart: user vs server P95 per minute, the band around the server line ---------------
+const NS = "http://www.w3.org/2000/svg";
+
+function ticks(t0, t1, width) {
+  // whole minutes, about one label per 110 px
+  const steps = [1, 2, 5, 10, 15, 30, 60, 120, 240].map((m) => m * 60000);
+  const want = Math.max(2, Math.floor(width / 110));
+  const step = steps.find((s) => (t1 - t0) / s <= want) || steps[steps.length - 1];
+  const out = [];
+  for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) out.push(t);
+  return out;
 }
 
 async function drawHistory(box, service, route, metric) {
@@ -152,52 +191,155 @@ async function drawHistory(box, service, route, metric) {
   const res = await fetch(`/v1/sla/history?${q}`);
   if (!res.ok) { box.textContent = "No history."; return; }
   const h = await res.json();
-  const pts = h.points.filter((p) => p.user_p95_ms !== null && p.server_p95_ms !== null);
+  const pts = h.points.filter((p) => !absent(p.user_p95_ms) && !absent(p.server_p95_ms));
   box.textContent = "";
   if (!pts.length) { box.textContent = "No history yet."; return; }
-  const W = 1000, H = 180, P = 34;
+  // drawn at the box's own size (no stretched text); redrawn on each refresh
+  const W = Math.max(320, Math.round(box.clientWidth || 640)), H = 200;
+  const L = 52, R = 12, T = 10, B = 34;  // room for the axes' labels
   const t0 = Date.parse(pts[0].minute), t1 = Math.max(Date.parse(pts[pts.length - 1].minute), t0 + 60000);
   const vals = pts.flatMap((p) => [p.user_p95_ms, p.server_p95_ms + h.band_ms, p.server_p95_ms - h.band_ms]);
-  const lo = Math.min(...vals), hi = Math.max(...vals), span = hi - lo || 1;
-  const x = (m) => P + ((Date.parse(m) - t0) / (t1 - t0)) * (W - 2 * P);
-  const y = (v) => H - P / 2 - ((v - lo) / span) * (H - P);
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("class", "chart"); svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("preserveAspectRatio", "none");
-  const add = (tag, a) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(a)) e.setAttribute(k, v); svg.append(e); return e; };
-  const upper = pts.map((p) => `${x(p.minute)},${y(p.server_p95_ms + h.band_ms)}`);
-  const lower = pts.map((p) => `${x(p.minute)},${y(p.server_p95_ms - h.band_ms)}`).reverse();
+  const vlo = Math.min(...vals), vhi = Math.max(...vals), span = vhi - vlo || 1;
+  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
+  const y = (v) => T + (1 - (v - vlo) / span) * (H - T - B);
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", W); svg.setAttribute("height", H);
+  const add = (tag, a, text) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(a)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    svg.append(e);
+    return e;
+  };
+  // axes: time along the bottom (local clock, whole minutes), ms up the left
+  const axis = add("g", { class: "x-axis" });
+  const xline = document.createElementNS(NS, "line");
+  for (const [k, v] of Object.entries({ x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: "#999" })) xline.setAttribute(k, v);
+  axis.append(xline);
+  for (const t of ticks(t0, t1, W - L - R)) {
+    const tick = document.createElementNS(NS, "line");
+    for (const [k, v] of Object.entries({ x1: x(t), x2: x(t), y1: H - B, y2: H - B + 4, stroke: "#999" })) tick.setAttribute(k, v);
+    const label = document.createElementNS(NS, "text");
+    for (const [k, v] of Object.entries({ x: x(t), y: H - B + 16, "font-size": "11", fill: "#444", "text-anchor": "middle", class: "x-tick" })) label.setAttribute(k, v);
+    // the labels at the ends stay inside the drawing
+    label.setAttribute("text-anchor", x(t) > W - R - 20 ? "end" : x(t) < L + 20 ? "start" : "middle");
+    label.textContent = new Date(t).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
+    axis.append(tick, label);
+  }
+  add("text", { x: W - R, y: H - 3, "font-size": "11", fill: "#666", "text-anchor": "end" }, "time (per minute, local)");
+  for (const v of [vlo, (vlo + vhi) / 2, vhi]) {
+    add("line", { x1: L - 4, x2: W - R, y1: y(v), y2: y(v), stroke: "#eee" });
+    add("text", { x: L - 6, y: y(v) + 4, "font-size": "11", fill: "#444", "text-anchor": "end", class: "y-tick" }, `${v.toFixed(0)} ms`);
+  }
+  const upper = pts.map((p) => `${x(Date.parse(p.minute))},${y(p.server_p95_ms + h.band_ms)}`);
+  const lower = pts.map((p) => `${x(Date.parse(p.minute))},${y(p.server_p95_ms - h.band_ms)}`).reverse();
   add("polygon", { points: [...upper, ...lower].join(" "), fill: "#2563eb", "fill-opacity": "0.12" });
-  add("polyline", { points: pts.map((p) => `${x(p.minute)},${y(p.server_p95_ms)}`).join(" "), fill: "none", stroke: "#2563eb", "stroke-width": "2" });
-  add("polyline", { points: pts.map((p) => `${x(p.minute)},${y(p.user_p95_ms)}`).join(" "), fill: "none", stroke: "#f97316", "stroke-width": "2" });
-  const label = add("text", { x: 4, y: 14, "font-size": "12", fill: "#444" }); label.textContent = `${hi.toFixed(0)} ms`;
-  const label2 = add("text", { x: 4, y: H - 4, "font-size": "12", fill: "#444" }); label2.textContent = `${lo.toFixed(0)} ms`;
+  add("polyline", { points: pts.map((p) => `${x(Date.parse(p.minute))},${y(p.server_p95_ms)}`).join(" "), fill: "none", stroke: "#2563eb", "stroke-width": "2" });
+  add("polyline", { points: pts.map((p) => `${x(Date.parse(p.minute))},${y(p.user_p95_ms)}`).join(" "), fill: "none", stroke: "#f97316", "stroke-width": "2" });
   box.append(svg, el("div", { class: "legend" },
     el("span", {}, el("span", { class: "sw", style: "background:#f97316" }), `user P95 (${METRIC[metric]})`),
     el("span", {}, el("span", { class: "sw", style: "background:#2563eb" }), "server P95"),
     el("span", {}, el("span", { class: "sw", style: "background:rgba(37,99,235,.12)" }), `band ±${h.band_ms} ms`)));
 }
 
+// -- the drill-down: a route's slowest pairs and the parts of each divergence ------------------
+// [field, label]; what the pairs table holds per request (null: not measured, never 0)
+const REQ_PARTS = [
+  ["network_ms", "network δ"],
+  ["accept_queue_ms", "accept queue"],
+  ["recv_queue_ms", "receive queue"],
+  ["server_ttfb_ms", "server TTFB"],
+  ["server_ttft_ms", "server TTFT"],
+  ["render_delay_ms", "render delay"],
+  ["wire_hold_ms", "wire hold"],
+];
+
+function requestParts(q) {
+  const cell = el("td", { class: "req-parts" });
+  const missing = [];
+  for (const [k, label] of REQ_PARTS) {
+    if (absent(q[k])) { missing.push(label); continue; }
+    const why = k === "wire_hold_ms" && q.wire_hold_reason ? ` (${q.wire_hold_reason})` : "";
+    cell.append(el("span", { class: "part", "data-part": k }, `${label} ${fmt(q[k])}${why}`));
+  }
+  for (const h of q.hops.slice(0, -1)) cell.append(el("span", { class: "part", "data-part": "hop" }, `${h.service} adds ${fmt(h.added_ms)}`));
+  if (!absent(q.retransmits) && q.retransmits > 0) cell.append(el("span", { class: "part", "data-part": "retransmits" }, `${q.retransmits} retransmits`));
+  if (missing.length) cell.append(el("span", { class: "not-measured" }, `not measured: ${missing.join(", ")}`));
+  return cell;
+}
+
+async function drawSlowest(box, r, metric, win) {
+  box.textContent = "";
+  const pick = el("select", { class: "slow-metric", "aria-label": "metric" });
+  for (const name of Object.keys(r.metrics)) {
+    const o = el("option", { value: name }, METRIC[name]);
+    if (name === metric) o.selected = true;
+    pick.append(o);
+  }
+  const head = el("h3", {}, "Slowest requests of the window ", pick);
+  const out = el("div", { class: "table-wrap" });
+  box.append(head, out);
+  const load = async () => {
+    const m = pick.value;
+    const q = new URLSearchParams({ service: r.service, route: r.route, metric: m, since: win.start, until: win.end, limit: "10" });
+    const res = await fetch(`/v1/requests/slowest?${q}`);
+    out.textContent = "";
+    if (!res.ok) { out.append(el("p", { class: "hint" }, `Could not load the requests (${res.status}).`)); return; }
+    const doc = await res.json();
+    if (!doc.requests.length) { out.append(el("p", { class: "hint" }, "No paired request with both sides of this metric measured.")); return; }
+    const t = el("table", { class: "slow" }, el("tr", {}, ...["When", "Trace", "User", "Server", "Gap"].map((h) => el("th", {}, h)),
+      el("th", { class: "req-parts" }, "Parts of the gap")));
+    for (const q of doc.requests) {
+      t.append(el("tr", { "data-trace": q.trace_id },
+        el("td", {}, clock(q.time)),
+        el("td", { class: "trace" }, el("a", { href: `/v1/requests/${q.trace_id}`, title: `${q.trace_id}: every hop of this request (JSON)` }, q.trace_id.slice(0, 8))),
+        el("td", {}, fmt(q.user_ms)), el("td", {}, fmt(q.server_ms)), el("td", { class: "gap" }, `${sgn(q.gap_ms)} ms`),
+        requestParts(q)));
+    }
+    out.append(t, el("p", { class: "hint" }, `${METRIC[m]}: the ${doc.requests.length} slowest as users saw them; gap = user − server. Per request the parts add up where they apply (TTFB: network δ + hops + queues).`));
+  };
+  pick.addEventListener("change", () => load().catch(() => {}));
+  await load();
+}
+
+// -- alerts: firing first, then those waiting to fire (pending), then any other state --------
+function alertItem(a) {
+  const sev = a.severity ? ` sev-${a.severity}` : "";
+  const since = a.since ? ` since ${clock(a.since)}` : "";
+  return el("li", { class: `${a.state}${sev}`, "data-route": a.route, "data-metric": a.metric },
+    el("strong", {}, `${a.route} ${METRIC[a.metric] || a.metric} ${sgn(a.divergence_ms)} ms${since}`),
+    el("div", {}, a.sentence));
+}
+
+function drawAlerts(current) {
+  const groups = { firing: [], pending: [], other: [] };
+  for (const a of current) (groups[a.state] || groups.other).push(a);
+  const fill = (id, items, none) => {
+    const ul = document.getElementById(id);
+    ul.textContent = "";
+    for (const a of items) ul.append(alertItem(a));
+    if (!items.length && none) ul.append(el("li", { class: "none" }, none));
+  };
+  fill("alerts", groups.firing, "None.");
+  fill("pending", groups.pending, "None.");
+  fill("other-alerts", groups.other, "");
+  document.getElementById("other-section").hidden = !groups.other.length;
+}
+
 async function refresh() {
   const [sla, alerts] = await Promise.all([fetch("/v1/sla").then((r) => r.json()), fetch("/v1/alerts").then((r) => r.json())]);
   const w = sla.window;
   document.getElementById("window").textContent =
-    `Window ${new Date(w.start).toLocaleTimeString()} – ${new Date(w.end).toLocaleTimeString()} · ${sla.routes.length} routes`;
-  const ul = document.getElementById("alerts");
-  ul.textContent = "";
-  for (const a of alerts.current) {
-    ul.append(el("li", { class: `${a.state} sev-${a.severity}`, "data-route": a.route, "data-metric": a.metric },
-      el("strong", {}, `${a.state === "firing" ? "Firing" : "Pending"}: ${a.route} ${METRIC[a.metric]} ${sgn(a.divergence_ms)} ms`),
-      el("div", {}, a.sentence)));
-  }
-  if (!alerts.current.length) ul.append(el("li", { class: "none" }, "None."));
+    `Window ${clock(w.start)} – ${clock(w.end)} · ${sla.routes.length} routes`;
+  drawAlerts(alerts.current);
   const open = new Set([...document.querySelectorAll("details.route[open]")].map((d) => d.dataset.service + " " + d.dataset.route));
   const box = document.getElementById("routes");
   box.textContent = "";
   if (!sla.routes.length) box.append(el("p", {}, "No paired requests in the window."));
   for (const r of sla.routes) {
-    const b = routeBlock(r);
+    const b = routeBlock(r, w);
     box.append(b);
     if (open.has(r.service + " " + r.route)) b.open = true;
   }
