@@ -414,3 +414,28 @@ def test_ui_in_chromium(server: str, service: SlaService) -> None:
         page.screenshot(path=str(ARTIFACTS / "sla-ui.png"), full_page=True)
     assert errors == []
     assert bad == []
+
+
+@pytest.mark.browser
+def test_an_alert_held_for_lack_of_data_is_listed_as_firing(server: str) -> None:
+    """An alert held for lack of data (state insufficient_data) still fires in
+    Alertmanager: the page lists it with the firing ones, not under other states."""
+    import json as _json
+
+    from demo.browser import chromium
+
+    def held(route: Any) -> None:
+        resp = route.fetch()
+        body = resp.json()
+        a = dict(body["current"][0])
+        a.update(state="insufficient_data", route="/v1/held")
+        body["current"].append(a)
+        route.fulfill(response=resp, body=_json.dumps(body))
+
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.route("**/v1/alerts", held)
+        page.goto(f"{server}/ui", timeout=15000)
+        page.wait_for_selector("body[data-loaded='1']", timeout=15000)
+        assert "/v1/held" in page.locator("#alerts").inner_text()
+        assert page.locator("#other-section").is_hidden()

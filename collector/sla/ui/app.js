@@ -315,7 +315,10 @@ function alertItem(a) {
 
 function drawAlerts(current) {
   const groups = { firing: [], pending: [], other: [] };
-  for (const a of current) (groups[a.state] || groups.other).push(a);
+  // an alert held for lack of data still fires in Alertmanager: it is listed with the firing
+  // ones (its summary says "Insufficient data since …")
+  const group = { firing: "firing", insufficient_data: "firing", pending: "pending" };
+  for (const a of current) groups[group[a.state] || "other"].push(a);
   const fill = (id, items, none) => {
     const ul = document.getElementById(id);
     ul.textContent = "";
