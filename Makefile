@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
 
-.PHONY: setup demo test test-py test-js lint manifests bench bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts clean lock
+.PHONY: setup demo test test-py test-js lint manifests bench bench-llm bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts clean lock
 
 setup:
 	@./scripts/setup.sh
@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy
 	cd js_probe && npm run --silent typecheck
 
-bench: bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts
+bench: bench-agent bench-llm bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts
 
 # bench.tls, bench.http2: the same per-request costs over TLS, and over HTTP/2 and gRPC,
 # beside plaintext HTTP/1 (~5 min, ~3 min)
@@ -39,6 +39,11 @@ bench-agent: setup
 
 bench-collector: setup
 	$(PY) -m bench.collector
+
+# LLM streams (~4 min, root: the real agent): parsing cost per event, first-token time per
+# dialect against the client, queue waits on the real serial engine, endings, memory.
+bench-llm: setup
+	$(PY) -m bench.llm
 
 bench-sla: setup
 	$(PY) -m bench.sla

@@ -43,6 +43,17 @@ class Dechunk:
         self.lost = False  # the framing could not be followed (a gap over a size line)
 
     def feed(self, data: bytes) -> None:
+        if not self.left and not self.crlf and not self.line and not self.lost and not self.done:
+            # the common case: a write that is one whole chunk (a server's event per write)
+            i = data.find(b"\r\n")
+            if 0 < i <= MAX_SIZE_LINE and data.endswith(b"\r\n"):
+                try:
+                    size = int(data[:i], 16)
+                except ValueError:
+                    size = -1
+                if size > 0 and len(data) == i + 4 + size:
+                    self.out.feed(data[i + 2 : i + 2 + size])
+                    return
         pos, n = 0, len(data)
         while pos < n and not self.lost and not self.done:
             if self.left:
@@ -129,6 +140,23 @@ def _next_sep(buf: bytearray | bytes, start: int) -> tuple[int, int]:
     return best, ln
 
 
+def sse_event(block: bytes) -> tuple[bytes, bytes] | None:
+    """The common SSE event without the general parse: one ``data:`` line, or an
+    ``event:`` line then one ``data:`` line, LF-separated. None: anything else."""
+    if b"\r" in block:
+        return None
+    name = b""
+    if block[:6] == b"event:":
+        nl = block.find(b"\n")
+        if nl < 0:
+            return None
+        name = block[7:nl] if block[6:7] == b" " else block[6:nl]
+        block = block[nl + 1 :]
+    if block[:5] != b"data:" or b"\n" in block:
+        return None
+    return name, block[6:] if block[5:6] == b" " else block[5:]
+
+
 class SseFramer(Framer):
     """Server-Sent Events: an event ends at a blank line; its ``data:`` lines are joined
     with ``\\n``; comment lines (``:``) are heartbeats; ``event:`` names it."""
@@ -136,6 +164,13 @@ class SseFramer(Framer):
     __slots__ = ()
 
     def feed(self, data: bytes) -> None:
+        if not self.buf and not self.over and data.endswith(b"\n\n") and b"\r" not in data:
+            # the common case: whole events, LF-separated, nothing pending
+            blocks = data.split(b"\n\n")
+            for block in blocks[:-1]:
+                if block:
+                    self._emit(block)
+            return
         if self.over:  # dropping an over-long event's bytes until its end
             i, ln = _next_sep(data, 0)
             if i < 0:
@@ -159,6 +194,10 @@ class SseFramer(Framer):
     def _emit(self, block: bytes) -> None:
         truncated = self.cut
         self.cut = self.over = False
+        common = sse_event(block)
+        if common is not None:
+            self.sink(common[0], common[1], truncated)
+            return
         name = b""
         data: list[bytes] = []
         for line in block.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"):

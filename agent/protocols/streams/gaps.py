@@ -22,10 +22,13 @@ MAX_STALLS = 16
 
 
 def bucket_of(us: int) -> int:
-    """The histogram bucket of a gap: ⌊2·log2(µs)⌋, clamped."""
+    """The histogram bucket of a gap: ⌊2·log2(µs)⌋, clamped (integer arithmetic: the
+    upper half of an octave starts at 2^k·√2, i.e. where us² ≥ 2^(2k+1))."""
     if us < 1:
         return 0
-    return min(BUCKETS - 1, int(2 * math.log2(us)))
+    k = us.bit_length() - 1
+    b = 2 * k + (us * us >= 2 << (2 * k))
+    return b if b < BUCKETS else BUCKETS - 1
 
 
 def bucket_mid_us(i: int) -> int:

@@ -155,20 +155,20 @@ class Stream:
                 self.t_first_answer = t
         else:
             self.n_reasoning += 1
-        if not self.t_first_out:
+        eng = self.engine
+        if self.n_content + self.n_reasoning > 1:
+            us = (t - self.t_last_out) // 1000
+            self.gaps.add(us if us > 0 else 0)
+        else:
             self.t_first_out = t
-            eng = self.engine
             if eng is not None:
                 # the others' last token before ours: the engine was theirs until then
                 self.lead_t = max(self.t1, eng.last_t)
-        else:
-            us = (t - self.t_last_out) // 1000
-            self.gaps.add(us if us > 0 else 0)
         self.t_last_out = t
         if len(self.offsets) < OFFSETS_CAP:
             self.offsets.append(t)
-        if self.engine is not None:
-            self.engine.last_t = t
+        if eng is not None:
+            eng.last_t = t
         if self.wasted_after and t > self.wasted_after:
             self.wasted += 1
 
