@@ -1,12 +1,14 @@
-"""Decoding the ring-buffer records of bpf/agent.c (layouts mirror its structs, x86-64/arm64
-natural alignment, little endian). Pure Python: no bcc import, so the cutter and its tests
-run anywhere."""
+"""Decoding the ring-buffer records of bpf/agent.c: their layouts are read from its C
+structs (agent.kernel.layout: one declaration), x86-64/arm64 natural alignment, little
+endian. Pure Python: no bcc import, so the parsers and their tests run anywhere."""
 
 from __future__ import annotations
 
 import ipaddress
 import struct
 from dataclasses import dataclass, field
+
+from agent.kernel.layout import constant, layout
 
 EV_READ = 1
 EV_RESP = 2
@@ -22,35 +24,40 @@ WAGG_END = 1
 WAGG_PARTIAL = 2
 WAGG_CLOSE = 4
 
-CHUNKS = 256
+# The layouts, from the C structs themselves (agent.kernel.layout): field names in the
+# comments are the structs'.
+_hdr, _read, _resp = layout("px_hdr"), layout("px_ev_read"), layout("px_ev_resp")
+_agg, _h2, _body = layout("px_agg"), layout("px_ev_h2"), layout("px_ev_body")
+CHUNKS = constant("PX_CHUNKS")
+H2_HDRS = constant("PX_H2_HDRS")
 # type tgid pid fd sk ident t srtt_us retrans lost sample_th
-HDR = struct.Struct("<IIIIQQQIIII")
+HDR = _hdr.fmt("type")
 # t_est t_acc t_arr n caplen lport rport family skipped laddr raddr
-READ = struct.Struct("<QQQIIHHHH16s16s")
+READ = _read.fmt("t_est", "data")
 # the same without the addresses (read once per connection): two bytes objects fewer
-READ_NOADDR = struct.Struct("<QQQIIHHHH")
-READ_ADDRS = struct.Struct("<16s16s")
-RESP = struct.Struct("<II")  # n caplen
-BODY = struct.Struct("<IIII")  # n caplen tail pad
+READ_NOADDR = _read.fmt("t_est", "laddr")
+READ_ADDRS = _read.fmt("laddr", "data")
+RESP = _resp.fmt("n", "data")  # n caplen
+BODY = _body.fmt("n", "data")  # n caplen tail pad
 Struct_Q = struct.Struct("<Q")  # one u64 (a WAGG's t_first, right after the header)
-TLS = struct.Struct("<II")  # lport pad
-AGG = struct.Struct("<QQQQII")  # t_first t_last bytes gap_max_ns n flags
+TLS = layout("px_ev_tls").fmt("lport")  # lport pad
+AGG = _agg.fmt("t_first", "hold_block_t")  # t_first t_last bytes gap_max_ns n flags
 # the write-to-wire holdback of the same writes (bpf/agent/hold.h): block_t max_us sum_us n
 # untimed why mask pend on bytes
-HOLD = struct.Struct("<QIIHHBBBBI")
-HOLD_AT = HDR.size + AGG.size
+HOLD = _agg.fmt("hold_block_t", "offs_us")
+HOLD_AT = HDR.size + _agg.field("hold_block_t").offset
 # reasons (PX_WHY_*), by number
 HOLD_WHY = ("", "nagle", "cork", "cwnd", "rwnd", "sndbuf", "stack")
-READ_DATA = HDR.size + READ.size  # where a read's captured bytes start
+READ_DATA = _read.field("data").offset  # where a read's captured bytes start
 # EV_H2 (bpf/agent/proto/http2.h): READ's fields, then the kernel's frame walk — in step (walk),
 # how many frame headers past the copy (nhdr), the event's last bytes after the copy
 # (tail), the headers' offsets and their 9 bytes (12 each)
-H2_HDRS = 8
-H2_WALK = struct.Struct(f"<III{H2_HDRS}I")
-H2_DATA = READ_DATA + H2_WALK.size + 12 * H2_HDRS
-RESP_DATA = HDR.size + RESP.size
-BODY_DATA = HDR.size + BODY.size
-OFFS_AT = HDR.size + AGG.size + HOLD.size
+H2_WALK = _h2.fmt("walk", "hdr")
+H2_DATA = _h2.field("data").offset
+RESP_DATA = _resp.field("data").offset
+BODY_DATA = _body.field("data").offset
+OFFS_AT = HDR.size + _agg.field("offs_us").offset
+assert _read.fmt("t_est", "data").size + HDR.size == READ_DATA  # no padding before data
 _OFFS: dict[int, struct.Struct] = {}
 AF_INET = 2
 
