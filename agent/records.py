@@ -127,15 +127,10 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         "rpc_system": ex.rpc_system,
         "grpc_status": ex.grpc_status,
         **_hold_fields(ex),
-        **(_NO_LLM if ex.stream is None or ex.stream.dialect is None else {}),
     }
     if ex.stream is not None and ex.stream.dialect is not None:
         _llm_fields(rec, ex.stream, t1, conn.service)
     return rec
-
-
-_LLM_FIELDS = tuple(sa.record_field(a) for a in genai.ALL)
-_NO_LLM: dict[str, Any] = dict.fromkeys(_LLM_FIELDS)
 
 
 def _us(t: int, t1: int) -> int | None:

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _HEX = re.compile(r"[0-9a-f]+")
+# the common value, a version-00 traceparent, in one match (the general rules below decide
+# everything else, a future version included)
+_V00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 FLAG_SAMPLED = 0x01
 FLAG_RANDOM = 0x02  # Trace Context level 2: the trace id's right 7 bytes are random
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 
-@dataclass(frozen=True, slots=True)
-class TraceContext:
+class TraceContext(NamedTuple):
+    """Immutable; a named tuple rather than a frozen dataclass: one is built per request
+    on the agent's hot path, and a frozen dataclass sets each field through
+    ``object.__setattr__``."""
+
     trace_id: str  # 32 lowercase hex, not all zero
     span_id: str  # 16 lowercase hex, not all zero (the sender's span: our parent)
     flags: int = FLAG_SAMPLED
@@ -48,6 +54,12 @@ def parse(value: str | bytes | None) -> TraceContext | None:
         except UnicodeDecodeError:
             return None
     value = value.strip(" \t")  # header values may carry optional whitespace (OWS)
+    m = _V00.fullmatch(value)
+    if m is not None:
+        trace_id, span_id, flags = m.groups()
+        if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+            return None
+        return TraceContext(trace_id, span_id, int(flags, 16), 0)
     if len(value) < 55:
         return None
     version, trace_id, span_id, flags = value[0:2], value[3:35], value[36:52], value[53:55]
