@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from typing import Any
 
 DESCRIPTION = """\
 Parallax agent: times every HTTP/1.x request the servers on this node handle, from the
@@ -78,6 +79,20 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _doctor_parser(sub)
+    r = sub.add_parser(
+        "run",
+        help="trace HTTP/1.x servers on this node and export one record per request",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=RUN_DESCRIPTION,
+    )
+    for add in (_what_args, _output_args, _capture_args, _overload_args, _feature_args):
+        add(r)
+    _test_args(r)
+    return ap
+
+
+def _doctor_parser(sub: Any) -> None:
     d = sub.add_parser(
         "doctor",
         help="check what this host supports and what each missing piece degrades",
@@ -88,12 +103,10 @@ def _parser() -> argparse.ArgumentParser:
         " them timings degrade as printed.",
     )
     d.add_argument("--json", action="store_true", help="machine-readable output")
-    r = sub.add_parser(
-        "run",
-        help="trace HTTP/1.x servers on this node and export one record per request",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=RUN_DESCRIPTION,
-    )
+
+
+def _what_args(r: argparse.ArgumentParser) -> None:
+    """What is traced."""
     r.add_argument(
         "--port",
         type=_int_in(1, PORT_MAX),
@@ -111,6 +124,10 @@ def _parser() -> argparse.ArgumentParser:
         help="trace this process (repeatable); with neither --port nor --pid,"
         " every process on the node is traced",
     )
+
+
+def _output_args(r: argparse.ArgumentParser) -> None:
+    """Where records and metrics go."""
     r.add_argument(
         "--jsonl",
         metavar="PATH|-",
@@ -127,6 +144,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve /metrics, /healthz, /readyz here (default %(default)s)",
     )
+
+
+def _capture_args(r: argparse.ArgumentParser) -> None:
+    """What is read of each connection, and how records are named."""
     r.add_argument(
         "--head-window",
         type=_int_in(HEAD_WINDOW_MIN, HEAD_WINDOW_MAX),
@@ -151,7 +172,8 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PORT=NAME",
         help="service name for connections on PORT (default: the process's"
-        " OTEL_SERVICE_NAME, else its executable name)",
+        " OTEL_SERVICE_NAME, else what an interpreter runs — `python -m llama_cpp.server`:"
+        " llama_cpp.server, a script: its file name —, else its executable name)",
     )
     r.add_argument(
         "--disable-tracepoint",
@@ -161,6 +183,10 @@ def _parser() -> argparse.ArgumentParser:
         help="treat this optional tracepoint as missing (degrade as on an older kernel; e.g."
         " to test the fallbacks, or to drop tcp:tcp_probe's per-segment cost)",
     )
+
+
+def _overload_args(r: argparse.ArgumentParser) -> None:
+    """The agent's share of the node."""
     r.add_argument(
         "--nice",
         type=_int_in(-20, 19),
@@ -181,6 +207,10 @@ def _parser() -> argparse.ArgumentParser:
         " and the requests it skips are counted (parallax_agent_shed_requests_total);"
         " 0 = no budget",
     )
+
+
+def _feature_args(r: argparse.ArgumentParser) -> None:
+    """The parts an SRE can turn off."""
     r.add_argument(
         "--gpu",
         choices=("auto", "off"),
@@ -230,6 +260,10 @@ def _parser() -> argparse.ArgumentParser:
         " µs per SSL call in the traced processes only; off: TLS connections are counted,"
         " not recorded)",
     )
+
+
+def _test_args(r: argparse.ArgumentParser) -> None:
+    """For tests and benchmarks, hidden from --help."""
     # tests only: a fixed keep probability (the kernel's per-request sampling) instead of
     # the one that adapts to the budget; hidden from --help
     r.add_argument("--sample-fixed", type=_float_in(0.001, 1), default=None, help=argparse.SUPPRESS)
@@ -249,7 +283,6 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--io-hooks", choices=("auto", "syscalls"), default="auto", help=argparse.SUPPRESS
     )
-    return ap
 
 
 RUN_DESCRIPTION = """\

@@ -134,6 +134,8 @@ def _pow2(n: int) -> int:
 
 
 def load(opts: Options) -> Loaded:
+    """Compile the agent's program for this kernel, load and attach it: the tracepoints
+    it has (fields checked), the best hooks it allows, the BTF offsets it needs."""
     if os.geteuid() != 0:
         raise LoadError("needs root (or CAP_BPF+CAP_PERFMON): run with sudo; see `doctor`")
     have, missing = available(frozenset(opts.disabled))
@@ -147,6 +149,34 @@ def load(opts: Options) -> Loaded:
         from bcc import BPF  # noqa: PLC0415  (Debian's python3-bpfcc)
     except ImportError as e:
         raise LoadError(f"cannot import bcc ({e}): install python3-bpfcc") from e
+    macros, degraded = _macros(have, missing)
+    cflags = _cflags(opts, macros)
+    text = program_text(BPF_SOURCE)
+    have_ids = {tp.id for tp in have}
+    sock, raw, sdr_btf_id, variants = _variants(opts, macros, have_ids, degraded)
+    b, hooks, extra = _compile(BPF, text, cflags, variants, sock, raw, degraded)
+    _configure(b, opts)
+    attached_btf: list[str] = []
+    if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None and not os.environ.get(_NO_TP_BTF):
+        attached_btf = _use_sdr_btf(b, sdr_btf_id)
+    lazy = "-DPX_LAZY_SEND_START" in extra
+    if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
+        attach_send_start(b)
+    if "-DPX_HOLDS" in extra:
+        holdback.attach(b, degraded)
+    attached = sorted(
+        {
+            k.decode() if isinstance(k, bytes) else str(k)
+            for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
+        }
+        | set(attached_btf)
+    )
+    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks, lazy)
+
+
+def _macros(have: list[Tracepoint], missing: list[Tracepoint]) -> tuple[set[str], list[str]]:
+    """``PX_HAVE_*`` for the tracepoints the kernel has, and one line per consequence of
+    those it lacks."""
     have_ids = {tp.id for tp in have}
     macros: set[str] = set()
     for tp in have:
@@ -171,6 +201,10 @@ def load(opts: Options) -> Loaded:
         exit_fields = tracefs.fields(tfs, "sched", "sched_process_exit") if tfs else None
         if exit_fields and "group_dead" in exit_fields:
             macros.add("PX_HAVE_EXIT_GROUP_DEAD")
+    return macros, degraded
+
+
+def _cflags(opts: Options, macros: set[str]) -> list[str]:
     hw = _pow2(opts.head_window)
     cflags = [
         f"-DPX_HEAD_WINDOW={hw}",
@@ -183,7 +217,14 @@ def load(opts: Options) -> Loaded:
         f"-DC_NCOUNTERS={len(COUNTERS)}",
         *(f"-D{m}" for m in sorted(macros)),
     ]
-    text = program_text(BPF_SOURCE)
+    return cflags
+
+
+def _variants(
+    opts: Options, macros: set[str], have_ids: set[str], degraded: list[str]
+) -> tuple[bool, bool, int | None, list[tuple[str, list[str]]]]:
+    """(socket hooks possible, raw syscalls possible, the sk_data_ready BTF type id, the
+    (hooks, cflags) to try in order of preference)."""
     x86 = platform.machine() == "x86_64"
     # Reads and writes seen from the socket layer, no syscall tracepoint at all (x86-64:
     # the syscall's arguments come from its user pt_regs; Linux >= 6.5). Else syscalls
@@ -210,45 +251,7 @@ def load(opts: Options) -> Loaded:
     variants: list[tuple[str, list[str]]] = []
     sdr_btf_id: int | None = None
     if sock:
-        sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
-        # srtt read from the socket at each request (its offset from the kernel's BTF)
-        # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
-        off, typedef = btf.lookup(
-            [
-                ("tcp_sock", "srtt_us"),
-                ("sock_common", "skc_num"),
-                ("msghdr", "msg_flags"),
-                ("task_struct", "tgid"),
-                ("task_struct", "pid"),
-                *_SOCKET_FLAGS,
-            ],
-            [_SDR_BTF_TYPEDEF],
-        )
-        if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
-            sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
-        # the local port, to tell a seeded fd from a later socket that reuses its number
-        if (num := off[("sock_common", "skc_num")]) is not None:
-            sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
-            # ... and for sk_data_ready as a BTF tracepoint (agent.kernel.tpbtf): sockets on other
-            # ports stop at a direct load of their port, before any map lookup
-            sdr_btf_id = typedef[_SDR_BTF_TYPEDEF]
-            if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
-                sock_flags.append("-DPX_SDR_BTF")
-        # the current task's ids by direct loads (the task pointer is fetched anyway)
-        for member in ("tgid", "pid"):
-            if (o := off[("task_struct", member)]) is not None:
-                sock_flags.append(f"-DPX_OFF_TASK_{member.upper()}={o}")
-        # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
-        if (mf := off[("msghdr", "msg_flags")]) is not None:
-            sock_flags.append(f"-DPX_OFF_MSG_FLAGS={mf}")
-        # ... and event-loop servers never make one: that hook (every TCP write on the node
-        # runs it) waits until a followed connection's socket turns out to block
-        chain = [off[k] for k in _SOCKET_FLAGS]
-        if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and None not in chain:
-            sock_flags.append("-DPX_LAZY_SEND_START")
-            sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
-        if opts.holdback != "off":
-            sock_flags += holdback.cflags(degraded)
+        sock_flags, sdr_btf_id = _socket_flags(opts, macros, degraded)
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
@@ -259,12 +262,73 @@ def load(opts: Options) -> Loaded:
                     + (["-DPX_TASK_STORAGE"] if ts else []),
                 )
             )
+    return sock, raw, sdr_btf_id, variants
+
+
+def _socket_flags(
+    opts: Options, macros: set[str], degraded: list[str]
+) -> tuple[list[str], int | None]:
+    """The socket hooks' flags — the BTF offsets of the few fields they read directly —
+    and the sk_data_ready BTF typedef's id (None: not as a BTF tracepoint)."""
+    sdr_btf_id: int | None = None
+    sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
+    # srtt read from the socket at each request (its offset from the kernel's BTF)
+    # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
+    off, typedef = btf.lookup(
+        [
+            ("tcp_sock", "srtt_us"),
+            ("sock_common", "skc_num"),
+            ("msghdr", "msg_flags"),
+            ("task_struct", "tgid"),
+            ("task_struct", "pid"),
+            *_SOCKET_FLAGS,
+        ],
+        [_SDR_BTF_TYPEDEF],
+    )
+    if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
+        sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
+    # the local port, to tell a seeded fd from a later socket that reuses its number
+    if (num := off[("sock_common", "skc_num")]) is not None:
+        sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
+        # ... and for sk_data_ready as a BTF tracepoint (agent.kernel.tpbtf): sockets on other
+        # ports stop at a direct load of their port, before any map lookup
+        sdr_btf_id = typedef[_SDR_BTF_TYPEDEF]
+        if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
+            sock_flags.append("-DPX_SDR_BTF")
+    # the current task's ids by direct loads (the task pointer is fetched anyway)
+    for member in ("tgid", "pid"):
+        if (o := off[("task_struct", member)]) is not None:
+            sock_flags.append(f"-DPX_OFF_TASK_{member.upper()}={o}")
+    # a write's flags: only a blocking one needs its start stamped (tcp_sendmsg_locked)
+    if (mf := off[("msghdr", "msg_flags")]) is not None:
+        sock_flags.append(f"-DPX_OFF_MSG_FLAGS={mf}")
+    # ... and event-loop servers never make one: that hook (every TCP write on the node
+    # runs it) waits until a followed connection's socket turns out to block
+    chain = [off[k] for k in _SOCKET_FLAGS]
+    if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and None not in chain:
+        sock_flags.append("-DPX_LAZY_SEND_START")
+        sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
+    if opts.holdback != "off":
+        sock_flags += holdback.cflags(degraded)
+    return sock_flags, sdr_btf_id
+
+
+def _compile(
+    bpf_class: Any,
+    text: bytes,
+    cflags: list[str],
+    variants: list[tuple[str, list[str]]],
+    sock: bool,
+    raw: bool,
+    degraded: list[str],
+) -> tuple[Any, str, list[str]]:
+    """The first variant that compiles and loads: (the BPF object, its hooks, its flags)."""
     b = None
     hooks = ""
     err: Exception | None = None
     for hooks, extra in variants:
         try:
-            b = BPF(text=text, cflags=[*cflags, *extra])
+            b = bpf_class(text=text, cflags=[*cflags, *extra])
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception; next variant)
             err = e
             continue
@@ -281,23 +345,7 @@ def load(opts: Options) -> Loaded:
         break
     if b is None:  # its compiler log went to stderr
         raise LoadError(f"BPF program failed to compile or load: {err}")
-    _configure(b, opts)
-    attached_btf: list[str] = []
-    if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None and not os.environ.get(_NO_TP_BTF):
-        attached_btf = _use_sdr_btf(b, sdr_btf_id)
-    lazy = "-DPX_LAZY_SEND_START" in extra
-    if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
-        attach_send_start(b)
-    if "-DPX_HOLDS" in extra:
-        holdback.attach(b, degraded)
-    attached = sorted(
-        {
-            k.decode() if isinstance(k, bytes) else str(k)
-            for k in [*getattr(b, "tracepoint_fds", {}), *getattr(b, "raw_tracepoint_fds", {})]
-        }
-        | set(attached_btf)
-    )
-    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks, lazy)
+    return b, hooks, extra
 
 
 _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
