@@ -125,6 +125,15 @@ class GpuMetrics:
         self.nvml_errors = _counter(am.P_NVML_ERRORS, r)
 
 
+class SocketMetrics:
+    """The listening sockets' counts the kernel keeps (read at the scrape)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.listen_overflows = KernelCounter(am.P_LISTEN_OVERFLOWS, r)
+        self.listen_drops = KernelCounter(am.P_LISTEN_DROPS, r)
+        self.synack_retransmits = KernelCounter(am.P_SYNACK_RETRANSMITS, r)
+
+
 class GenAiMetrics:
     """The GenAI server histograms under Prometheus names (seconds, semconv's buckets),
     observed by agent.export.genai from the records of LLM streams. Label sets are bounded:
@@ -180,9 +189,7 @@ class Metrics:
         self.tls_unprobed = _counter(am.P_TLS_UNPROBED, r)
         self.head_too_large = _counter(am.P_HEAD_TOO_LARGE, r)
         self.traceparent_missed = _counter(am.P_TRACEPARENT_MISSED, r)
-        self.listen_overflows = KernelCounter(am.P_LISTEN_OVERFLOWS, r)
-        self.listen_drops = KernelCounter(am.P_LISTEN_DROPS, r)
-        self.synack_retransmits = KernelCounter(am.P_SYNACK_RETRANSMITS, r)
+        self.sockets = SocketMetrics(r)
         self.evicted = _counter(am.P_CONN_EVICTIONS, r)
         self.lost_exchanges = _counter(am.P_LOST_EXCHANGES, r)
         self.h2_desync = _counter(am.P_H2_DESYNC, r)

@@ -356,10 +356,10 @@ class Agent:
         push("shed_requests", m.shed_requests, c["shed_reads"])
         push("otlp_failed", m.otlp_failed, sum(e.failed for e in self.exporters))
         for label, n in procs.by_port_label(loader.synack_retransmits(self.bpf)).items():
-            m.synack_retransmits.labels(label).set(n)
-        m.listen_overflows.set(metrics.listen_overflows())
+            m.sockets.synack_retransmits.labels(label).set(n)
+        m.sockets.listen_overflows.set(metrics.listen_overflows())
         for label, n in procs.listen_drops().items():
-            m.listen_drops.labels(label).set(n)
+            m.sockets.listen_drops.labels(label).set(n)
         m.connections.set(len(conns))
         push("head_too_large", m.head_too_large, conns.stats.head_too_large)
         per_label: dict[str, tuple[int, int, list[int], int]] = {}

@@ -394,7 +394,7 @@ def attempts(check: Callable[[], None], n: int = 3) -> None:
             check()
             return
         except AssertionError as e:
-            errors.append(str(e).splitlines()[0][:300])
+            errors.append((str(e).splitlines() or [repr(e)])[0][:300])
     raise AssertionError(f"all {n} attempts failed: {errors}")
 
 
