@@ -343,7 +343,7 @@ class Connections:
         if not isinstance(p, http1.Conn | WsConn):
             return
         n = int(v.n)
-        times = [v.t_first + v.offs_us[i] * 1000 for i in range(min(n, events.CHUNKS))]
+        offs = tuple(int(v.offs_us[i]) for i in range(min(n, events.CHUNKS)))
         st.snap_t_first = v.t_first
         hold = None
         if getattr(v, "hold_on", 0):  # (a program compiled without PX_HOLDS has no field)
@@ -356,7 +356,7 @@ class Connections:
                 int(v.hold_mask),
                 int(v.hold_bytes),
             )
-        out = p.on_writes(v.t_last, times, n, v.bytes, v.gap_max_ns, int(v.flags), hold)
+        out = p.on_writes(v.t_last, v.t_first, offs, n, v.bytes, v.gap_max_ns, int(v.flags), hold)
         self.emit(st, out)
 
     def flush_all(self, aggs: Any) -> None:

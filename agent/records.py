@@ -107,7 +107,7 @@ def build(ex: Exchange, conn: ConnInfo, clock: MonoClock) -> dict[str, Any]:
         else None,
         "ttft_us": ((t_tok - t1) // 1000 if t_tok > t1 else 0) if t_tok and t1 else None,
         "first_chunk_us": ((t_tok - t1) // 1000 if t_tok > t1 else 0) if t_tok and t1 else None,
-        "chunk_offsets_us": [(t - t1) // 1000 if t > t1 else 0 for t in ex.chunk_times],
+        "chunk_offsets_us": ex.chunk_offs_us,
         "chunks": ex.chunks,
         "chunk_gap_max_us": ex.gap_max_ns // 1000 if ex.chunks > 1 else None,
         "duration_us": (t_end - t1) // 1000 if t_end > t1 else 0,

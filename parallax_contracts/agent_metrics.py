@@ -203,7 +203,11 @@ P_LOST_EVENTS = _c(
     P + "lost_events_total",
     "Events the kernel could not queue (ring full; the kernel's count since the programs loaded)",
 )
-P_SHED_RECORDS = _c(P + "shed_records_total", "Records dropped by the bounded export queue")
+P_SHED_RECORDS = _c(
+    P + "shed_records_total",
+    "Records dropped by the bounded export queue, the oldest first (as the OTLP sender's"
+    " queue drops its oldest: otlp_failed_spans_total)",
+)
 P_MAP_ENTRIES = _g(P + "map_entries", "Entries in the kernel maps", "map")
 P_UNPARSED = _c(
     P + "unparsed_connections_total",

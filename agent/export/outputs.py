@@ -50,9 +50,12 @@ class Processor(Protocol):
 
 
 class RecordQueue:
-    """Records waiting for the exporter thread. Bounded: under overload records are shed
-    and counted, never grown. A deque (append is atomic: no lock or condition per record)
-    polled by the exporter thread, which is woken when the main loop queued something."""
+    """Records waiting for the exporter thread. Bounded: under overload the *oldest* record
+    is dropped and counted (``n_shed``), never the queue grown — the one drop policy of the
+    export path, the OTLP sender's own queue (agent.export.spans) drops its oldest too, so
+    whatever falls behind, the freshest records survive. A deque (append and popleft are
+    atomic: no lock or condition per record) polled by the exporter thread, which is woken
+    when the main loop queued something."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -61,10 +64,14 @@ class RecordQueue:
         self.n_requests: dict[str, int] = {}  # per service: records queued
 
     def put(self, rec: dict[str, Any], service: str) -> None:
-        if len(self.q) >= self.size:
-            self.n_shed += 1
-            return
-        self.q.append(rec)
+        q = self.q
+        if len(q) >= self.size:
+            try:
+                q.popleft()
+                self.n_shed += 1
+            except IndexError:  # (the exporter thread emptied it meanwhile)
+                pass
+        q.append(rec)
         n_req = self.n_requests
         n_req[service] = n_req.get(service, 0) + 1
 

@@ -39,8 +39,10 @@ class Exchange:
     status: int = 0
     content_length: int | None = None
     chunked: bool = False
-    # -- body writes --
-    chunk_times: list[int] = field(default_factory=list)  # the first CHUNK_OFFSETS_CAP
+    # -- body writes: one form end to end, µs from t1 (the kernel's offsets are µs from its
+    # aggregate's first write: each becomes µs from t1 once, where it arrives) --
+    chunk_offs_us: list[int] = field(default_factory=list)  # the first CHUNK_OFFSETS_CAP
+    t_last_chunk: int = 0  # the last body write (ns): gaps across the kernel's aggregates
     chunks: int = 0
     gap_max_ns: int = 0
     bytes_in: int = 0
@@ -71,19 +73,37 @@ class Exchange:
     def add_body_write(self, t: int) -> None:
         if self.t_tok == 0:
             self.t_tok = t
-        elif self.chunk_times and t - self.chunk_times[-1] > self.gap_max_ns:
-            self.gap_max_ns = t - self.chunk_times[-1]
-        if len(self.chunk_times) < CHUNK_OFFSETS_CAP:
-            self.chunk_times.append(t)
+        elif self.chunks and t - self.t_last_chunk > self.gap_max_ns:
+            self.gap_max_ns = t - self.t_last_chunk
+        if len(self.chunk_offs_us) < CHUNK_OFFSETS_CAP:
+            self.chunk_offs_us.append((t - self.t1) // 1000 if t > self.t1 else 0)
+        self.t_last_chunk = t
         self.chunks += 1
 
     def merge_writes(
-        self, t_last: int, times: list[int], n: int, nbytes: int, gap_max_ns: int
+        self,
+        t_last: int,
+        t_first: int,
+        offs_us: tuple[int, ...],
+        n: int,
+        nbytes: int,
+        gap_max_ns: int,
     ) -> None:
-        """Body writes the kernel aggregated (``times``: the first of the ``n``)."""
-        for tw in times:
-            self.add_body_write(tw)
-        self.chunks += n - len(times)  # writes beyond the kernel's timestamps
+        """Body writes the kernel aggregated: ``offs_us`` the first of the ``n`` writes, µs
+        from ``t_first`` (its first write)."""
+        if offs_us:
+            if self.t_tok == 0:
+                self.t_tok = t_first
+            elif self.chunks and t_first - self.t_last_chunk > self.gap_max_ns:
+                self.gap_max_ns = t_first - self.t_last_chunk  # the gap before this aggregate
+            room = CHUNK_OFFSETS_CAP - len(self.chunk_offs_us)
+            if room > 0:
+                base = t_first - self.t1
+                self.chunk_offs_us += [
+                    (base + o * 1000) // 1000 if base + o * 1000 > 0 else 0 for o in offs_us[:room]
+                ]
+            self.t_last_chunk = t_first + offs_us[-1] * 1000
+        self.chunks += n
         self.gap_max_ns = max(self.gap_max_ns, gap_max_ns)
         self.bytes_out += nbytes
         self.t_end = max(self.t_end, t_last)

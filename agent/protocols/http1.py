@@ -94,8 +94,9 @@ class Conn:
             return self.on_resp(t, n, raw[_RESP_DATA : _RESP_DATA + caplen])
         if typ == _EV_WAGG:
             t_first, t_last, nbytes, gap_max_ns, n, flags = _AGG(raw, _HDR_SIZE)
-            times = [t_first + o * 1000 for o in events.offsets(raw, _OFFS_AT, n)]
-            return self.on_writes(t_last, times, n, nbytes, gap_max_ns, flags, events.hold_at(raw))
+            offs = events.offsets(raw, _OFFS_AT, n)
+            hold = events.hold_at(raw)
+            return self.on_writes(t_last, t_first, offs, n, nbytes, gap_max_ns, flags, hold)
         if typ == _EV_BODY:
             n, caplen, tail, _ = _BODY(raw, _HDR_SIZE)
             end = _BODY_DATA + caplen
@@ -328,26 +329,28 @@ class Conn:
     def on_writes(
         self,
         t_last: int,
-        times: list[int],
+        t_first: int,
+        offs_us: tuple[int, ...],
         n: int,
         nbytes: int,
         gap_max_ns: int,
         flags: int,
         hold: Hold | None = None,
     ) -> list[Exchange]:
-        """Aggregated body writes (``times``: the first ≤ 256 of ``n``)."""
+        """Aggregated body writes (``offs_us``: the first ≤ 256 of the ``n``, µs from
+        ``t_first``)."""
         self.t_last_event = t_last
         ex = self.active
         if ex is None:
             return []
-        ex.merge_writes(t_last, times, n, nbytes, gap_max_ns)
+        ex.merge_writes(t_last, t_first, offs_us, n, nbytes, gap_max_ns)
         if hold is not None:
             ex.hold = merge_hold(ex.hold, hold)
         ex.body_out += nbytes
         out: list[Exchange] = []
         if flags & WAGG_PARTIAL and not flags & WAGG_END:
             snap = copy.copy(ex)
-            snap.chunk_times = list(ex.chunk_times)
+            snap.chunk_offs_us = list(ex.chunk_offs_us)
             snap.partial = True
             out.append(self._finish(snap))
             ex.partial = False

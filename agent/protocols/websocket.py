@@ -78,8 +78,8 @@ class WsConn:
             return self.on_read(t, n, raw[_READ_DATA : _READ_DATA + caplen], t_arr)
         if typ == events.EV_WAGG:
             t_first, t_last, nbytes, gap, n, flags = _AGG(raw, _HDR_SIZE)
-            times = [t_first + o * 1000 for o in events.offsets(raw, events.OFFS_AT, n)]
-            return self.on_writes(t_last, times, n, nbytes, gap, flags, events.hold_at(raw))
+            offs = events.offsets(raw, events.OFFS_AT, n)
+            return self.on_writes(t_last, t_first, offs, n, nbytes, gap, flags, events.hold_at(raw))
         if typ == events.EV_BODY:
             n, caplen, tail, _ = _BODY(raw, _HDR_SIZE)
             end = _BODY_DATA + caplen
@@ -174,7 +174,8 @@ class WsConn:
     def on_writes(
         self,
         t_last: int,
-        times: list[int],
+        t_first: int,
+        offs_us: tuple[int, ...],
         n: int,
         nbytes: int,
         gap_max_ns: int,
@@ -186,9 +187,9 @@ class WsConn:
         ex = self.cur
         if ex is None:
             return []
-        if not ex.t2 and times:
-            ex.t2 = times[0]
-        ex.merge_writes(t_last, times, n, nbytes, gap_max_ns)
+        if not ex.t2 and offs_us:
+            ex.t2 = t_first + offs_us[0] * 1000
+        ex.merge_writes(t_last, t_first, offs_us, n, nbytes, gap_max_ns)
         if hold is not None:
             ex.hold = merge_hold(ex.hold, hold)
         return []

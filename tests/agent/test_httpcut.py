@@ -92,10 +92,11 @@ def test_chunked_stream_and_keepalive_after_it() -> None:
     assert c.on_read(100, len(r1), r1) == []
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     assert c.on_resp(200, len(head), head) == []
-    out = c.on_writes(600, [300, 400, 500], 3, 40, 100, 0)
+    out = c.on_writes(600_000, 300_000, (0, 100, 200), 3, 40, 100_000, 0)
     assert out == []
-    out = c.on_writes(700, [], 0, 5, 0, WAGG_END)  # the pure terminator write
-    assert len(out) == 1 and out[0].chunks == 3 and out[0].t_tok == 300 and out[0].t_end == 700
+    out = c.on_writes(700_000, 0, (), 0, 5, 0, WAGG_END)  # the pure terminator write
+    assert len(out) == 1 and out[0].chunks == 3 and out[0].t_tok == 300_000
+    assert out[0].t_end == 700_000 and out[0].chunk_offs_us == [299, 399, 499]
     r2 = _req("GET", "/next")
     c.on_read(800, len(r2), r2)
     resp = _resp()
@@ -129,7 +130,7 @@ def test_disconnect_mid_stream_ends_the_record_as_aborted() -> None:
     c.on_read(1, len(r), r)
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     c.on_resp(2, len(head), head)
-    c.on_writes(5, [3, 4, 5], 3, 30, 1, 0)
+    c.on_writes(5000, 3000, (0, 1, 2), 3, 30, 1000, 0)
     c.on_peer_fin(6)
     [e] = c.on_close(7)
     assert e.client_aborted and e.chunks == 3
@@ -143,10 +144,10 @@ def test_partial_record_at_stream_limit_then_final() -> None:
     c.on_read(1, len(r), r)
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     c.on_resp(2, len(head), head)
-    [p] = c.on_writes(60, [10, 60], 2, 20, 50, WAGG_PARTIAL)
+    [p] = c.on_writes(60_000, 10_000, (0, 50), 2, 20, 50_000, WAGG_PARTIAL)
     assert p.partial and p.chunks == 2
-    [f] = c.on_writes(90, [80], 1, 10, 20, WAGG_END)
-    assert not f.partial and f.chunks == 3 and f.t_end == 90
+    [f] = c.on_writes(90_000, 80_000, (0,), 1, 10, 20_000, WAGG_END)
+    assert not f.partial and f.chunks == 3 and f.t_end == 90_000
 
 
 def test_lost_events_resynchronise_instead_of_mismatching() -> None:

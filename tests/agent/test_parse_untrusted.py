@@ -100,7 +100,7 @@ def test_the_cutter_survives_any_stream_and_split(
     for r in resps:
         data = r if isinstance(r, bytes) else _head(b"HTTP/1.1 200 OK", [r])
         c.on_resp(t, len(data) + 7, data)
-        c.on_writes(t + 1, [t + 1], 1, 5, 0, 0)
+        c.on_writes(t + 1, t + 1, (0,), 1, 5, 0, 0)
         t += 10
     c.on_close(t)
 
