@@ -1,4 +1,4 @@
-// Batching and delivery of beacons (docs/contracts/beacon.v1.schema.json).
+// Batching and delivery of beacons (docs/contracts/beacon.v2.schema.json).
 //
 // The keepalive/sendBeacon quota is 64 KB in flight per page and shared with the app, so the
 // probe keeps at most LIMIT bytes of its own in flight. While the page is visible it posts
@@ -105,7 +105,7 @@ export function transport(o: TransportOptions): Transport {
       while (
         (size = new Blob([
           (body = JSON.stringify({
-            v: 1,
+            v: 2, // beacon v2: entries may carry llm (docs/contracts/beacon.v2.schema.json)
             ...o.head(),
             time_origin: performance.timeOrigin,
             clock_drift_ms: q[0]![1],
