@@ -13,9 +13,11 @@ const BUDGET_GZIP_BYTES = 5695;
 const common = { bundle: true, minify: true, target: ["es2020"], legalComments: "none" };
 
 if (process.argv.includes("--tests") || process.argv.includes("--otel")) {
-  // OpenTelemetry web + its fetch instrumentation, for the browser load-order tests.
-  await build({ entryPoints: ["test/browser/otel.ts"], outfile: "build/otel.js", bundle: true,
-    format: "iife", target: ["es2020"], minify: true, legalComments: "none" });
+  // OpenTelemetry web + its fetch instrumentation, for the browser load-order tests; the
+  // openai and ai SDKs, for the browser token tests.
+  for (const [entry, out] of [["otel", "otel"], ["llm_clients", "llm"]])
+    await build({ entryPoints: [`test/browser/${entry}.ts`], outfile: `build/${out}.js`, bundle: true,
+      format: "iife", target: ["es2020"], minify: true, legalComments: "none" });
 }
 if (process.argv.includes("--tests")) {
   const tests = readdirSync("test").filter((f) => f.endsWith(".test.ts"));

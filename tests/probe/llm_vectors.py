@@ -47,7 +47,7 @@ def _anthropic_tool_call() -> list[bytes]:
     call = [
         ev.sse(start, "content_block_start"),
         ev.sse({**delta, "delta": {"type": "input_json_delta", "partial_json": ""}}, _DELTA),
-        ev.sse({**delta, "delta": {"type": "input_json_delta", "partial_json": '{"q": 1}'}}, _DELTA),
+        ev.sse({**delta, "delta": {"type": "input_json_delta", "partial_json": "{}"}}, _DELTA),
         ev.sse({"type": "content_block_stop", "index": 1}, "content_block_stop"),
     ]
     tool_only = [events[0], events[1], *call, *events[-2:]]
