@@ -19,7 +19,7 @@ const FEATURES = [
     ["instrument.ts", "if (orig && nativeBody)\n    w.fetch =", "if (0)\n    w.fetch ="],
   ]],
   ["… its stream pass-through (per-chunk times of fetch bodies)", [
-    ["instrument.ts", "if (nativeBody.call(resp)) timeBody(resp, rec, nativeBody);\n                else end(rec);", "end(rec);"],
+    ["instrument.ts", "if (nativeBody.call(resp)) {\n                  timeBody(resp, rec, nativeBody);", "if (0) {\n                  timeBody(resp, rec, nativeBody);"],
   ]],
   ["… reading back the header OpenTelemetry set (loaded before the probe)", [
     ["instrument.ts", "const got = r && sent && parseTraceparent(new Headers(sent.headers).get(TP));\n        if (got) Object.assign(r!.e, ids(got));", ""],

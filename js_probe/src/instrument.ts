@@ -87,8 +87,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
                   // The framing its content type announces: SSE, NDJSON, or none (bytes).
                   const ct = resp.headers.get("content-type");
                   open(rec, /event-stream/i.test(ct!) ? 1 : /ndjson|jsonl/i.test(ct!) ? 2 : 0);
-                }
-                else end(rec);
+                } else end(rec);
               } catch {
                 // the app gets its response regardless
               }

@@ -119,7 +119,8 @@ export function transport(o: TransportOptions): Transport {
       )
         n = Math.ceil(n / 2);
       if (size > LIMIT) {
-        // An entry that can never fit (it cannot: 256 chunk times are ~2 KB): do not loop.
+        // An entry that can never fit (it cannot: 256 chunk times and 1 024 token times are
+        // ~12 KB): do not loop.
         q.shift();
         dropped++;
         continue;
