@@ -6,10 +6,10 @@ import { execFileSync } from "node:child_process";
 import { gzipBytes, iife } from "./iife.mjs";
 
 // What the probe weighs (issue 20: 4 567 from 5 044; issue 31 added the LLM stream reader,
-// src/llm.ts, +1 128: over the 5 000 asked for — docs/probe.md "Size" says what each feature
+// src/llm.ts, +1 133: over the 5 000 asked for — docs/probe.md "Size" says what each feature
 // costs and which cuts would get there). A change that adds bytes raises this knowingly, in
 // the same commit.
-const BUDGET_GZIP_BYTES = 5695;
+const BUDGET_GZIP_BYTES = 5700;
 const common = { bundle: true, minify: true, target: ["es2020"], legalComments: "none" };
 
 if (process.argv.includes("--tests") || process.argv.includes("--otel")) {

@@ -56,7 +56,7 @@ export function bytes(r: Rec, t: number, v: Uint8Array): void {
   for (const x of lines)
     if (s.f > 1 ? x.trim() : !x) {
       const data = s.f > 1 ? x : s.D;
-      if (s.o || (data || "").length > MAX_EVENT) (s.o = 0), bad(s);
+      if (s.o) (s.o = 0), bad(s);
       else if (data != null) event(r, t, data);
       s.D = undefined;
     } else if (/^data:/.test(x)) s.D = (s.D != null ? s.D + "\n" : "") + x.replace(/^data: ?/, "");
@@ -68,6 +68,8 @@ export function bytes(r: Rec, t: number, v: Uint8Array): void {
  *  event's type, then its JSON text, keys at any depth ("x": a non-empty string). */
 export function event(r: Rec, t: number, data: string): void {
   const s = r.k!;
+  // An event over the bound is not read (an EventSource's too: the browser has no bound).
+  if (data.length > MAX_EVENT) return bad(s);
   let o: { type?: unknown } | undefined;
   try {
     o = JSON.parse(data);

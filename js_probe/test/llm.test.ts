@@ -169,4 +169,8 @@ test("EventSource messages: the browser frames them, the same rules read them", 
   summary(r);
   const L = r.e.llm!;
   assert.deepEqual([L.first_output_ms, L.first_token_ms, L.tokens, L.end], [2, 3, 2, "complete"]);
+  // a message over the bound is not read, whatever the browser delivered
+  event(r, 5, JSON.stringify({ choices: [{ delta: { content: "y".repeat(MAX_EVENT) } }] }));
+  assert.equal(L.bad_events, 1);
+  assert.equal(L.token_ms!.length, 2);
 });
