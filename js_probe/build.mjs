@@ -5,15 +5,19 @@ import { readFileSync, readdirSync, mkdirSync, writeFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { gzipBytes, iife } from "./iife.mjs";
 
-// What the probe reached (issue 20: from 5 044; the aim was 4 096 — docs/probe.md "Size" says
-// what each feature costs). A change that adds bytes raises this knowingly, in the same commit.
-const BUDGET_GZIP_BYTES = 4567;
+// What the probe weighs (issue 20: 4 567 from 5 044; issue 31 added the LLM stream reader,
+// src/llm.ts, +1 133: over the 5 000 asked for — docs/probe.md "Size" says what each feature
+// costs and which cuts would get there). A change that adds bytes raises this knowingly, in
+// the same commit.
+const BUDGET_GZIP_BYTES = 5700;
 const common = { bundle: true, minify: true, target: ["es2020"], legalComments: "none" };
 
 if (process.argv.includes("--tests") || process.argv.includes("--otel")) {
-  // OpenTelemetry web + its fetch instrumentation, for the browser load-order tests.
-  await build({ entryPoints: ["test/browser/otel.ts"], outfile: "build/otel.js", bundle: true,
-    format: "iife", target: ["es2020"], minify: true, legalComments: "none" });
+  // OpenTelemetry web + its fetch instrumentation, for the browser load-order tests; the
+  // openai and ai SDKs, for the browser token tests.
+  for (const [entry, out] of [["otel", "otel"], ["llm_clients", "llm"]])
+    await build({ entryPoints: [`test/browser/${entry}.ts`], outfile: `build/${out}.js`, bundle: true,
+      format: "iife", target: ["es2020"], minify: true, legalComments: "none" });
 }
 if (process.argv.includes("--tests")) {
   const tests = readdirSync("test").filter((f) => f.endsWith(".test.ts"));

@@ -19,10 +19,22 @@ const FEATURES = [
     ["instrument.ts", "if (orig && nativeBody)\n    w.fetch =", "if (0)\n    w.fetch ="],
   ]],
   ["… its stream pass-through (per-chunk times of fetch bodies)", [
-    ["instrument.ts", "if (nativeBody.call(resp)) timeBody(resp, rec, nativeBody);\n                else end(rec);", "end(rec);"],
+    ["instrument.ts", "if (nativeBody.call(resp)) {\n                  timeBody(resp, rec, nativeBody);", "if (0) {\n                  timeBody(resp, rec, nativeBody);"],
   ]],
   ["… reading back the header OpenTelemetry set (loaded before the probe)", [
     ["instrument.ts", "const got = r && sent && parseTraceparent(new Headers(sent.headers).get(TP));\n        if (got) Object.assign(r!.e, ids(got));", ""],
+  ]],
+  ["LLM streams: tokens (src/llm.ts: dialects, token times, counts, endings; fetch and EventSource)", [
+    ["instrument.ts", "if (r.k?.f) bytes(r, r.l!, v.value as Uint8Array);", ""],
+    ["instrument.ts", "if (!ws) event(r, r.l!, (ev as MessageEvent).data); // an EventSource's message", ""],
+    ["instrument.ts", "open(rec, /event-stream/i.test(ct!) ? 1 : /ndjson|jsonl/i.test(ct!) ? 2 : 0);", ""],
+    ["instrument.ts", "else open(r, 0);", ""],
+    ["core.ts", "  summary(r);\n", ""],
+    ["core.ts", "    r.c ||= all && !r.x; // a stream still open when the page leaves: the user left it\n", ""],
+    ["instrument.ts", "        s.r.c ||= !s.r.x; // the page closed it before the server did\n", ""],
+  ]],
+  ["… its SSE/NDJSON framing of fetch bodies (EventSource messages come framed)", [
+    ["instrument.ts", "if (r.k?.f) bytes(r, r.l!, v.value as Uint8Array);", ""],
   ]],
   ["XMLHttpRequest", [["instrument.ts", "if (X) {", "if (0) {"]]],
   ["EventSource", [["instrument.ts", "if (ES) {", "if (0) {"]]],

@@ -1,12 +1,20 @@
-"""The browser beacon contract (v1), defined once: the msgspec Structs below.
+"""The browser beacon contract (v1 and v2), defined once: the msgspec Structs below.
+
+- v2 (what js_probe sends since issue 31) is v1 plus one optional object per entry, ``llm``:
+  what the probe read of an LLM stream in a known dialect (:class:`Llm`). v1 stays valid and
+  means what it meant: a v1 entry carrying ``llm`` is refused, as any unknown field was.
+  Why both: a probe is cached by CDNs and browsers and runs as long as its tab lives, so old
+  probes keep sending v1 for days after a collector upgrade; v2 adds fields only, so one
+  decoder (the v2 Entry) reads both without a second code path, and every v1 beacon stays
+  exactly as valid as before.
 
 - The collector decodes a beacon with them: ``decode`` takes a whole body in one pass (the
   hot path); ``convert`` checks a parsed document's envelope and then each entry on its
   own, so the valid entries of a partly invalid beacon are still kept.
-- ``docs/contracts/beacon.v1.schema.json`` — what the probe's TypeScript tests validate
-  against — is generated from them by ``json_schema()``:
-  ``python -m parallax_contracts.beacon`` rewrites the file, ``--check`` compares it, and
-  tests/test_contracts_docs.py fails when the two differ.
+- ``docs/contracts/beacon.v1.schema.json`` and ``beacon.v2.schema.json`` (v2: what the
+  probe's TypeScript tests validate against) are generated from them by ``json_schema()``:
+  ``python -m parallax_contracts.beacon`` rewrites the files, ``--check`` compares them, and
+  tests/test_contracts_docs.py fails when they differ.
 
 A new field is added here and nowhere else (then the file is regenerated). Where msgspec's
 strict decoding and JSON Schema read a document differently, the difference is closed in
@@ -27,8 +35,12 @@ from msgspec import Meta
 
 from parallax_contracts import CONTRACTS_DIR
 
-SCHEMA_FILE = CONTRACTS_DIR / "beacon.v1.schema.json"
-VERSION = 1
+SCHEMA_FILES = {v: CONTRACTS_DIR / f"beacon.v{v}.schema.json" for v in (1, 2)}
+SCHEMA_FILE = SCHEMA_FILES[2]  # the version the probe sends
+VERSION = 2  # what js_probe sends
+VERSIONS = (1, 2)  # what the collector reads
+MAX_TOKEN_TIMES = 1024  # Llm.token_ms: as many exact token times as the agent exports
+GAP_BUCKETS = 56  # Llm.gap_hist: agent/protocols/streams/gaps.py's buckets
 U32_MAX = 4294967295
 SAFE_INT = 9007199254740991  # Number.MAX_SAFE_INTEGER: the largest integer JS sends exactly
 MS_MAX = 10000000000.0
@@ -57,8 +69,80 @@ class ServerTiming(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omi
     desc: Annotated[str, Meta(max_length=256)] = _N
 
 
-class Entry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One traced request: the measurement model's browser side."""
+class Llm(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An LLM stream as the probe read it (js_probe/src/llm.ts): the agent's rules
+    (agent/protocols/streams) applied to the events the page read. Present only when the
+    response spoke a known dialect (recognised from its content type and first events); a
+    stream in no dialect (a CSV download) has no ``llm``. Absent fields were not measured."""
+
+    dialect: Annotated[
+        Literal["anthropic.messages", "openai.responses", "openai.chat", "ollama"],
+        Meta(description="The stream's dialect (the agent's parallax.llm.dialect names)."),
+    ]
+    first_token_ms: Annotated[
+        _Ms,
+        Meta(
+            description="Arrival of the first answer token (text or a tool call; not the "
+            "role-only delta, message_start, a heartbeat or reasoning): user TTFT = "
+            "first_token_ms − request_start_ms."
+        ),
+    ] = _N
+    first_output_ms: Annotated[
+        _Ms,
+        Meta(
+            description="Arrival of the first output token of any kind, reasoning included "
+            "(earlier than first_token_ms when the model thought first)."
+        ),
+    ] = _N
+    token_ms: Annotated[
+        list[_Ms],
+        Meta(
+            max_length=MAX_TOKEN_TIMES,
+            description="Arrival of each output token event (answer and reasoning), the first "
+            "1024: their gaps are the first 1023 inter-token gaps, exactly.",
+        ),
+    ] = _N
+    gap_hist: Annotated[
+        list[_U32],
+        Meta(
+            min_length=GAP_BUCKETS,
+            max_length=GAP_BUCKETS,
+            description="Every inter-token gap after the 1024th token (those token_ms cannot "
+            "give), counted in the agent's log buckets: bucket i = ⌊2·log2(gap in µs)⌋ "
+            "(0 for gaps under 1 µs), the last one open-ended. Absent: no such gap.",
+        ),
+    ] = _N
+    tokens: Annotated[
+        _U32,
+        Meta(
+            description="Output tokens: the stream's own usage when it states it (the last "
+            "statement), else its output token events."
+        ),
+    ]
+    tokens_source: Annotated[
+        Literal["usage", "events"],
+        Meta(description="Where tokens comes from."),
+    ]
+    end: Annotated[
+        Literal["complete", "server_cut", "client_aborted", "error"],
+        Meta(
+            description="complete: the dialect's final event arrived (whatever the connection "
+            "did after); error: an error event inside the stream; client_aborted: the page "
+            "cancelled or closed it, or left, before the final event; server_cut: it ended "
+            "without one. Absent: still open when sent."
+        ),
+    ] = _N
+    bad_events: Annotated[
+        _U32,
+        Meta(
+            description="Events of the dialect the probe could not read: not JSON, of "
+            "unexpected shape, or over 64 KiB (not counted as tokens)."
+        ),
+    ] = _N
+
+
+class EntryV1(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One traced request: the measurement model's browser side (beacon v1)."""
 
     # Patterns end `\Z`: msgspec matches with Python's re.search, where `$` also matches
     # before a final newline; json_schema() publishes `$`, which in ECMA-262 (ajv) does not.
@@ -170,18 +254,27 @@ class Entry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = _N
 
 
+class Entry(EntryV1, kw_only=True, forbid_unknown_fields=True):
+    """One traced request (beacon v2: v1's fields and ``llm``). The collector decodes the
+    entries of both versions as this; a v1 entry never has ``llm``."""
+
+    llm: Annotated[
+        Llm,
+        Meta(description="The response was an LLM stream in a known dialect: its tokens."),
+    ] = _N
+
+
 E = TypeVar("E")
 
 
-class Beacon(msgspec.Struct, Generic[E], kw_only=True, forbid_unknown_fields=True):
+class Beacon(msgspec.Struct, Generic[E], kw_only=True, forbid_unknown_fields=True, tag_field="v"):
     """What js_probe sends to POST /v1/beacons (Content-Type text/plain, so no CORS
     preflight). Every time is milliseconds relative to time_origin (performance.timeOrigin),
     as a float; durations end _ms. Unknown fields are rejected: a new field means a new
-    version."""
+    version, ``v`` (BeaconV1, BeaconV2)."""
 
     # ``Beacon[Entry]`` is a whole valid beacon; ``Beacon[Any]`` checks the envelope only,
     # leaving the entries as they came (convert() then takes them one by one).
-    v: Annotated[Literal[1], Meta(description="Beacon format version.")]
     site: Annotated[
         str,
         Meta(pattern=r"^[A-Za-z0-9._-]{1,64}\Z", description="Site key given to Parallax.init."),
@@ -227,7 +320,27 @@ class Beacon(msgspec.Struct, Generic[E], kw_only=True, forbid_unknown_fields=Tru
     entries: Annotated[list[E], Meta(max_length=500)]
 
 
-_decode = msgspec.json.Decoder(Beacon[Entry]).decode
+class BeaconV1(Beacon[E], Generic[E], tag=1):
+    """What js_probe sends to POST /v1/beacons (Content-Type text/plain, so no CORS
+    preflight). Every time is milliseconds relative to time_origin (performance.timeOrigin),
+    as a float; durations end _ms. Unknown fields are rejected: a new field means a new
+    version (v2 adds an entry's llm)."""
+
+
+class BeaconV2(Beacon[E], Generic[E], tag=2):
+    """What js_probe sends to POST /v1/beacons (Content-Type text/plain, so no CORS
+    preflight). Every time is milliseconds relative to time_origin (performance.timeOrigin),
+    as a float; durations end _ms. Unknown fields are rejected: a new field means a new
+    version. v2 is v1 plus an entry's llm: what the probe read of an LLM stream."""
+
+
+_decode = msgspec.json.Decoder(BeaconV1[Entry] | BeaconV2[Entry]).decode
+_ENVELOPE: Any = BeaconV1[Any] | BeaconV2[Any]
+_V1_ONLY = "Object contains unknown field `llm` (beacon v1)"
+
+
+def version_of(b: Beacon[Any]) -> int:
+    return 1 if isinstance(b, BeaconV1) else 2
 
 
 def decode(body: bytes) -> Beacon[Entry]:
@@ -237,7 +350,10 @@ def decode(body: bytes) -> Beacon[Entry]:
     A body nested too deep raises RecursionError (msgspec's own)."""
     if _NUL_ESCAPE in body:  # the string rule below: convert() says which value
         raise msgspec.DecodeError("a string holds NUL (\\u0000)")
-    return _decode(body)
+    b: Beacon[Entry] = _decode(body)
+    if isinstance(b, BeaconV1) and any(e.llm is not None for e in b.entries):
+        raise msgspec.ValidationError(_V1_ONLY)  # convert() says which entry
+    return b
 
 
 def convert(doc: Any) -> tuple[Beacon[Any], list[Entry | str]]:
@@ -246,27 +362,30 @@ def convert(doc: Any) -> tuple[Beacon[Any], list[Entry | str]]:
     as they came, and per entry the Entry or why it is invalid (msgspec's message, its path
     under ``$.entries[i]``). Judges every document as ``decode`` would, with the differences
     below closed."""
-    env = msgspec.convert(_as_json_schema_reads(doc, _ENVELOPE_INTS), Beacon[Any])
+    env: Beacon[Any] = msgspec.convert(_as_json_schema_reads(doc, _ENVELOPE_INTS), _ENVELOPE)
     fault = _string_fault({k: v for k, v in doc.items() if k != "entries"}, "$")
     if fault:
         raise msgspec.ValidationError(fault)
-    checked = [check_entry(raw, i) for i, raw in enumerate(env.entries)]
+    v = version_of(env)
+    checked = [check_entry(raw, i, v) for i, raw in enumerate(env.entries)]
     return env, checked
 
 
-def check_entry(raw: Any, index: int = 0) -> Entry | str:
-    """One parsed entry as an Entry, or msgspec's message why it is not one (its path
-    under ``$.entries[index]``)."""
+def check_entry(raw: Any, index: int = 0, version: int = VERSION) -> Entry | str:
+    """One parsed entry of a beacon of ``version`` as an Entry, or msgspec's message why it
+    is not one (its path under ``$.entries[index]``)."""
     try:
-        entry = msgspec.convert(_as_json_schema_reads(raw, _ENTRY_INTS), Entry)
+        entry = msgspec.convert(_entry_as_json_schema_reads(raw), Entry)
     except msgspec.ValidationError as e:
         return _under(f"$.entries[{index}]", str(e))
+    if version == 1 and entry.llm is not None:
+        return f"{_V1_ONLY} - at `$.entries[{index}]`"
     return _string_fault(raw, f"$.entries[{index}]") or entry
 
 
 def errors(doc: Any) -> list[str]:
     """One line per violation (msgspec's message and where), empty when ``doc`` (a parsed
-    JSON value) is a valid v1 beacon."""
+    JSON value) is a valid beacon (v1 or v2)."""
     try:
         _, checked = convert(doc)
     except msgspec.ValidationError as e:
@@ -302,8 +421,43 @@ def _int_fields(cls: type[msgspec.Struct]) -> frozenset[str]:
     return frozenset(f.encode_name for f in info.fields if is_int(f.type))
 
 
-_ENVELOPE_INTS = _int_fields(Beacon[Any])
+def _int_list_fields(cls: type[msgspec.Struct]) -> frozenset[str]:
+    """The fields that are lists of integers."""
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+
+    def bare(t: msgspec.inspect.Type) -> msgspec.inspect.Type:
+        return t.type if isinstance(t, msgspec.inspect.Metadata) else t
+
+    out = set()
+    for f in info.fields:
+        t = bare(f.type)
+        if isinstance(t, msgspec.inspect.ListType) and isinstance(
+            bare(t.item_type), msgspec.inspect.IntType
+        ):
+            out.add(f.encode_name)
+    return frozenset(out)
+
+
+# The tag ``v`` is no field of the Structs, but an integer all the same.
+_ENVELOPE_INTS = _int_fields(Beacon[Any]) | {"v"}
 _ENTRY_INTS = _int_fields(Entry)
+_LLM_INTS = _int_fields(Llm)
+_LLM_INT_LISTS = _int_list_fields(Llm)
+
+
+def _entry_as_json_schema_reads(raw: Any) -> Any:
+    """An entry's integer fields as JSON Schema reads them, its ``llm`` object's too."""
+    out = _as_json_schema_reads(raw, _ENTRY_INTS)
+    llm = out.get("llm") if type(out) is dict else None
+    if type(llm) is not dict:
+        return out
+    fixed = _as_json_schema_reads(llm, _LLM_INTS)
+    for k in _LLM_INT_LISTS:
+        xs = fixed.get(k)
+        if type(xs) is list and any(type(x) is float and x.is_integer() for x in xs):
+            fixed = {**fixed, k: [int(x) if type(x) is float and x.is_integer() else x for x in xs]}
+    return out if fixed is llm else {**out, "llm": fixed}
 
 
 def _as_json_schema_reads(obj: Any, int_fields: frozenset[str]) -> Any:
@@ -357,18 +511,19 @@ def _string_fault(value: Any, path: str) -> str | None:
     return None
 
 
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema (2020-12) of a v1 beacon, as published in docs/contracts: msgspec's,
-    with the root inlined, the anchors written for ECMA-262, descriptions on one line and
-    no `default: null` (an absent field is not a null one: null is refused)."""
-    generated = msgspec.json.schema(Beacon[Entry])
+def json_schema(version: int = VERSION) -> dict[str, Any]:
+    """The JSON Schema (2020-12) of a beacon of ``version``, as published in docs/contracts:
+    msgspec's, with the root inlined, the anchors written for ECMA-262, descriptions on one
+    line and no `default: null` (an absent field is not a null one: null is refused). v1 is
+    generated from EntryV1: v2's Entry without ``llm``."""
+    generated = msgspec.json.schema(BeaconV1[EntryV1] if version == 1 else BeaconV2[Entry])
     defs: dict[str, Any] = generated["$defs"]
     root = defs.pop(generated["$ref"].rsplit("/", 1)[1])
     out: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://parallax.dev/schemas/beacon.v1.json",
+        "$id": f"https://parallax.dev/schemas/beacon.v{version}.json",
         **root,
-        "title": "Parallax browser beacon, version 1",
+        "title": f"Parallax browser beacon, version {version}",
         "$defs": defs,
     }
     published: dict[str, Any] = _published(out)
@@ -396,35 +551,38 @@ def _published(node: Any) -> Any:
     return out
 
 
-def schema_text() -> str:
-    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+def schema_text(version: int = VERSION) -> str:
+    return json.dumps(json_schema(version), indent=2, ensure_ascii=False) + "\n"
 
 
 @cache
-def schema() -> dict[str, Any]:
-    """The published schema file, as the probe's tests read it."""
-    loaded: dict[str, Any] = json.loads(SCHEMA_FILE.read_text())
+def schema(version: int = VERSION) -> dict[str, Any]:
+    """The published schema file of ``version``, as the probe's tests read it (v2)."""
+    loaded: dict[str, Any] = json.loads(SCHEMA_FILES[version].read_text())
     return loaded
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m parallax_contracts.beacon",
-        description=f"Write {SCHEMA_FILE.name} from the Structs (the beacon's one definition).",
+        description="Write beacon.v1.schema.json and beacon.v2.schema.json from the Structs "
+        "(the beacon's one definition).",
     )
-    p.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    p.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
     args = p.parse_args(argv)
-    text = schema_text()
-    current = SCHEMA_FILE.read_text() if SCHEMA_FILE.exists() else ""
-    if args.check:
-        if current != text:
-            print(f"{SCHEMA_FILE} is out of date: run python -m parallax_contracts.beacon")
-            return 1
-        return 0
-    if current != text:
-        SCHEMA_FILE.write_text(text)
-        print(f"wrote {SCHEMA_FILE}")
-    return 0
+    stale = 0
+    for version, file in SCHEMA_FILES.items():
+        text = schema_text(version)
+        current = file.read_text() if file.exists() else ""
+        if current == text:
+            continue
+        if args.check:
+            print(f"{file} is out of date: run python -m parallax_contracts.beacon")
+            stale = 1
+        else:
+            file.write_text(text)
+            print(f"wrote {file}")
+    return stale
 
 
 if __name__ == "__main__":

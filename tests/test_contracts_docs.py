@@ -61,7 +61,8 @@ def test_beacon_schema_accepts_a_full_entry() -> None:
 def test_beacon_schema_rejects_bad_input_with_a_reason() -> None:
     assert any("trace_id" in e for e in beacon.errors(_beacon(trace_id="XYZ")))
     assert any("start_ms" in e for e in beacon.errors(_beacon(start_ms=-1)))
-    assert beacon.errors({**_beacon(), "v": 2})
+    assert beacon.errors({**_beacon(), "v": 3})
+    assert beacon.errors({**_beacon(), "v": 2}) == []  # v2 adds fields only
     assert beacon.errors({**_beacon(), "cookie": "secret"})  # unknown fields: new version
     assert beacon.errors(_beacon(kind="grpc"))
 
@@ -69,14 +70,16 @@ def test_beacon_schema_rejects_bad_input_with_a_reason() -> None:
 def test_beacon_schema_is_valid_json_schema() -> None:
     from jsonschema import Draft202012Validator
 
-    Draft202012Validator.check_schema(json.loads(beacon.SCHEMA_FILE.read_text()))
+    for file in beacon.SCHEMA_FILES.values():
+        Draft202012Validator.check_schema(json.loads(file.read_text()))
 
 
 def test_beacon_schema_file_is_generated_from_the_structs() -> None:
-    """docs/contracts/beacon.v1.schema.json (what the probe's tests read) is exactly what
-    the Structs generate; the command that rewrites it says so too."""
-    assert beacon.SCHEMA_FILE.read_text() == beacon.schema_text(), (
-        "docs/contracts/beacon.v1.schema.json is stale: regenerate it with "
-        "python -m parallax_contracts.beacon"
-    )
+    """docs/contracts/beacon.v1.schema.json and beacon.v2.schema.json (what the probe's
+    tests read) are exactly what the Structs generate; the command that rewrites them says
+    so too."""
+    for version, file in beacon.SCHEMA_FILES.items():
+        assert file.read_text() == beacon.schema_text(version), (
+            f"{file} is stale: regenerate it with python -m parallax_contracts.beacon"
+        )
     assert beacon.main(["--check"]) == 0

@@ -1,4 +1,4 @@
-"""Browser beacons (v1) → ``browser_entries`` rows.
+"""Browser beacons (v1, v2) → ``browser_entries`` rows (v2's ``llm`` is decoded, not stored yet).
 
 A valid beacon is what the Structs of parallax_contracts.beacon say, and nothing else: the
 body of a plain beacon is decoded by them in one pass (``read`` → ``Beacon``); any other
@@ -60,8 +60,9 @@ def load(body: bytes) -> dict[str, Any]:
         doc = _load_std(body)
     if not isinstance(doc, dict):
         raise BadRequestError("beacon must be a JSON object")
-    if doc.get("v") != beacon.VERSION:
-        raise BadRequestError(f"unknown beacon version {doc.get('v')!r} (this collector reads v1)")
+    if doc.get("v") not in beacon.VERSIONS:
+        v = doc.get("v")
+        raise BadRequestError(f"unknown beacon version {v!r} (this collector reads v1, v2)")
     return doc
 
 

@@ -1,7 +1,8 @@
-// One record per traced request: its beacon entry (docs/contracts/beacon.v1.schema.json)
+// One record per traced request: its beacon entry (docs/contracts/beacon.v2.schema.json)
 // and what the probe waits for before sending it — the stream's end, the Resource Timing
 // entry (which only exists once a stream has ended, and never for WebSocket), and the paint.
 import { now, r1 } from "./clock";
+import { summary, type Llm, type LlmEntry } from "./llm";
 import type { TraceContext } from "./traceContext";
 
 export type Kind = "fetch" | "xhr" | "eventsource" | "websocket" | "navigation";
@@ -37,6 +38,7 @@ export interface Entry {
   server_timing?: ServerTiming[];
   error?: string;
   hidden?: boolean;
+  llm?: LlmEntry; // an LLM stream in a known dialect (src/llm.ts; beacon v2)
 }
 
 export interface Rec {
@@ -49,6 +51,8 @@ export interface Rec {
   l?: number; // last chunk time
   w?: boolean; // waiting for the paint after the first chunk
   d?: boolean; // sent
+  k?: Llm; // an event stream's token state
+  c?: boolean; // the page ended it (EventSource close(), the page left)
 }
 
 type Num<T> = { [K in keyof T]-?: T[K] extends number | undefined ? K : never }[keyof T];
@@ -166,6 +170,7 @@ export function emit(r: Rec): void {
     if (status) e.status ??= status;
   }
   if (!e.response_end_ms && r.x && !e.error) e.response_end_ms = r.x;
+  summary(r);
   try {
     cfg.sink(e);
   } catch {
@@ -228,6 +233,7 @@ export function hide(all: boolean): void {
     if ((!r.x || r.w) && !r.e.rendered_ms) r.e.hidden = true;
     r.w = false;
     if (all && r.e.seq && r.l) end(r, "", r.l);
+    r.c ||= all && !r.x; // a stream still open when the page leaves: the user left it
     if (all || r.x) emit(r);
   }
 }

@@ -3,6 +3,7 @@
 // adds listeners; it never wraps the app's handlers, so an error thrown there stays the app's.
 import { now } from "./clock";
 import { begin, chunk, end, headers, ids, type Kind, type Rec } from "./core";
+import { bytes, event, open } from "./llm";
 import { formatTraceparent, parseTraceparent, type TraceContext } from "./traceContext";
 
 type W = typeof globalThis & Record<string, unknown>;
@@ -81,8 +82,12 @@ export function hook(w: W, trace: Trace, base: () => string): void {
             (resp) => {
               try {
                 headers(rec, resp.status);
-                if (nativeBody.call(resp)) timeBody(resp, rec, nativeBody);
-                else end(rec);
+                if (nativeBody.call(resp)) {
+                  timeBody(resp, rec, nativeBody);
+                  // The framing its content type announces: SSE, NDJSON, or none (bytes).
+                  const ct = resp.headers.get("content-type");
+                  open(rec, /event-stream/i.test(ct!) ? 1 : /ndjson|jsonl/i.test(ct!) ? 2 : 0);
+                } else end(rec);
               } catch {
                 // the app gets its response regardless
               }
@@ -201,11 +206,12 @@ export function hook(w: W, trace: Trace, base: () => string): void {
               const s: StreamState = { r, tc: t[0], n: 0 };
               st.set(o, s);
               if (ws) r.e.seq = 0; // the handshake
+              else open(r, 0);
               o.addEventListener("open", () => {
                 headers(r, ws ? 101 : 200);
                 if (ws) end(r); // the handshake's entry; exchanges follow
               });
-              o.addEventListener("message", () => {
+              o.addEventListener("message", (ev) => {
                 // A WebSocket message belongs to the current exchange: none before the page's
                 // first send. An exchange ends with its last message (Rec.l), not at the next send.
                 const c = ws ? s.cur : r;
@@ -213,6 +219,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
                   headers(c);
                   chunk(c);
                 }
+                if (!ws) event(r, r.l!, (ev as MessageEvent).data); // an EventSource's message
               });
               // After an EventSource's last event the server closes and the browser would
               // reconnect: that 'error' is the stream's end. Before 'open' (no headers seen):
@@ -236,7 +243,10 @@ export function hook(w: W, trace: Trace, base: () => string): void {
     const close = ES.prototype.close;
     ES.prototype.close = function (this: EventSource) {
       const s = st.get(this) as StreamState | undefined;
-      if (s) end(s.r);
+      if (s) {
+        s.r.c ||= !s.r.x; // the page closed it before the server did
+        end(s.r);
+      }
       return close.call(this);
     };
     ctor(ES, "EventSource", "eventsource");
@@ -297,6 +307,11 @@ function timeBody(resp: Response, r: Rec, nativeBody: (this: Response) => Readab
             c.close();
           } else {
             chunk(r);
+            try {
+              if (r.k?.f) bytes(r, r.l!, v.value as Uint8Array);
+            } catch {
+              // never into the page (a value that is no bytes: no tokens)
+            }
             c.enqueue(v.value);
           }
         },

@@ -1,4 +1,4 @@
-// Batching and delivery of beacons (docs/contracts/beacon.v1.schema.json).
+// Batching and delivery of beacons (docs/contracts/beacon.v2.schema.json).
 //
 // The keepalive/sendBeacon quota is 64 KB in flight per page and shared with the app, so the
 // probe keeps at most LIMIT bytes of its own in flight. While the page is visible it posts
@@ -105,7 +105,7 @@ export function transport(o: TransportOptions): Transport {
       while (
         (size = new Blob([
           (body = JSON.stringify({
-            v: 1,
+            v: 2, // beacon v2: entries may carry llm (docs/contracts/beacon.v2.schema.json)
             ...o.head(),
             time_origin: performance.timeOrigin,
             clock_drift_ms: q[0]![1],
@@ -119,7 +119,8 @@ export function transport(o: TransportOptions): Transport {
       )
         n = Math.ceil(n / 2);
       if (size > LIMIT) {
-        // An entry that can never fit (it cannot: 256 chunk times are ~2 KB): do not loop.
+        // An entry that can never fit (it cannot: 256 chunk times and 1 024 token times are
+        // ~12 KB): do not loop.
         q.shift();
         dropped++;
         continue;

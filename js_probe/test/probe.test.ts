@@ -92,7 +92,7 @@ test("same-origin stream: header on the wire, body unchanged, chunk gaps follow 
   assert.ok(e.request_start_ms !== undefined && e.response_start_ms !== undefined);
   assert.ok((e.first_chunk_ms as number) >= (e.response_start_ms as number));
   assert.ok(!e.coarse, "Resource Timing matched (Node's has no serverTiming: Chromium tests check it)");
-  assert.deepEqual(beaconErrors({ v: 1, site: "t", session: "sess_0123456789", time_origin: performance.timeOrigin, entries: [e] }), []);
+  assert.deepEqual(beaconErrors({ v: 2, site: "t", session: "sess_0123456789", time_origin: performance.timeOrigin, entries: [e] }), []);
 });
 
 test("looking at res.body leaves json()/text()/clone() to the app, as without the probe", async () => {
@@ -229,7 +229,7 @@ test("Resource Timing fields: phases of new connections, Server-Timing, coarse w
     assert.equal(b?.response_end_ms, 99.5);
     assert.equal(b?.dns_ms, undefined);
     for (const e of got)
-      assert.deepEqual(beaconErrors({ v: 1, site: "t", session: "sess_0123456789", time_origin: 1, entries: [e] }), []);
+      assert.deepEqual(beaconErrors({ v: 2, site: "t", session: "sess_0123456789", time_origin: 1, entries: [e] }), []);
   } finally {
     cfg.sink = sink;
   }

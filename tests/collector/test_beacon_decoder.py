@@ -2,9 +2,10 @@
 ways through them) accepts and rejects exactly what the published JSON Schema generated from
 them says: hypothesis-generated beacons — valid ones and ones with values at and beyond
 every bound, wrong types, integers written as floats, nulls, extra and missing keys — are
-judged by the decoder and by a compiled validator of docs/contracts/beacon.v1.schema.json
-(jsonschema_rs: ECMA-262 patterns, as the probe's ajv reads them), per beacon and per
-entry, and the answers must agree. The whole-body fast path must give the same rows as the
+judged by the decoder and by compiled validators of docs/contracts/beacon.v1.schema.json and
+beacon.v2.schema.json (jsonschema_rs: ECMA-262 patterns, as the probe's ajv reads them; a
+beacon is valid when one of the two versions says so), per beacon and per entry, and the
+answers must agree. The whole-body fast path must give the same rows as the
 entry-by-entry path."""
 
 from __future__ import annotations
@@ -25,7 +26,18 @@ from collector.ingest.common import BadRequestError
 from parallax_contracts import beacon
 from parallax_contracts.beacon import Beacon, Entry
 
-_RS = jsonschema_rs.validator_for(beacon.schema())
+
+class _EitherVersion:
+    """Valid as beacon v1 or as beacon v2 (what the collector reads)."""
+
+    def __init__(self) -> None:
+        self.by_version = [jsonschema_rs.validator_for(beacon.schema(v)) for v in beacon.VERSIONS]
+
+    def is_valid(self, doc: Any) -> bool:
+        return any(rs.is_valid(doc) for rs in self.by_version)
+
+
+_RS = _EitherVersion()
 # Any character but NUL (the contract refuses it in every string: beacon.py).
 _NO_NUL = st.characters(codec="utf-8", exclude_characters="\x00")
 
@@ -55,6 +67,24 @@ _wild = st.one_of(
     st.dictionaries(st.sampled_from(["name", "dur_ms", "desc", "x"]), _scalar, max_size=3),
 )
 _ms = st.one_of(st.floats(0, 1e10), st.integers(0, 10**10))
+
+
+_llm = st.fixed_dictionaries(
+    {
+        "dialect": st.sampled_from(["openai.chat", "anthropic.messages", "ollama"]),
+        "tokens": st.integers(0, 4294967295),
+        "tokens_source": st.sampled_from(["usage", "events"]),
+    },
+    optional={
+        "first_token_ms": _ms,
+        "first_output_ms": _ms,
+        "token_ms": st.lists(_ms, max_size=5),
+        "gap_hist": st.lists(st.integers(0, 9), min_size=56, max_size=56),
+        "end": st.sampled_from(["complete", "server_cut", "client_aborted", "error"]),
+        "bad_events": st.integers(0, 3),
+    },
+)
+_LLM_KEYS = [*sorted(beacon.schema(2)["$defs"]["Llm"]["properties"]), "extra"]
 
 
 def _valid_entry() -> st.SearchStrategy[dict[str, Any]]:
@@ -95,13 +125,14 @@ def _valid_entry() -> st.SearchStrategy[dict[str, Any]]:
             ),
             "error": st.sampled_from(["network", "abort", "timeout"]),
             "hidden": st.booleans(),
+            "llm": _llm,
         },
     )
 
 
-_ENTRY_SCHEMA = beacon.schema()["$defs"]["Entry"]
+_ENTRY_SCHEMA = beacon.schema(2)["$defs"]["Entry"]
 _ENTRY_KEYS = [*sorted(_ENTRY_SCHEMA["properties"]), "extra"]
-_ENVELOPE_KEYS = [*sorted(beacon.schema()["properties"]), "extra"]
+_ENVELOPE_KEYS = [*sorted(beacon.schema(2)["properties"]), "extra"]
 
 
 @st.composite
@@ -117,12 +148,22 @@ def _mutated(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]], keys: lis
     return d
 
 
+def _with_llm(llm: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(lambda e, x: {**e, "llm": x}, _valid_entry(), llm)
+
+
 _entries = st.lists(
-    st.one_of(_valid_entry(), _mutated(_valid_entry(), _ENTRY_KEYS), _wild), max_size=4
+    st.one_of(
+        _valid_entry(),
+        _mutated(_valid_entry(), _ENTRY_KEYS),
+        _with_llm(_mutated(_llm, _LLM_KEYS)),  # a wrong value inside the nested object
+        _wild,
+    ),
+    max_size=4,
 )
 _envelope = st.fixed_dictionaries(
     {
-        "v": st.just(1),
+        "v": st.sampled_from([1, 2, 2.0]),  # v1 refuses llm; v2 is v1 and llm
         "site": st.sampled_from(["demo", "shop.example", "a-b_c"]),
         "session": st.sampled_from(["sess-0001", "abcdefgh" * 8]),
         "time_origin": st.one_of(st.floats(0, 2e12), st.integers(0, 2 * 10**12)),
@@ -195,7 +236,8 @@ def test_check_agrees_with_the_schema(doc: Any) -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_valid_entry())
 def test_valid_entries_pass(e: dict[str, Any]) -> None:
-    doc = {"v": 1, "site": "demo", "session": "sess-0001", "time_origin": 1.0, "entries": [e]}
+    v = 2 if "llm" in e else 1  # (a v1 entry has no llm)
+    doc = {"v": v, "site": "demo", "session": "sess-0001", "time_origin": 1.0, "entries": [e]}
     assert beacon.errors(json.loads(json.dumps(doc))) == []
     _judge(doc)
 
@@ -374,14 +416,22 @@ def test_every_integer_of_the_schema_is_read_as_json_schema_reads_it() -> None:
                 out |= integers(x, path)
         return out
 
-    schema = beacon.schema()
+    schema = beacon.schema(2)
     found = {p.rsplit("/", 1)[1] for p in integers(schema, "")}
     in_envelope = integers(schema["properties"], "")
     in_entry = integers(_ENTRY_SCHEMA["properties"], "")
-    assert {p.rsplit("/", 1)[1] for p in in_envelope} == beacon._ENVELOPE_INTS
+    llm = schema["$defs"]["Llm"]["properties"]
+    in_llm = integers(llm, "")
+    assert {p.rsplit("/", 1)[1] for p in in_envelope} == beacon._ENVELOPE_INTS - {"v"}
     assert {p.rsplit("/", 1)[1] for p in in_entry} == beacon._ENTRY_INTS
-    assert found == beacon._ENVELOPE_INTS | beacon._ENTRY_INTS
-    # Each a property itself (not the items of a list property).
+    # The nested llm object: its integers, and its lists of integers (their items).
+    assert {p.split("/")[1] for p in in_llm} == beacon._LLM_INTS | beacon._LLM_INT_LISTS
+    assert {p.split("/")[1] for p in in_llm if p.count("/") > 1} == beacon._LLM_INT_LISTS
+    assert found == (beacon._ENVELOPE_INTS - {"v"}) | beacon._ENTRY_INTS | {
+        p.rsplit("/", 1)[1] for p in in_llm
+    }
+    assert 2 in schema["properties"]["v"]["enum"]  # the tag: an integer the Structs fix too
+    # Each a property itself (not the items of a list property), outside the llm object.
     assert all(p.count("/") == 1 for p in in_envelope | in_entry), in_envelope | in_entry
 
 
@@ -468,21 +518,29 @@ def test_server_timing_is_stored_as_the_json_it_was() -> None:
 
 
 def _only_plain(d: dict[str, Any]) -> dict[str, Any]:
-    return {**d, "entries": [e for e in d["entries"] if _plain(e)]}
+    v = int(d["v"])  # the probe writes 2, never 2.0
+    return {**d, "v": v, "entries": [e for e in d["entries"] if _plain(e, v)]}
 
 
 _INT_KEYS = {k for k, v in _ENTRY_SCHEMA["properties"].items() if v.get("type") == "integer"}
 
 
-def _plain(e: Any) -> bool:
+_LLM_INT_KEYS = {
+    k for k, v in beacon.schema(2)["$defs"]["Llm"]["properties"].items() if "integer" in str(v)
+}
+
+
+def _plain(e: Any, v: int = 1) -> bool:
     """Valid, with its integers written as integers (JSON Schema also takes 0.0 for an
     integer; the whole-body decoder leaves such a beacon to the entry-by-entry path, as the
     test below says)."""
+    llm = e.get("llm") if isinstance(e, dict) else None
     return (
         isinstance(e, dict)
         and not any(isinstance(e.get(k), float) for k in _INT_KEYS)
+        and not (isinstance(llm, dict) and "." in json.dumps([llm.get(k) for k in _LLM_INT_KEYS]))
         and _RS.is_valid(
-            {"v": 1, "site": "s", "session": "abcdefgh", "time_origin": 0, "entries": [e]}
+            {"v": v, "site": "s", "session": "abcdefgh", "time_origin": 0, "entries": [e]}
         )
     )
 
@@ -512,3 +570,42 @@ def test_typed_path_refuses_what_it_cannot_prove() -> None:
         assert not isinstance(beacons.read(json.dumps(doc).encode()), Beacon), doc
     plain = {**env, "entries": [{**good, "server_timing": [{"name": "db", "dur_ms": 2}]}]}
     assert _same_rows_both_paths(json.dumps(plain).encode())
+
+
+_LLM = {
+    "dialect": "openai.chat",
+    "first_token_ms": 151.2,
+    "first_output_ms": 151.2,
+    "token_ms": [151.2, 160.4],
+    "tokens": 2,
+    "tokens_source": "events",
+    "end": "complete",
+}
+
+
+def test_v2_llm_is_decoded_and_v1_keeps_refusing_it() -> None:
+    """v2: an entry's llm is decoded (the Struct) on both paths and stored nowhere yet — the
+    rows are v1's; v1: an entry with llm is refused alone ("schema"), as any unknown field
+    was, and its other entries are kept."""
+    env = {"site": "s", "session": "abcdefgh", "time_origin": 1.7e12, "sdk": "parallax-js/0.1.0"}
+    v2 = json.dumps({"v": 2, **env, "entries": [{**GOOD, "llm": _LLM}, GOOD]}).encode()
+    typed = beacons.read(v2)
+    assert isinstance(typed, Beacon) and beacon.version_of(typed) == 2
+    llm = typed.entries[0].llm
+    assert llm is not None
+    assert (llm.tokens, llm.end, llm.token_ms) == (2, "complete", [151.2, 160.4])
+    assert typed.entries[1].llm is None
+    rows_v2 = beacons.parse(typed, _NOW_NS, 0, _NOW_NS).rows
+    v1 = json.dumps({"v": 1, **env, "entries": [GOOD, GOOD]}).encode()
+    rows_v1 = beacons.parse(beacons.read(v1), _NOW_NS, 0, _NOW_NS).rows
+    assert rows_v2 == rows_v1 and len(rows_v1) == 2  # the same columns: llm is not stored
+    bad = json.dumps({"v": 1, **env, "entries": [{**GOOD, "llm": _LLM}, GOOD]}).encode()
+    doc = beacons.read(bad)
+    assert not isinstance(doc, Beacon)  # the whole-body path leaves it to the entries path
+    p = beacons.parse(doc, _NOW_NS, 0, _NOW_NS)
+    assert len(p.rows) == 1 and p.rejected == {"schema": 1}
+    assert beacon.errors(json.loads(bad)) == [
+        "Object contains unknown field `llm` (beacon v1) - at `$.entries[0]`"
+    ]
+    with pytest.raises(BadRequestError, match="unknown beacon version 3"):
+        beacons.read(json.dumps({"v": 3, **env, "entries": []}).encode())

@@ -16,12 +16,12 @@ import pytest
 from playwright.sync_api import Browser
 
 from demo.browser import chromium
-from tests.probe.sink import OTEL_JS, PROBE_JS, ROOT, Sink
+from tests.probe.sink import LLM_JS, OTEL_JS, PROBE_JS, ROOT, Sink
 
 
 def _built() -> None:
     """The probe and the OpenTelemetry test bundle, built from js_probe/ if missing."""
-    if PROBE_JS.exists() and OTEL_JS.exists():
+    if PROBE_JS.exists() and OTEL_JS.exists() and LLM_JS.exists():
         return
     if not (ROOT / "js_probe" / "node_modules").exists():
         pytest.fail("js_probe/node_modules missing: run `make setup` (npm ci) first")

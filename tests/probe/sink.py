@@ -20,6 +20,7 @@ from parallax_contracts import beacon
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_JS = ROOT / "js_probe" / "dist" / "parallax.min.js"
 OTEL_JS = ROOT / "js_probe" / "build" / "otel.js"
+LLM_JS = ROOT / "js_probe" / "build" / "llm.js"  # the openai and ai SDKs for the page
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Sink:
                     self._send(200, PROBE_JS.read_bytes(), {"Content-Type": "text/javascript"})
                 elif path == "/otel.js":
                     self._send(200, OTEL_JS.read_bytes(), {"Content-Type": "text/javascript"})
+                elif path == "/llm.js":
+                    self._send(200, LLM_JS.read_bytes(), {"Content-Type": "text/javascript"})
                 elif path == "/notao":
                     # CORS, but no Timing-Allow-Origin: Resource Timing hides the phases.
                     origin = self.headers.get("Origin", "*")

@@ -7,7 +7,10 @@ client offers it). One write per event, paced; the query string shapes a stream:
 ``tokens``, ``gap_ms``, ``stall_at`` + ``stall_ms`` (one long gap before that event),
 ``reasoning``,
 ``error`` (Anthropic: an error event instead of the end), ``cut`` (close without the final
-event), ``first_ms`` (the wait before the first event). Each stream's write times
+event), ``first_ms`` (the wait before the first event). For a page on another origin (the
+probe's browser tests) it answers CORS preflights and sends ``Access-Control-Allow-Origin``
+and ``Timing-Allow-Origin: *``; GET /v1/chat/completions streams the chat dialect too (an
+EventSource cannot POST). Each stream's write times
 (CLOCK_MONOTONIC ns) go to the timing log named on the command line, with the request's
 traceparent; prints its ports (HTTP, WebSocket), one per line."""
 
@@ -47,6 +50,17 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def do_OPTIONS(self) -> None:
+        """A CORS preflight from a page on another origin (the SDKs send their own headers)."""
+        self.send_response(204)
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("Access-Control-Allow-Methods", "GET, POST")
+        asked = self.headers.get("Access-Control-Request-Headers")
+        self.send_header("Access-Control-Allow-Headers", asked or "*")
+        self.send_header("Access-Control-Max-Age", "86400")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_POST(self) -> None:
         t_read = time.monotonic_ns()
         n = int(self.headers.get("Content-Length") or 0)
@@ -81,6 +95,9 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/csv":
             rows = [b"id,value\n"] + [b"%d,%d\n" % (i, i * i) for i in range(_int(q, "rows", 20))]
             self._stream("text/csv", rows, q, t_read)
+        elif url.path == "/v1/chat/completions":  # an EventSource's GET
+            events = ev.openai_chat(_int(q, "tokens", 20), "usage" in q, _int(q, "reasoning", 0))
+            self._stream("text/event-stream", events, q, t_read)
         else:
             self.send_error(404)
 
@@ -96,6 +113,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Cache-Control", "no-cache")
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("Timing-Allow-Origin", "*")
         self.end_headers()
         self.wfile.flush()
         time.sleep(_int(q, "first_ms", 0) / 1000)
