@@ -148,10 +148,14 @@ def queue_accuracy(agent: Agent, engine: Engine, rounds: int) -> dict[str, Any]:
             t.start()
         for t in ts:
             t.join()
+        round_rows = []
         for tid, t0, first in got:
             [rec] = agent.wait_for(lambda r: r["trace_id"] == tid, timeout=30)  # noqa: B023
-            truth = (first - t0 - solo_ns) / 1000
-            rows.append((truth, rec["llm_queue_us"]))
+            round_rows.append(((first - t0 - solo_ns) / 1000, rec["llm_queue_us"]))
+        # the first served waited for no one: what it paid over solo is the burst's own
+        # arrival (four requests at once on two cores), paid by all four alike
+        burst = min(t for t, _ in round_rows)
+        rows += [(t - burst, g) for t, g in round_rows]
     return {"solo_ms": solo_ns / 1e6, "alone_queue_us": alone_queue, "rows": rows}
 
 
@@ -275,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"**Queue waits** on the serial engine: {args.rounds} rounds of 4 concurrent requests"
         f" (60 tokens each; solo first token {q['solo_ms']:.0f} ms). Truth = a request's"
-        " first-token time − the solo one's; goal: within max(30 ms, 15 %):",
+        " first-token time − the solo one's, less what the round's first-served request paid"
+        " over solo (the burst's arrival, paid by all four: no wait behind another); goal:"
+        " within max(30 ms, 15 %):",
         "",
         "| truth ms | agent's queue ms | error ms | within |",
         "|---|---|---|---|",

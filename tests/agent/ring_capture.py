@@ -10,6 +10,7 @@ used). Runs until SIGTERM. Tests only: it writes request bytes to a file.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -32,7 +33,8 @@ def btf_offsets(map_names: dict[str, str]) -> dict[str, dict[str, int]]:
     """For each scratch map (by name), its value struct's fields' byte offsets, nested
     structs' as ``outer.inner``, from the program's BTF as the kernel holds it."""
     maps = json.loads(_bpftool("map", "show"))
-    btf_id = next(m["btf_id"] for m in maps if m.get("name") in map_names and "btf_id" in m)
+    mine = _my_map_ids()  # (another agent on the node has maps of the same names)
+    btf_id = next(m["btf_id"] for m in maps if m.get("name") in map_names and m.get("id") in mine)
     types = json.loads(_bpftool("btf", "dump", "id", str(btf_id)))["types"]
     by_id = {t["id"]: t for t in types}
     by_name = {t.get("name"): t for t in types if t.get("kind") == "STRUCT"}
@@ -54,6 +56,18 @@ def btf_offsets(map_names: dict[str, str]) -> dict[str, dict[str, int]]:
         return out
 
     return {s: walk(by_name[s], 0, "") for s in map_names.values()}
+
+
+def _my_map_ids() -> set[int]:
+    """The BPF maps this process holds (their fds' fdinfo)."""
+    ids = set()
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            text = open(f"/proc/self/fdinfo/{fd}").read()  # noqa: SIM115
+        except OSError:
+            continue
+        ids |= {int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("map_id:")}
+    return ids
 
 
 def _bpftool(*args: str) -> str:

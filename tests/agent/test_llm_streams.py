@@ -167,8 +167,12 @@ def test_llama_cpp_first_token_counts_and_endings(s: Stack) -> None:
 def test_queue_on_the_serial_engine(s: Stack) -> None:
     """Four requests at once on an engine that serves one at a time: each one's queue wait
     is the time the engine served the others before it, within max(30 ms, 15 %) of the
-    truth (its first-token time minus the same prompt's solo time); a request served alone
-    waits under 30 ms."""
+    truth; a request served alone waits under 30 ms.
+
+    The truth: a request's first-token time minus the same prompt's solo time — less what
+    the first-served request of the burst also paid over solo (the burst's own arrival: four
+    requests parsed at once on two cores, the client's four threads sharing one GIL), which
+    delays all four alike and is no wait behind another request."""
     solo = []
     for _ in range(3):
         c = s.chat(tokens=60, prompt="same prompt")
@@ -185,13 +189,15 @@ def test_queue_on_the_serial_engine(s: Stack) -> None:
         t.start()
     for t in threads:
         t.join()
-    checked = []
-    for c in results:
-        rec = one_record(s.agent, c["ctx"])
-        truth = (c["arrivals"][0] - c["t0"]) / 1000 - solo_us
-        got = rec["llm_queue_us"]
-        checked.append((round(truth), got))
-        assert abs(got - truth) <= max(30_000, 0.15 * truth), checked
+    over_solo = sorted(
+        ((c["arrivals"][0] - c["t0"]) / 1000 - solo_us, one_record(s.agent, c["ctx"]))
+        for c in results
+    )
+    burst = over_solo[0][0]  # the first served waited for no one: its excess is the burst's
+    assert over_solo[0][1]["llm_queue_us"] < 30_000, over_solo[0]
+    checked = [(round(excess - burst), rec["llm_queue_us"]) for excess, rec in over_solo]
+    for truth, got in checked:
+        assert abs(got - truth) <= max(30_000, 0.15 * truth), (checked, round(burst))
     assert max(t for t, _ in checked) > 300_000, checked  # the engine did serialise them
 
 

@@ -141,8 +141,9 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
             if (bpf_probe_read_user(e->data, len, (void *)buf) == 0)
                 e->caplen = len;
         }
-        // an event stream's writes go up with their bytes (proto/stream.h)
-        c->stream = c->ws ? PX_STREAM_WS : px_stream_kind(e->data, e->caplen);
+        // an event stream's writes go up with their bytes (proto/stream.h): decided at the
+        // response's first body write
+        c->stream = c->ws ? PX_STREAM_WS : PX_STREAM_UNSEEN;
         u64 size = sizeof(struct px_ev_resp) - PX_RESP_WINDOW + e->caplen;
         asm volatile("" : "+r"(size));
         if (size > sizeof(struct px_ev_resp))
@@ -157,6 +158,8 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
     // a keepalive ping would stretch whichever exchange it follows to the idle time.
     if (c->ws && peek >= 2 && (head[0] & 0x0f) >= 8)
         return;
+    if (c->stream == PX_STREAM_UNSEEN)
+        c->stream = px_stream_first(head, peek);
     if (c->stream)
         px_body_event(a, c, id, ret, t);  // an LLM stream's write, with its bytes
     struct px_agg *g = px_aggs.lookup(&sk);

@@ -1,21 +1,24 @@
-// LLM token streams (agent/protocols/streams): a response whose head announces an event
-// stream — Content-Type text/event-stream (SSE) or NDJSON ("ndjson", "jsonl") — and every
-// server frame of a WebSocket have each body write sent to user space (EV_BODY) with its
+// LLM token streams (agent/protocols/streams): the body writes of an event stream — SSE or
+// NDJSON — and every server frame of a WebSocket go to user space (EV_BODY), each with its
 // first PX_BODY_WINDOW bytes, gathered across its iovecs, and past those its last
-// PX_BODY_TAIL bytes: user space frames the events and reads their dialect. The body-write
-// aggregate (WAGG) still times the same writes. User space applies the same content-type rule
-// (agent/protocols/streams/body.py framing_of); this side scans the whole head for it.
+// PX_BODY_TAIL bytes: user space frames the events and reads their dialect there. The
+// body-write aggregate (WAGG) still times the same writes.
+//
+// Which responses: decided at a response's first body write, from its first bytes — an SSE
+// event starts "data:", "event:", "id:" or ":" (a comment), an NDJSON line "{" — after the
+// chunk-size line where the body is chunked. A constant-time look at bytes the write path
+// has read anyway: no scan of every response's head (a 2 KB scan for the content type cost
+// every response ~0.5 us). User space reads a body only where the head's Content-Type also
+// says so (agent/protocols/streams/body.py framing_of); a chunked JSON document that starts
+// "{" sends its writes up for nothing, once per write.
 
 #define PX_BODY_WINDOW 1024  // bytes copied from a body write's start (power of two)
 #define PX_BODY_TAIL 256     // and from its end, when it is longer
 #define PX_BODY_IOVS 4       // iovecs gathered (chunk-size line, data, CRLF: three)
-// head bytes scanned for the content type: 2048 (gateways put many headers before it:
-// LiteLLM's x-litellm-*), or half a smaller capture window (the 8-byte loads stay inside
-// the window whatever the verifier assumes of the index)
-#define PX_BODY_SCAN (PX_RESP_WINDOW >= 4096 ? 2048 : PX_RESP_WINDOW / 2)
-#define PX_STREAM_SSE 1
-#define PX_STREAM_NDJSON 2
-#define PX_STREAM_WS 3
+#define PX_STREAM_NO 0       // c->stream: not a stream
+#define PX_STREAM_ON 1       // an event stream's writes go up
+#define PX_STREAM_WS 3       // a WebSocket's server frames go up
+#define PX_STREAM_UNSEEN 0xff  // a response head was written, its first body write not yet
 
 struct px_ev_body {
     struct px_hdr h;
@@ -30,25 +33,29 @@ struct px_ev_body {
 
 BPF_PERCPU_ARRAY(px_scratch_body, struct px_ev_body, 1);
 
-// What a response head (len bytes at head, in a map value) announces: "event-st"(ream),
-// "ndjson" or "jsonl" at some position. A bounded loop (bcc cannot hand bpf_loop a
-// callback): the verifier walks each turn, a few instructions each.
-static __always_inline u8 px_stream_kind(u8 *head, u64 len) {
-    if (len > PX_BODY_SCAN)
-        len = PX_BODY_SCAN;
-#pragma clang loop unroll(disable)
-    for (u32 i = 0; i + 8 <= PX_BODY_SCAN; i++) {
-        if (i + 8 > len)
+// A response's first body write (peek bytes of it at head): does it start an event stream?
+static __always_inline u8 px_stream_first(u8 *head, u64 peek) {
+    u32 i = 0;
+    // a chunk-size line first: hex digits (at most 8 here) and CRLF
+#pragma unroll
+    for (u32 k = 1; k < 10; k++) {
+        if (k + 1 < peek && head[k] == '\r' && head[k + 1] == '\n') {
+            i = k + 2;
             break;
-        u64 v = 0;
-        __builtin_memcpy(&v, head + (i & (PX_BODY_SCAN - 1)), 8);
-        if (v == 0x74732d746e657665ULL)  // "event-st"
-            return PX_STREAM_SSE;
-        if ((v & 0xffffffffffffULL) == 0x6e6f736a646eULL ||  // "ndjson"
-            (v & 0xffffffffffULL) == 0x6c6e6f736aULL)        // "jsonl"
-            return PX_STREAM_NDJSON;
+        }
     }
-    return 0;
+    if (i + 5 > peek || i > 11)
+        return PX_STREAM_NO;
+    u8 c0 = head[i & 15];
+    if (c0 == ':' || c0 == '{')
+        return PX_STREAM_ON;
+    u8 c1 = head[(i + 1) & 15], c2 = head[(i + 2) & 15], c3 = head[(i + 3) & 15];
+    u8 c4 = head[(i + 4) & 15];
+    if ((c0 == 'd' && c1 == 'a' && c2 == 't' && c3 == 'a' && c4 == ':') ||
+        (c0 == 'e' && c1 == 'v' && c2 == 'e' && c3 == 'n' && c4 == 't') ||
+        (c0 == 'i' && c1 == 'd' && c2 == ':'))
+        return PX_STREAM_ON;
+    return PX_STREAM_NO;
 }
 
 // Gather the write's first bytes into e->data (the running offset kept in e->caplen: one
