@@ -45,7 +45,7 @@ _ADDRS = events.READ_ADDRS.unpack_from
 _ADDRS_AT = events.HDR.size + events.READ_NOADDR.size
 _TLS = events.TLS.unpack_from
 _AGG_T_FIRST = events.Struct_Q.unpack_from
-_EV_WAGG = events.EV_WAGG
+_EV_WAGG, _EV_READ, _EV_BODY = events.EV_WAGG, events.EV_READ, events.EV_BODY
 _EV_CLOSE, _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_CLOSE, events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 _EV_TLS = events.EV_TLS
 _WITH_ADDRS = frozenset((events.EV_READ, events.EV_H2))  # their layout carries the addresses
@@ -151,37 +151,38 @@ class Connections:
             else:
                 conns.move_to_end(key)
                 if st.proto is not proto:  # the kernel found another protocol (h2 preface)
-                    requests = st.parser.requests
+                    old_p = st.parser
                     st.parser, st.proto = self._new_parser(proto), proto
-                    st.parser.requests = requests
+                    st.parser.requests, st.parser.engine = old_p.requests, old_p.engine
+            p = st.parser
             if typ in _WITH_ADDRS and not st.laddr:  # (EV_TLS may have set the port alone)
                 lport, rport, family = _READ(raw, _HDR_SIZE)[5:8]
                 st.lport, st.rport = lport, rport
                 la, ra = _ADDRS(raw, _ADDRS_AT)
                 st.laddr, st.raddr = events.addr_text(family, la), events.addr_text(family, ra)
-            if (
+                p.engine = self.engines.of(lport)
+            elif (
                 typ == _EV_WAGG
                 and st.snap_t_first
                 and st.snap_t_first == _AGG_T_FIRST(raw, _HDR_SIZE)[0]
             ):
                 return  # already taken from the map snapshot (the sweep)
-            p = st.parser
-            if p.engine is None and st.lport:
-                p.engine = self.engines.of(st.lport)
             if srtt_us:
                 p.srtt_us = srtt_us
             p.retrans = retrans
             out = p.on_event(typ, raw, t, sample_th)
             if out:
                 self.emit(st, out)
+            if typ == _EV_READ:
+                if p.gave_up_unparsed and not st.unparsed_counted:
+                    st.unparsed_counted = True
+                    self._on_unparsed(st.lport)
+                return
             if p.upgraded is not None:  # WebSocket after a 101
                 st.parser, p.upgraded = p.upgraded, None
                 st.parser.engine = p.engine
-            elif p.gave_up_unparsed and not st.unparsed_counted:
-                st.unparsed_counted = True
-                self._on_unparsed(st.lport)
             # the sweep looks only at Content-Length responses still open
-            if isinstance(p, http1.Conn) and p.open_content_length() is not None:
+            if typ != _EV_BODY and isinstance(p, http1.Conn) and p.open_content_length():
                 self._open_cl[key] = st
             elif self._open_cl:
                 self._open_cl.pop(key, None)
