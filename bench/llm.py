@@ -35,9 +35,9 @@ from typing import Any
 import httpx2 as httpx
 
 from bench import report
+from demo import sse_events as ev
 from parallax_contracts import trace_context
 from tests.agent.helpers import Agent
-from tests.agent.llm import sse_events as ev
 from tests.agent.llm.stack import Engine, Replay
 
 _ENGINE = re.compile(rb'"content": ?"[^"]')  # llama.cpp writes ": " between key and value

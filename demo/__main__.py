@@ -1,12 +1,16 @@
-"""`make demo`: the whole pipeline on this machine, in about a minute.
+"""`make demo`: the whole pipeline on this machine, in about two minutes.
 
 Starts the collector on the embedded store (data in .parallax/demo/), the eBPF agent, an
-LLM-style streaming app (first-token wait, then tokens; chunked fetch, SSE and WebSocket)
-whose event loop stalls now and then, an inference-like service whose engine runs on
-stand-ins for the NVIDIA libraries (demo/gpu: no GPU needed; the agent's GPU path is the
-real one), a twin of the app that leaves Nagle's algorithm on (its WebSocket tokens leave in
-pairs), and headless Chromium running a chat page with the probe. It drives chats for a
-while with a progress line, then prints the per-route SLA table with its explanations and
+LLM-style streaming app (first-token wait, then tokens; OpenAI chat over chunked fetch,
+Anthropic Messages over SSE, JSON token frames over WebSocket) whose event loop stalls now
+and then, a real engine — llama.cpp's OpenAI-compatible server on a tiny random-weight model
+written at start (demo/tiny_model.py), serving one request at a time — that the pages reach
+through the app (a thin gateway forwarding ``traceparent``), an inference-like service whose
+engine runs on stand-ins for the NVIDIA libraries (demo/gpu: no GPU needed; the agent's GPU
+path is the real one), a twin of the app that leaves Nagle's algorithm on (its WebSocket
+tokens leave in pairs), and headless Chromium running a chat page with the probe. It drives
+chats for a while with a progress line — a few at once on the engine now and then, so that
+its queue shows —, then prints the per-route SLA table with its explanations and
 every address (the SLA page, the API, the agent's and the collector's /metrics), and keeps
 serving until Ctrl-C, which stops every piece within a few seconds (DEMO_EXIT=1: exit once
 the table is printed; PARALLAX_DEMO_DIR: data elsewhere).
@@ -23,19 +27,22 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent import doctor
+from demo import tiny_model
 from demo.browser import chat_url, chromium, flush_beacons
 from demo.gpu import cuda_double
 from demo.gpu.nvml_double import FakeNvmlUnavailableError, NvmlScript, build_fake_nvml, fake_env
 from demo.infer_app import GPU_UUID
-from demo.stack import Stack, StartError
+from demo.stack import Proc, Stack, StartError
 
 ROOT = Path(__file__).resolve().parent.parent
 # PARALLAX_DEMO_DIR: elsewhere (a test's own directory)
@@ -56,6 +63,17 @@ STALL = ["--block-ms", "60", "--block-every-ms", "200"]
 NAGLE = ["--nagle", "--first-token-ms", "120", "--token-gap-ms", "10", "--tokens", "12"]
 NAGLE_SERVICE = "chat-nagle"
 KINDS = ("fetch", "sse", "ws", "gen")  # gen: the inference service's /v1/generate
+# What each kind of chat speaks: real dialects (demo/llm_app.py), never bare words
+# (Anthropic over fetch, as its SDK reads it; OpenAI's unnamed events over EventSource)
+DIALECTS = "fetch:anthropic,sse:openai,ws:frames,nagle:frames"
+# The real engine (llama.cpp, one request at a time) gets chats from pages of its own, on a
+# shared clock: every ENGINE_PERIOD_S one alone, and every ENGINE_BURST_EVERY-th period
+# ENGINE_PAGES at once — all but the first wait in the engine's queue.
+ENGINE_PAGES = 3
+ENGINE_PERIOD_S = 3.0
+ENGINE_BURST_EVERY = 3
+ENGINE_TOKENS = 16  # greedy answers of the tiny model never end early: exactly this many
+ENGINE_SERVICE = "llama_cpp.server"  # no OTEL_SERVICE_NAME: the agent's name for it
 # one more page holds the Nagle twin's conversations (the others' share of chats unchanged)
 NAGLE_KINDS = ("nagle",)
 INFER_SERVICE = "infer-demo"
@@ -63,11 +81,14 @@ PAGES = 4
 # The collector reads sla.yaml from its data directory, and so does `sla --once --data-dir`
 # afterwards: both judge with the same thresholds. Visible TTFT's band includes the display
 # (docs/sla.md); a short interval so the table reflects the whole run.
-SLA_YAML = """\
+SLA_YAML = f"""\
 interval: 5s
 window: 5m
 metrics:
-  visible_ttft: {band_ms: 50}
+  visible_ttft: {{band_ms: 50}}
+routes:
+  # one request at a time: the engine answers ~35 chats in the minute, not the default 100
+  - {{route: /v1/chat/completions, service: {ENGINE_SERVICE}, min_samples: 20}}
 """
 
 
@@ -124,8 +145,23 @@ def sla_table(report: dict[str, Any]) -> str:
     return "\n".join([*lines, *([""] if sentences else []), *sentences])
 
 
+ENGINE_SCRIPT = """([page, ms, period, every, t0]) => {
+    window.__demo = {done: 0, errors: 0, finished: false};
+    (async () => {
+        for (let k = 0; t0 + k * period < t0 + ms; k++) {
+            if (page > 0 && k % every !== 0) continue;  // page 0 every period, the rest in bursts
+            await new Promise((r) => setTimeout(r, Math.max(0, t0 + k * period - Date.now())));
+            try { await window.chat("engine"); window.__demo.done++; }
+            catch (e) { window.__demo.errors++; }
+        }
+        window.__demo.finished = true;
+    })();
+}"""
+
+
 def drive(browser_url: str, seconds: float, progress: Any) -> int:
-    """Run chats on PAGES pages for ``seconds``; return how many completed."""
+    """Run chats on PAGES pages (and the engine's on ENGINE_PAGES) for ``seconds``; return
+    how many completed."""
     script = """([kinds, ms, offset]) => {
         window.__demo = {done: 0, errors: 0, finished: false};
         (async () => {
@@ -146,6 +182,15 @@ def drive(browser_url: str, seconds: float, progress: Any) -> int:
             page.wait_for_function("typeof window.chat === 'function'")
             page.evaluate(script, [list(kinds), seconds * 1000, i])
             pages.append(page)
+        engine_pages = [browser.new_page() for _ in range(ENGINE_PAGES)]
+        for page in engine_pages:
+            page.goto(browser_url, wait_until="load")
+            page.wait_for_function("typeof window.chat === 'function'")
+        t0 = time.time() * 1000 + 500  # the pages' shared clock (Date.now(), ms)
+        for i, page in enumerate(engine_pages):
+            args = [i, seconds * 1000, ENGINE_PERIOD_S * 1000, ENGINE_BURST_EVERY, t0]
+            page.evaluate(ENGINE_SCRIPT, args)
+            pages.append(page)
         start = time.monotonic()
         while True:
             states = [p.evaluate("window.__demo") for p in pages]
@@ -162,6 +207,36 @@ def drive(browser_url: str, seconds: float, progress: Any) -> int:
         time.sleep(1.0)
         total: int = done
         return total
+
+
+def background(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
+    """Run ``fn(*args)`` in a daemon thread; the returned call waits for it and raises the
+    StartError it raised."""
+    errors: list[StartError] = []
+
+    def run() -> None:
+        try:
+            fn(*args)
+        except StartError as e:  # handed to the waiting caller
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait() -> None:
+        t.join()
+        if errors:
+            raise errors[0]
+
+    return wait
+
+
+def start_engine(stack: Stack) -> tuple[Proc, str]:
+    """The real engine on the tiny model, written now into the demo's directory (~90 MB,
+    about a second); returns at once, while the engine loads (Stack.wait_engine)."""
+    d = DEMO_DIR / "engine"
+    d.mkdir(exist_ok=True)
+    return stack.engine(tiny_model.write(d / "tiny.gguf"))
 
 
 def start_infer(stack: Stack) -> tuple[dict[str, str], str]:
@@ -245,14 +320,17 @@ def _stop(stack: Stack) -> int:
 
 def run(stack: Stack, seconds: float, exit_after: bool) -> int:
     try:
+        engine_proc, engine = start_engine(stack)
+        # it loads and warms up while the rest starts (a daemon thread: Ctrl-C waits for none)
+        engine_ready = background(stack.wait_engine, engine_proc, engine)
         ingest, query = stack.collector(DEMO_DIR)
         print(f"  collector   ingest {ingest}  ·  query {query}")
         os.environ["OTEL_SERVICE_NAME"] = SERVICE
-        app = stack.llm_app(*PACING, *STALL)
+        app = stack.llm_app(*PACING, *STALL, "--engine", engine)
         app_port = int(app.rsplit(":", 1)[1])
         print(
-            f"  app         {app}  ({SERVICE}: SSE, chunked fetch, WebSocket; event loop"
-            " stalls 60 ms every 200 ms)"
+            f"  app         {app}  ({SERVICE}: OpenAI chat over fetch, Anthropic over SSE,"
+            " token frames over WebSocket; event loop stalls 60 ms every 200 ms)"
         )
         os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE
         try:
@@ -270,9 +348,16 @@ def run(stack: Stack, seconds: float, exit_after: bool) -> int:
             f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
             " stand-in GPU, power-capped)"
         )
-        agent = stack.agent([app_port, nagle_port, infer_port], ingest, env=gpu_env)
+        engine_ready()
+        engine_port = int(engine.rsplit(":", 1)[1])
         print(
-            f"  agent       tracing ports {app_port}, {nagle_port}, {infer_port}, exporting"
+            f"  engine      {engine}  (llama_cpp.server: llama.cpp on a tiny random-weight"
+            f" model, one request at a time; the pages reach it through {app}/v1/engine/…)"
+        )
+        ports = [app_port, nagle_port, infer_port, engine_port]
+        agent = stack.agent(ports, ingest, env=gpu_env)
+        print(
+            f"  agent       tracing ports {', '.join(map(str, ports))}, exporting"
             f" OTLP to {ingest}  ·  metrics {agent}/metrics"
         )
     except StartError as e:
@@ -295,7 +380,10 @@ def run(stack: Stack, seconds: float, exit_after: bool) -> int:
             last_line[0] = elapsed
             print(text, flush=True)
 
-    done = drive(chat_url(app, ingest, gen=infer, nagle=nagle), seconds, progress)
+    url = chat_url(
+        app, ingest, gen=infer, nagle=nagle, dialects=DIALECTS, engine_tokens=ENGINE_TOKENS
+    )
+    done = drive(url, seconds, progress)
     print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
     try:
         report = wait_for_evaluation(query, after=time.time() + 2.0)

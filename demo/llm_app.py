@@ -6,11 +6,28 @@ transports chat UIs use: chunked fetch (``POST /v1/chat``), Server-Sent Events
 It is a plain ASGI app served by uvicorn, so it is also "an async Python app under uvicorn"
 for the agent's tests.
 
+What the stream says is the query's ``dialect``: ``none`` (the default: bare words, one write
+each — chunk semantics, no LLM in sight), ``openai`` (Chat Completions SSE: a role-only first
+delta, content deltas, a chunk with ``finish_reason``, the ``usage`` chunk when the request
+asks with ``stream_options.include_usage`` — or ``include_usage=1`` on a GET — and
+``data: [DONE]``) or ``anthropic`` (Messages SSE: ``message_start`` … ``message_stop``), over
+fetch and SSE alike, byte for byte as demo/sse_events.py builds them from the vendors'
+documentation; over WebSocket ``none`` or ``frames`` (a chat server's JSON token frames,
+``{"token": …}`` … ``{"type": "done"}``). ``POST /v1/chat/completions`` and
+``POST /v1/messages`` are the vendors' own paths (OpenAI, Anthropic), so their SDKs can read
+the app. The events before the first token (the role delta; ``message_start``, ``ping``,
+``content_block_start``) go out with the head, as servers send them; every event is one write.
+
+With ``--engine URL`` the app is also a thin gateway to a real OpenAI-compatible engine:
+``POST /v1/engine/chat/completions`` forwards the body and ``traceparent`` to
+``URL/v1/chat/completions`` and streams its answer back one write per upstream read.
+
 It keeps its own clock, the way an app's own monitoring would: with ``--timing-log`` each
 exchange appends one JSON line with CLOCK_MONOTONIC nanoseconds (the clock
 ``bpf_ktime_get_ns`` reads) — when the app got the request (``t_start_ns``), before the
-header write (``t_headers_ns``) and before each body write (``t_writes_ns``) — plus the
-``traceparent`` it received. Tests compare the agent's and the probe's figures against it.
+header write (``t_headers_ns``) and before each body write (``t_writes_ns``; those carrying a
+token also in ``t_tokens_ns``) — plus the ``traceparent`` it received and the ``dialect``.
+Tests compare the agent's and the probe's figures against it.
 
 Injected faults for the latency-trap scenarios: ``--block-ms B --block-every-ms P`` blocks
 the event loop for B ms every P ms (the "server logs say fast" trap: requests wait in the
@@ -34,8 +51,10 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import parse_qs
 
+import httpx
 import uvicorn
 
+from demo import sse_events
 from parallax_contracts import trace_context
 
 Scope = MutableMapping[str, Any]
@@ -52,6 +71,13 @@ _TEXT = (
 )
 WORDS = tuple(_TEXT.split(" "))
 MAX_TOKENS = 10_000
+MODEL = "parallax-demo"  # the model id the dialect streams name
+HTTP_DIALECTS = ("none", "openai", "anthropic")
+WS_DIALECTS = ("none", "frames")
+# the vendors' own paths: their SDKs post there, and the path names the dialect
+VENDOR_PATHS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
+ENGINE_PATH = "/v1/engine/chat/completions"
+MAX_BODY = 1 << 20  # a prompt larger than this is refused (413), not buffered
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +105,81 @@ def token(i: int) -> str:
     return WORDS[i % len(WORDS)] + " "
 
 
+class RefusedError(ValueError):
+    """A request the app refuses with 4xx; the message is the one-line answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One answer's writes: ``lead`` with the head (what a server says as it accepts the
+    request), ``first`` just before the first token (what it says as the model starts
+    answering), one write per token on the pacing schedule, ``tail`` right after the last."""
+
+    ctype: str
+    lead: list[bytes]
+    first: list[bytes]
+    tokens: list[bytes]
+    tail: list[bytes]
+
+
+def plan(dialect: str, sse: bool, n: int, usage: bool, prompt_tokens: int) -> Plan:
+    """The writes of an ``n``-token answer in ``dialect`` (``sse``: over EventSource)."""
+    ctype = "text/event-stream; charset=utf-8"
+    if dialect == "openai":
+        ev = sse_events.openai_chat(n, usage, words=token, model=MODEL, prompt_tokens=prompt_tokens)
+        # the role-only delta comes with the model's first output (llama.cpp: 0.2–1.5 ms
+        # before the first content; issue 31)
+        return Plan(ctype, [], ev[:1], ev[1 : 1 + n], ev[1 + n :])
+    if dialect == "anthropic":
+        ev = sse_events.anthropic(0, n, words=token, model=MODEL, input_tokens=prompt_tokens)
+        # message_start and a ping as the request is accepted, the text block's start with
+        # the first token
+        return Plan(ctype, ev[:2], ev[2:3], ev[3 : 3 + n], ev[3 + n :])
+    if sse:
+        words = [f"data: {token(i)}\n\n".encode() for i in range(n)]
+        return Plan("text/event-stream", [], [], words, [b"event: done\ndata: [DONE]\n\n"])
+    return Plan("text/plain; charset=utf-8", [], [], [token(i).encode() for i in range(n)], [])
+
+
+def ws_messages(dialect: str, n: int) -> tuple[list[str], str]:
+    """A WebSocket answer: one text message per token, then the end marker."""
+    if dialect == "frames":
+        dump = json.dumps
+        return [dump({"token": token(i)}) for i in range(n)], dump({"type": "done"})
+    return [token(i) for i in range(n)], "[DONE]"
+
+
+def choose_dialect(query: dict[str, list[str]], allowed: tuple[str, ...], path: str) -> str:
+    d = VENDOR_PATHS.get(path) or (query.get("dialect") or ["none"])[0]
+    if d not in allowed:
+        raise RefusedError(400, f"unknown dialect {d!r} here (one of: {', '.join(allowed)})")
+    return d
+
+
+def request_fields(body: bytes, query: dict[str, list[str]]) -> tuple[bool, int]:
+    """(the usage chunk asked for, the prompt's tokens counted as words) from a JSON body
+    (OpenAI's ``stream_options.include_usage``; the prompt from ``messages`` or ``prompt``)
+    or, on a GET, the query (``include_usage=1``, ``prompt``)."""
+    usage = (query.get("include_usage") or ["0"])[0] in ("1", "true")
+    prompt = (query.get("prompt") or [""])[0]
+    if body:
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise RefusedError(400, "the request body is not JSON") from None
+        if isinstance(doc, dict):
+            opts = doc.get("stream_options")
+            usage = usage or (isinstance(opts, dict) and opts.get("include_usage") is True)
+            msgs = doc.get("messages")
+            parts = [m.get("content") for m in msgs if isinstance(m, dict)] if msgs else []
+            prompt = " ".join(p for p in [doc.get("prompt"), *parts] if isinstance(p, str))
+    return usage, len(prompt.split())
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers", []):
         if k.lower() == name:
@@ -104,12 +205,15 @@ class LlmApp:
         timing_log: Path | None = None,
         block_ms: float = 0.0,
         block_every_ms: float = 0.0,
+        engine: str | None = None,
     ) -> None:
         self.pacing = pacing
         self.log = TimingLog(timing_log)
         self.block_ms = block_ms
         self.block_every_ms = block_every_ms
+        self.engine = engine.rstrip("/") if engine else None
         self._blocker: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -126,10 +230,16 @@ class LlmApp:
             if msg["type"] == "lifespan.startup":
                 if self.block_ms > 0 and self.block_every_ms > 0:
                     self._blocker = asyncio.create_task(self._block_loop())
+                if self.engine:
+                    # an engine's answer may wait long in its queue: no read timeout
+                    timeout = httpx.Timeout(None, connect=5.0)
+                    self._client = httpx.AsyncClient(timeout=timeout)
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 if self._blocker:
                     self._blocker.cancel()
+                if self._client:
+                    await self._client.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -154,18 +264,37 @@ class LlmApp:
             "t_start_ns": t_start,
             "t_writes_ns": [],
         }
-        # Drain the request body (POST /v1/chat carries the prompt; its content is unused).
-        more = method in ("POST", "PUT")
-        while more:
-            msg = await receive()
-            more = msg.get("more_body", False) and msg["type"] == "http.request"
+        try:
+            body = await _read_body(receive) if method in ("POST", "PUT") else b""
+            await self._route(send, receive, rec, query, body, origin)
+        except RefusedError as e:
+            await self._respond(send, rec, e.status, f"{e}\n".encode(), "text/plain", origin)
+        rec["status"] = rec.get("status", 0)
+        self.log.write(rec)
+
+    async def _route(
+        self,
+        send: Send,
+        receive: Receive,
+        rec: dict[str, Any],
+        query: dict[str, list[str]],
+        body: bytes,
+        origin: str | None,
+    ) -> None:
+        path, method = rec["path"], rec["method"]
         pacing = self.pacing.override(query)
+        streams = {"/v1/chat": "POST", "/v1/stream": "GET", **dict.fromkeys(VENDOR_PATHS, "POST")}
         if method == "OPTIONS":
             await self._respond(send, rec, 204, b"", "text/plain", origin, preflight=True)
-        elif path == "/v1/chat" and method == "POST":
-            await self._stream(send, receive, rec, pacing, origin, sse=False)
-        elif path == "/v1/stream" and method == "GET":
-            await self._stream(send, receive, rec, pacing, origin, sse=True)
+        elif streams.get(path) == method:
+            dialect = choose_dialect(query, HTTP_DIALECTS, path)
+            rec["dialect"] = dialect
+            # bare words read nothing from the body: any client's bytes will do there
+            usage, prompt_tokens = request_fields(body, query) if dialect != "none" else (False, 0)
+            answer = plan(dialect, method == "GET", pacing.tokens, usage, prompt_tokens)
+            await self._stream(send, receive, rec, pacing, origin, answer)
+        elif path == ENGINE_PATH and method == "POST":
+            await self._proxy(send, receive, rec, body, origin)
         elif path == "/v1/complete" and method == "GET":
             await asyncio.sleep((pacing.first_token_ms + pacing.token_gap_ms * pacing.tokens) / 1e3)
             body = json.dumps({"text": "".join(token(i) for i in range(pacing.tokens))}).encode()
@@ -185,8 +314,6 @@ class LlmApp:
             await self._respond(send, rec, 204, b"", "image/x-icon", origin)
         else:
             await self._respond(send, rec, 404, b"not found\n", "text/plain", origin)
-        rec["status"] = rec.get("status", 0)
-        self.log.write(rec)
 
     @staticmethod
     def _headers(
@@ -250,38 +377,91 @@ class LlmApp:
         rec: dict[str, Any],
         pacing: Pacing,
         origin: str | None,
-        sse: bool,
+        answer: Plan,
     ) -> None:
-        ctype = "text/event-stream" if sse else "text/plain; charset=utf-8"
         rec["status"] = 200
         rec["t_headers_ns"] = time.monotonic_ns()
+        rec["t_tokens_ns"] = []
         # Headers go out at once (as chat backends do); the body is paced like a model.
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": self._headers(ctype, origin, []),
+                "headers": self._headers(answer.ctype, origin, []),
             }
         )
+        for event in answer.lead:
+            await self._write(send, rec, event)
         # After the request, the only message left is the client going away: stop
         # generating then, as a real backend cancels the model call.
         gone = asyncio.ensure_future(_until_disconnect(receive))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + pacing.first_token_ms / 1000
-        for i in range(pacing.tokens):
+        # a dialect's empty answer still starts (its first events); bare words' has nothing
+        steps = answer.tokens or ([b""] if answer.first else [])
+        for i, piece in enumerate(steps):
             await asyncio.wait([gone], timeout=max(0.0, deadline - loop.time()))
             if gone.done():
                 rec["client_gone"] = True
                 return
-            piece = f"data: {token(i)}\n\n" if sse else token(i)
-            rec["t_writes_ns"].append(time.monotonic_ns())
-            await send({"type": "http.response.body", "body": piece.encode(), "more_body": True})
+            for event in answer.first if i == 0 else ():
+                await self._write(send, rec, event)
+            if piece:
+                await self._write(send, rec, piece, token=True)
             deadline += pacing.token_gap_ms / 1000
         gone.cancel()
-        tail = b"event: done\ndata: [DONE]\n\n" if sse else b""
-        if tail:
-            rec["t_writes_ns"].append(time.monotonic_ns())
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        for event in answer.tail:
+            await self._write(send, rec, event)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _write(send: Send, rec: dict[str, Any], data: bytes, token: bool = False) -> None:
+        """One body write, its time logged just before it (``t_tokens_ns`` too for a token)."""
+        t = time.monotonic_ns()
+        rec["t_writes_ns"].append(t)
+        if token:
+            rec["t_tokens_ns"].append(t)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _proxy(
+        self, send: Send, receive: Receive, rec: dict[str, Any], body: bytes, origin: str | None
+    ) -> None:
+        """The thin gateway: the request to the engine as it came (body, ``traceparent``),
+        its answer back one write per upstream read, so the engine's pacing reaches the user
+        as the engine made it (plus this app's event loop, stalls included)."""
+        if self._client is None or self.engine is None:
+            raise RefusedError(503, "no engine behind this app (start it with --engine URL)")
+        rec["upstream"] = self.engine
+        headers = {"content-type": "application/json"}
+        if rec["traceparent"]:
+            headers["traceparent"] = rec["traceparent"]  # forwarded unchanged, as nginx does
+        url = f"{self.engine}/v1/chat/completions"
+        gone = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            async with self._client.stream("POST", url, content=body, headers=headers) as up:
+                rec["status"] = up.status_code
+                rec["t_headers_ns"] = time.monotonic_ns()
+                ctype = up.headers.get("content-type", "application/octet-stream")
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": up.status_code,
+                        "headers": self._headers(ctype, origin, []),
+                    }
+                )
+                async for data in up.aiter_raw():
+                    if gone.done():
+                        rec["client_gone"] = True  # leaving closes the engine's connection
+                        return
+                    await self._write(send, rec, data)
+        except httpx.HTTPError as e:
+            if "t_headers_ns" in rec:  # the head went out: all that is left is to stop
+                rec["upstream_error"] = str(e) or type(e).__name__
+                return
+            raise RefusedError(502, f"the engine at {self.engine} failed: {e}") from None
+        finally:
+            gone.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # -- WebSocket -----------------------------------------------------------------------
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -289,7 +469,13 @@ class LlmApp:
         traceparent = (query.get("traceparent") or [None])[0]
         pacing = self.pacing.override(query)
         msg = await receive()
-        if msg["type"] != "websocket.connect" or scope["path"] != "/v1/ws":
+        try:
+            dialect = choose_dialect(query, WS_DIALECTS, scope["path"])
+        except RefusedError as e:
+            # refused at the handshake: uvicorn answers 403; the reason goes to stderr
+            print(f"llm_app: {e}", file=sys.stderr, flush=True)
+            dialect = ""
+        if msg["type"] != "websocket.connect" or scope["path"] != "/v1/ws" or not dialect:
             await send({"type": "websocket.close", "code": 1008})
             return
         await send({"type": "websocket.accept"})
@@ -306,19 +492,40 @@ class LlmApp:
                 "kind": "websocket",
                 "path": scope["path"],
                 "traceparent": traceparent,
+                "dialect": dialect,
                 "ws_seq": seq,
                 "t_start_ns": time.monotonic_ns(),
                 "t_writes_ns": [],
+                "t_tokens_ns": [],
             }
+            tokens, end = ws_messages(dialect, pacing.tokens)
             deadline = loop.time() + pacing.first_token_ms / 1000
-            for i in range(pacing.tokens):
+            for text in tokens:
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
-                rec["t_writes_ns"].append(time.monotonic_ns())
-                await send({"type": "websocket.send", "text": token(i)})
+                t = time.monotonic_ns()
+                rec["t_writes_ns"].append(t)
+                rec["t_tokens_ns"].append(t)
+                await send({"type": "websocket.send", "text": text})
                 deadline += pacing.token_gap_ms / 1000
             rec["t_writes_ns"].append(time.monotonic_ns())
-            await send({"type": "websocket.send", "text": "[DONE]"})
+            await send({"type": "websocket.send", "text": end})
             self.log.write(rec)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    """The request body, whole (a prompt), refused past MAX_BODY."""
+    parts: list[bytes] = []
+    size, more = 0, True
+    while more:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            break
+        parts.append(msg.get("body", b""))
+        size += len(parts[-1])
+        if size > MAX_BODY:
+            raise RefusedError(413, f"the request body is over {MAX_BODY} bytes")
+        more = msg.get("more_body", False)
+    return b"".join(parts)
 
 
 async def _until_disconnect(receive: Receive) -> None:
@@ -379,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--nagle", action="store_true", help="leave Nagle's algorithm on (no TCP_NODELAY)"
     )
+    ap.add_argument(
+        "--engine",
+        metavar="URL",
+        help=f"an OpenAI-compatible engine that {ENGINE_PATH} forwards to (http://host:port)",
+    )
     args = ap.parse_args(argv)
     if args.nagle:
         keep_nagle()
@@ -392,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         args.timing_log,
         args.block_ms,
         args.block_every_ms,
+        args.engine,
     )
     host, port = sock.getsockname()[:2]
     print(f"llm_app: listening on http://{host}:{port}", flush=True)

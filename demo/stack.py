@@ -1,5 +1,6 @@
 """Start and stop the pieces of a Parallax topology on loopback, for the demo and the
-end-to-end scenarios: the LLM app, the delaying relay, nginx, the collector and the agent.
+end-to-end scenarios: the LLM app, the real engine (llama.cpp on the tiny model), the
+delaying relay, nginx, the collector and the agent.
 
 Each piece runs as its own process with its output in a log file; readiness is a line it
 prints or an HTTP probe answering 200, with a deadline, so a piece that cannot start fails
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import signal
 import socket
@@ -23,6 +25,15 @@ from pathlib import Path
 from types import TracebackType
 
 VENV_BIN = Path(sys.executable).parent
+
+
+def engine_argv(model: Path, port: int) -> list[str]:
+    """llama-cpp-python's OpenAI-compatible server on ``model``: one request at a time (its
+    model lock), and a request whose client left still runs to its end
+    (``--interrupt_requests False``), as the engine tests and the demo want it."""
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192"]
+    return [*argv, "--chat_format", "chatml", "--interrupt_requests", "False"]
 
 
 def die_with_parent() -> None:
@@ -165,8 +176,10 @@ class Stack:
         argv: list[str],
         env: dict[str, str] | None = None,
         cgroup: Path | None = None,
+        unset: tuple[str, ...] = (),
     ) -> Proc:
-        """Start one piece (in ``cgroup`` when given: it and its children)."""
+        """Start one piece (in ``cgroup`` when given: it and its children), without the
+        environment variables named in ``unset``."""
         if cgroup is not None:
             argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *argv]
         log = self.workdir / "logs" / f"{name}.log"
@@ -175,7 +188,7 @@ class Stack:
             argv,
             stdout=f,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset},
             start_new_session=True,  # Ctrl-C in the demo's terminal reaches only the demo
             preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks taken)
         )
@@ -215,6 +228,31 @@ class Stack:
             argv = [sys.executable, "-m", "demo.llm_app"]
         p = self.spawn(name, [*argv, "--port", "0", "--timing-log", str(timing), *extra])
         return self.wait_line(p, "listening on").split()[-1]
+
+    def engine(self, model: Path, name: str = "engine") -> tuple[Proc, str]:
+        """Start llama.cpp's server on ``model`` (a GGUF: demo/tiny_model.py writes one);
+        return it and its base URL at once — loading takes a second or two: wait_engine."""
+        port = free_port()
+        # no OTEL_SERVICE_NAME: the agent names it as people do, "llama_cpp.server"
+        p = self.spawn(name, engine_argv(model, port), unset=("OTEL_SERVICE_NAME",))
+        return p, f"http://127.0.0.1:{port}"
+
+    def wait_engine(self, proc: Proc, url: str, timeout: float = 60.0) -> None:
+        """Until the engine answers, then one answer of one token: llama.cpp's first
+        evaluation sets itself up (1.4 s measured, against 0.2 s for the next ones), which
+        is no request's wait."""
+        self.wait_http(proc, f"{url}/v1/models", timeout=timeout)
+        body = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1}
+        req = urllib.request.Request(  # noqa: S310 (loopback)
+            f"{url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310
+                r.read()
+        except (urllib.error.URLError, OSError) as e:
+            raise StartError(f"{proc.name} did not answer a chat: {e}\n{proc.tail()}") from None
 
     def infer_app(self, cuda_dir: Path, nvml_script: Path) -> str:
         """Start the inference-like service (demo/infer_app.py) in a cgroup of its own, as

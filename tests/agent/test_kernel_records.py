@@ -18,9 +18,9 @@ from agent.export.outputs import RecordQueue
 from agent.kernel import events
 from agent.kernel.clock import MonoClock
 from agent.kernel.layout import layout
+from demo import sse_events as ev
 from parallax_contracts import trace_context
 from tests.agent.helpers import PY, Proc, http_request, read_response
-from tests.agent.llm import sse_events as ev
 
 pytestmark = pytest.mark.ebpf
 

@@ -25,7 +25,7 @@ from agent.protocols.streams.stream import (
     Engine,
     Stream,
 )
-from tests.agent.llm import sse_events as ev
+from demo import sse_events as ev
 
 MS = 1_000_000
 

@@ -25,9 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from urllib.parse import parse_qs, urlparse
 
+from demo import sse_events as ev
 from demo.gpu.cuda_double import FakeCuda
 from demo.stack import die_with_parent
-from tests.agent.llm import sse_events as ev
 
 PREFILL_LAUNCHES = 40
 PREFILL_WAIT_US = 100_000

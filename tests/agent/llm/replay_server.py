@@ -1,5 +1,5 @@
-"""A server that replays each LLM dialect's documented event sequence (tests/agent/llm/
-sse_events.py) as the vendors' endpoints stream it, for their real client libraries: POST
+"""A server that replays each LLM dialect's documented event sequence (demo/sse_events.py)
+as the vendors' endpoints stream it, for their real client libraries: POST
 /v1/chat/completions (OpenAI chat), /v1/responses (OpenAI Responses), /v1/messages
 (Anthropic), /api/chat (Ollama NDJSON), /generate_stream (TGI), /csv (a plain chunked
 download), and WebSocket /v1/realtime (OpenAI Realtime messages; permessage-deflate when the
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.agent.llm import sse_events as ev
+from demo import sse_events as ev
 
 LOG_LOCK = threading.Lock()
 LOG: list[Path] = []  # the timing log, when one is named

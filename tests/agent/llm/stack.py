@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from demo.stack import free_port
+from demo import tiny_model
+from demo.stack import engine_argv, free_port
 from tests.agent.helpers import PY, ROOT, Proc, wait_port
-from tests.agent.llm import tiny_model
 
 LITELLM = ROOT / ".cache/venvs/litellm/bin/litellm"
 EOS_BIAS = {str(tiny_model.EOS): -100}  # random weights must not end an answer early
@@ -29,23 +29,7 @@ class Engine:
         self.port = free_port()
         self.log = (tmp / "engine.log").open("w")
         self.p = subprocess.Popen(
-            [
-                PY,
-                "-m",
-                "llama_cpp.server",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--n_ctx",
-                "8192",
-                "--chat_format",
-                "chatml",
-                "--interrupt_requests",
-                "False",
-            ],
+            engine_argv(model, self.port),
             cwd=tmp,
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -1,16 +1,23 @@
 """Each dialect's event sequence as its documentation shows it (and its SDK accepts:
-tests/agent/test_llm_dialects.py reads them through the vendors' real clients). Builders
+tests/agent/test_llm_dialects.py reads them through the vendors' real clients; the demo's
+apps stream them, tests/test_llm_app.py reads theirs through the same clients). Builders
 return one bytes item per event — SSE events already framed (``data: …\\n\\n``, with an
 ``event:`` line where the dialect names its events), NDJSON lines and WebSocket messages
-bare."""
+bare. ``words(i)`` is the i-th content delta's text (`` w0``, `` w1``… unless given)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 MODEL = "tiny"
 _DELTA = "content_block_delta"
+Text = Callable[[int], str]
+
+
+def _w(i: int) -> str:
+    return f" w{i}"
 
 
 def sse(obj: Any, event: str | None = None) -> bytes:
@@ -19,12 +26,14 @@ def sse(obj: Any, event: str | None = None) -> bytes:
     return head + b"data: " + data + b"\n\n"
 
 
-def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def _chat_chunk(
+    delta: dict[str, Any], finish: str | None = None, model: str = MODEL
+) -> dict[str, Any]:
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
         "created": 1733331234,
-        "model": MODEL,
+        "model": model,
         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
     }
 
@@ -38,11 +47,21 @@ def finish_chunk(reason: str = "stop") -> dict[str, Any]:
 
 
 def openai_chat_raw(
-    tokens: int, usage: bool, reasoning: int = 0, tool_call: bool = False
+    tokens: int,
+    usage: bool,
+    reasoning: int = 0,
+    tool_call: bool = False,
+    *,
+    words: Text = _w,
+    model: str = MODEL,
+    prompt_tokens: int = 7,
+    finish: str | None = None,
 ) -> list[Any]:
-    """Chat Completions chunks as objects (and the final ``[DONE]`` as bytes)."""
-    out: list[Any] = [_chat_chunk({"role": "assistant", "content": ""})]
-    out += [_chat_chunk({"reasoning_content": f"r{i}"}) for i in range(reasoning)]
+    """Chat Completions chunks as objects (and the final ``[DONE]`` as bytes). With
+    ``usage`` (``stream_options.include_usage``) every chunk carries ``"usage": null`` and
+    one more chunk, with no choices, the counts — as the API documents it."""
+    out: list[Any] = [_chat_chunk({"role": "assistant", "content": ""}, model=model)]
+    out += [_chat_chunk({"reasoning_content": f"r{i}"}, model=model) for i in range(reasoning)]
     if tool_call:
         out.append(
             _chat_chunk(
@@ -55,32 +74,67 @@ def openai_chat_raw(
                             "function": {"name": "get", "arguments": ""},
                         }
                     ]
-                }
+                },
+                model=model,
             )
         )
-    out += [content_chunk(f" w{i}") for i in range(tokens)]
-    out.append(_chat_chunk({}, "tool_calls" if tool_call else "stop"))
+    out += [_chat_chunk({"content": words(i)}, model=model) for i in range(tokens)]
+    out.append(_chat_chunk({}, finish or ("tool_calls" if tool_call else "stop"), model=model))
     if usage:
-        u = {"prompt_tokens": 7, "completion_tokens": tokens + reasoning, "total_tokens": 0}
-        out.append({**_chat_chunk({}), "choices": [], "usage": u})
+        for chunk in out:
+            chunk["usage"] = None
+        done = tokens + reasoning
+        u = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": prompt_tokens + done,
+        }
+        out.append({**_chat_chunk({}, model=model), "choices": [], "usage": u})
     out.append(b"[DONE]")
     return out
 
 
-def openai_chat(tokens: int, usage: bool, reasoning: int = 0) -> list[bytes]:
-    return [sse(o) for o in openai_chat_raw(tokens, usage, reasoning)]
+def openai_chat(
+    tokens: int,
+    usage: bool,
+    reasoning: int = 0,
+    *,
+    words: Text = _w,
+    model: str = MODEL,
+    prompt_tokens: int = 7,
+    finish: str | None = None,
+) -> list[bytes]:
+    raw = openai_chat_raw(
+        tokens,
+        usage,
+        reasoning,
+        words=words,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        finish=finish,
+    )
+    return [sse(o) for o in raw]
 
 
-def anthropic(thinking: int, text: int, error: str | None = None) -> list[bytes]:
+def anthropic(
+    thinking: int,
+    text: int,
+    error: str | None = None,
+    *,
+    words: Text = _w,
+    model: str = MODEL,
+    input_tokens: int = 12,
+    stop_reason: str = "end_turn",
+) -> list[bytes]:
     msg: dict[str, Any] = {
         "id": "msg_1",
         "type": "message",
         "role": "assistant",
-        "model": MODEL,
+        "model": model,
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 12, "output_tokens": 1},
+        "usage": {"input_tokens": input_tokens, "output_tokens": 1},
     }
     out = [
         sse({"type": "message_start", "message": msg}, "message_start"),
@@ -118,7 +172,7 @@ def anthropic(thinking: int, text: int, error: str | None = None) -> list[bytes]
         )
     )
     for i in range(text):
-        d = {"type": "text_delta", "text": f" w{i}"}
+        d = {"type": "text_delta", "text": words(i)}
         out.append(sse({"type": "content_block_delta", "index": idx, "delta": d}, _DELTA))
     if error:
         out.append(
@@ -130,7 +184,7 @@ def anthropic(thinking: int, text: int, error: str | None = None) -> list[bytes]
         sse(
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
                 "usage": {"output_tokens": thinking + text},
             },
             "message_delta",
