@@ -1,8 +1,8 @@
 """`make demo`: the whole pipeline on this machine, in about two minutes.
 
 Starts the collector on the embedded store (data in .parallax/demo/), the eBPF agent, an
-LLM-style streaming app (first-token wait, then tokens; OpenAI chat over chunked fetch,
-Anthropic Messages over SSE, JSON token frames over WebSocket) whose event loop stalls now
+LLM-style streaming app (first-token wait, then tokens; Anthropic Messages over chunked fetch,
+OpenAI chat over SSE, JSON token frames over WebSocket) whose event loop stalls now
 and then, a real engine — llama.cpp's OpenAI-compatible server on a tiny random-weight model
 written at start (demo/tiny_model.py), serving one request at a time — that the pages reach
 through the app (a thin gateway forwarding ``traceparent``), an inference-like service whose
@@ -329,7 +329,7 @@ def run(stack: Stack, seconds: float, exit_after: bool) -> int:
         app = stack.llm_app(*PACING, *STALL, "--engine", engine)
         app_port = int(app.rsplit(":", 1)[1])
         print(
-            f"  app         {app}  ({SERVICE}: OpenAI chat over fetch, Anthropic over SSE,"
+            f"  app         {app}  ({SERVICE}: Anthropic Messages over fetch, OpenAI chat over SSE,"
             " token frames over WebSocket; event loop stalls 60 ms every 200 ms)"
         )
         os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE

@@ -1,4 +1,7 @@
-"""The shared LLM-style app paces tokens as configured and logs its own clock truthfully."""
+"""The shared LLM-style app (Python and Node twins) paces tokens as configured, logs its own
+clock truthfully, and speaks the LLM dialects as the vendors do: their own SDKs read its
+streams, byte for byte the documented shapes; its WebSocket token frames are what the
+agent's chat.frames dialect reads."""
 
 from __future__ import annotations
 
@@ -8,12 +11,22 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
+import openai
 import pytest
 import websockets
+
+from agent.protocols.streams.dialect import WS
+from agent.protocols.streams.dialects import BY_FRAMING
+from agent.protocols.streams.stream import COMPLETE, Stream
+from demo import sse_events
+from demo.llm_app import MODEL, token
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -40,7 +53,7 @@ def app(
     p.wait(timeout=10)
 
 
-def _records(log: Path, n: int) -> list[dict[str, object]]:
+def _records(log: Path, n: int) -> list[dict[str, Any]]:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         lines = log.read_text().splitlines() if log.exists() else []
@@ -109,3 +122,169 @@ def test_stream_stops_when_the_client_goes_away(app: tuple[str, Path]) -> None:
     writes = rec["t_writes_ns"]
     assert isinstance(writes, list)
     assert len(writes) < 100 and rec.get("client_gone") is True, len(writes)
+
+
+# -- the dialects: what the vendors send, read by their own clients ---------------------------
+PROMPT = "Why is my chat slow?"
+EXPECTED = "".join(token(i) for i in range(6))
+
+
+def _writes_ms(rec: dict[str, Any], key: str) -> list[float]:
+    return [(w - rec["t_start_ns"]) / 1e6 for w in rec[key]]
+
+
+def _check_paced(rec: dict[str, Any], events: int) -> None:
+    """One write per event, the tokens among them on the model's schedule (80 ms, then every
+    25 ms: the bare-words test's bounds)."""
+    writes, tokens = rec["t_writes_ns"], rec["t_tokens_ns"]
+    assert len(writes) == events and len(tokens) == 6, rec
+    assert writes == sorted(writes) and set(tokens) <= set(writes), rec
+    ms = _writes_ms(rec, "t_tokens_ns")
+    assert ms[0] >= 78 and all(25 * i - 32 <= t - ms[0] <= 25 * i + 30 for i, t in enumerate(ms))
+
+
+def test_openai_stream_is_what_the_openai_sdk_reads(app: tuple[str, Path]) -> None:
+    base, log = app
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPT}],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"traceparent": TP},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == EXPECTED
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (5, 6, 11)
+    assert all(c.usage is None for c in chunks[:-1])  # "usage": null on the others
+    rec = _records(log, n0 + 1)[n0]
+    assert rec["path"] == "/v1/chat/completions" and rec["dialect"] == "openai"
+    assert rec["traceparent"] == TP
+    # role, 6 contents, finish, usage, [DONE]; the role delta comes with the first token
+    _check_paced(rec, 10)
+    assert 0 <= (rec["t_tokens_ns"][0] - rec["t_writes_ns"][0]) / 1e6 < 5, rec
+
+
+def test_anthropic_stream_is_what_the_anthropic_sdk_reads(app: tuple[str, Path]) -> None:
+    base, log = app
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+    client = anthropic.Anthropic(base_url=base, api_key="none", max_retries=0)
+    with client.messages.stream(
+        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": PROMPT}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == EXPECTED
+    assert final.stop_reason == "end_turn" and final.model == MODEL
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (5, 6)
+    rec = _records(log, n0 + 1)[n0]
+    assert rec["path"] == "/v1/messages" and rec["dialect"] == "anthropic"
+    # message_start, ping | block start, 6 deltas | block stop, message_delta, message_stop
+    _check_paced(rec, 12)
+    writes, first = _writes_ms(rec, "t_writes_ns"), _writes_ms(rec, "t_tokens_ns")[0]
+    assert max(writes[:2]) < first - 50, rec  # sent as it accepted the request
+    assert 0 <= first - writes[2] < 5, rec  # the text block starts with the first token
+
+
+@pytest.mark.parametrize(
+    ("dialect", "query", "usage", "builder"),
+    [
+        ("openai", "&include_usage=1", True, "openai"),
+        ("openai", "", False, "openai"),
+        ("anthropic", "", False, "anthropic"),
+    ],
+)
+def test_dialect_streams_are_the_documented_bytes_over_get_and_post(
+    app: tuple[str, Path], dialect: str, query: str, usage: bool, builder: str
+) -> None:
+    """Byte for byte what demo/sse_events.py builds from the vendors' documentation, in
+    both twins, over EventSource's GET and fetch's POST alike."""
+
+    def want(prompt_tokens: int) -> bytes:
+        if builder == "openai":
+            events = sse_events.openai_chat(
+                6, usage, words=token, model=MODEL, prompt_tokens=prompt_tokens
+            )
+        else:
+            events = sse_events.anthropic(
+                0, 6, words=token, model=MODEL, input_tokens=prompt_tokens
+            )
+        return b"".join(events)
+
+    base, _ = app
+    q = f"dialect={dialect}&prompt=a+b+c{query}"
+    with urllib.request.urlopen(f"{base}/v1/stream?{q}", timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.read() == want(3)
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": PROMPT}]}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    req = urllib.request.Request(
+        f"{base}/v1/chat?dialect={dialect}", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.read() == want(5)
+
+
+def test_websocket_token_frames_are_what_the_agent_reads(app: tuple[str, Path]) -> None:
+    base, log = app
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+
+    async def talk() -> list[str]:
+        url = base.replace("http", "ws") + "/v1/ws?dialect=frames"
+        async with websockets.connect(url) as ws:
+            await ws.send(PROMPT)
+            got = [str(await ws.recv())]
+            while json.loads(got[-1]).get("type") != "done":
+                got.append(str(await ws.recv()))
+            return got
+
+    msgs = asyncio.run(asyncio.wait_for(talk(), 10))
+    assert [json.loads(m) for m in msgs] == [{"token": token(i)} for i in range(6)] + [
+        {"type": "done"}
+    ]
+    s = Stream(BY_FRAMING[WS], 0, None)
+    for i, m in enumerate(msgs):
+        s.t_write = (100 + 10 * i) * 1_000_000
+        s.event(b"", m.encode(), False)
+    assert s.dialect is not None and s.dialect.name == "chat.frames"
+    assert s.n_content == 6 and s.ending() == COMPLETE
+    rec = _records(log, n0 + 1)[n0]
+    assert rec["dialect"] == "frames" and len(rec["t_writes_ns"]) == 7
+    assert rec["t_tokens_ns"] == rec["t_writes_ns"][:6]
+
+
+def test_an_unknown_dialect_is_refused_in_one_line(app: tuple[str, Path]) -> None:
+    base, _ = app
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{base}/v1/stream?dialect=gemini", timeout=10)
+    assert e.value.code == 400
+    assert e.value.read() == b"unknown dialect 'gemini' here (one of: none, openai, anthropic)\n"
+    # frames are WebSocket's: not an HTTP stream's dialect
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{base}/v1/stream?dialect=frames", timeout=10)
+    assert e.value.code == 400
+
+    async def refused() -> None:
+        url = base.replace("http", "ws") + "/v1/ws?dialect=openai"
+        async with websockets.connect(url):
+            pass
+
+    with pytest.raises(websockets.InvalidStatus):
+        asyncio.run(asyncio.wait_for(refused(), 10))
+
+
+def test_the_gateway_without_an_engine_says_so(app: tuple[str, Path]) -> None:
+    base, _ = app
+    req = urllib.request.Request(f"{base}/v1/engine/chat/completions", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 503
+    assert e.value.read() == b"no engine behind this app (start it with --engine URL)\n"

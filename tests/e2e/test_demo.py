@@ -1,9 +1,12 @@
 """`make demo` as a user runs it (``python -m demo``, in a directory of its own): it prints
-every address — the agent's /metrics among them —, serves until Ctrl-C, then stops within a
-few seconds without a traceback and leaves no process behind (issue 29: it took over 30 s)."""
+every address — the agent's /metrics among them —, streams LLM dialects (the chat app's) and
+real tokens (llama.cpp's, through the app's gateway) that the agent reads as such, serves until
+Ctrl-C, then stops within a few seconds without a traceback and leaves no process behind
+(issue 29: it took over 30 s)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,9 +15,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+
+from demo.__main__ import ENGINE_SERVICE, ENGINE_TOKENS, SERVICE
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.browser, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +41,37 @@ def _ours(demo_dir: Path) -> list[str]:
         if str(demo_dir) in cmd:
             out.append(f"{proc.name}: {cmd[:120]}")
     return out
+
+
+def _check_llm_streams(records: list[dict[str, Any]], sla: dict[str, Any]) -> None:
+    """The agent read the demo's streams as LLM streams, each route in its dialect; the
+    engine's answers are token streams of ENGINE_TOKENS, under the trace the gateway
+    forwarded, some of them queued behind others (the burst); the SLA checker has the route."""
+
+    def of(service: str, path: str) -> list[dict[str, Any]]:
+        return [r for r in records if r.get("service") == service and r.get("path") == path]
+
+    for path, dialect in (
+        ("/v1/chat", "anthropic.messages"),
+        ("/v1/stream", "openai.chat"),
+        ("/v1/ws", "chat.frames"),
+    ):
+        # (a WebSocket's handshake, the 101, is an exchange of its own: no stream)
+        rs = [r for r in of(SERVICE, path) if r.get("status") != 101]
+        assert rs and {r.get("llm_dialect") for r in rs} == {dialect}, (path, rs[:2])
+    engine = of(ENGINE_SERVICE, "/v1/chat/completions")
+    assert engine, "no record of the engine's route"
+    for r in engine:
+        assert r.get("llm_dialect") == "openai.chat" and r.get("llm_end") == "complete", r
+        assert r.get("gen_ai_usage_output_tokens") == r.get("llm_content_events") == ENGINE_TOKENS
+        assert isinstance(r.get("ttft_us"), int | float) and r["ttft_us"] > 0, r
+    gateway = {r["trace_id"] for r in of(SERVICE, "/v1/engine/chat/completions")}
+    assert {r["trace_id"] for r in engine} <= gateway, "the gateway forwards traceparent"
+    # the first burst: the engine serves one at a time, so one of them waited a whole answer
+    # (16 tokens take over 100 ms even on an idle machine)
+    assert max(r.get("llm_queue_us") or 0 for r in engine) > 50_000, engine
+    routes = {(r.get("service"), r.get("route")) for r in sla.get("routes", [])}
+    assert (ENGINE_SERVICE, "/v1/chat/completions") in routes, routes
 
 
 def test_demo_prints_its_addresses_and_stops_on_ctrl_c_within_seconds(tmp_path: Path) -> None:
@@ -70,6 +107,11 @@ def test_demo_prints_its_addresses_and_stops_on_ctrl_c_within_seconds(tmp_path: 
         assert f"Agent metrics (Prometheus): {m.group(1)}/metrics" in text
         scrape = httpx.get(f"{m.group(1)}/metrics", timeout=10)
         assert scrape.status_code == 200 and "parallax_agent_" in scrape.text
+        q = re.search(r"SLA page: (http://127\.0\.0\.1:\d+)/ui", text)
+        assert q, text
+        sla = httpx.get(f"{q.group(1)}/v1/sla", timeout=30).json()
+        lines = (demo_dir / "agent.jsonl").read_text().splitlines()
+        _check_llm_streams([json.loads(ln) for ln in lines], sla)
         assert _ours(demo_dir)  # the pieces are running
         t0 = time.monotonic()
         os.killpg(p.pid, signal.SIGINT)
