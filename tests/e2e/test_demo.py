@@ -56,8 +56,8 @@ def _check_llm_streams(records: list[dict[str, Any]], sla: dict[str, Any]) -> No
         ("/v1/stream", "openai.chat"),
         ("/v1/ws", "chat.frames"),
     ):
-        # (a WebSocket's handshake, the 101, is an exchange of its own: no stream)
-        rs = [r for r in of(SERVICE, path) if r.get("status") != 101]
+        # (a WebSocket's handshake is an exchange of its own, with no ws_seq: no stream)
+        rs = [r for r in of(SERVICE, path) if path != "/v1/ws" or r.get("ws_seq")]
         assert rs and {r.get("llm_dialect") for r in rs} == {dialect}, (path, rs[:2])
     engine = of(ENGINE_SERVICE, "/v1/chat/completions")
     assert engine, "no record of the engine's route"
