@@ -110,8 +110,8 @@ def test_demo_prints_its_addresses_and_stops_on_ctrl_c_within_seconds(tmp_path: 
         q = re.search(r"SLA page: (http://127\.0\.0\.1:\d+)/ui", text)
         assert q, text
         sla = httpx.get(f"{q.group(1)}/v1/sla", timeout=30).json()
-        lines = (demo_dir / "agent.jsonl").read_text().splitlines()
-        _check_llm_streams([json.loads(ln) for ln in lines], sla)
+        records = (demo_dir / "agent.jsonl").read_text().splitlines()
+        _check_llm_streams([json.loads(r) for r in records], sla)
         assert _ours(demo_dir)  # the pieces are running
         t0 = time.monotonic()
         os.killpg(p.pid, signal.SIGINT)
