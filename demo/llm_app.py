@@ -15,8 +15,9 @@ fetch and SSE alike, byte for byte as demo/sse_events.py builds them from the ve
 documentation; over WebSocket ``none`` or ``frames`` (a chat server's JSON token frames,
 ``{"token": …}`` … ``{"type": "done"}``). ``POST /v1/chat/completions`` and
 ``POST /v1/messages`` are the vendors' own paths (OpenAI, Anthropic), so their SDKs can read
-the app. The events before the first token (the role delta; ``message_start``, ``ping``,
-``content_block_start``) go out with the head, as servers send them; every event is one write.
+the app. Every event is one write: Anthropic's ``message_start`` and ``ping`` with the head,
+as it accepts a request; the role-only delta and ``content_block_start`` just before the first
+token, as the model starts answering; the rest on the model's pace.
 
 With ``--engine URL`` the app is also a thin gateway to a real OpenAI-compatible engine:
 ``POST /v1/engine/chat/completions`` forwards the body and ``traceparent`` to
@@ -77,6 +78,7 @@ WS_DIALECTS = ("none", "frames")
 # the vendors' own paths: their SDKs post there, and the path names the dialect
 VENDOR_PATHS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
 ENGINE_PATH = "/v1/engine/chat/completions"
+STREAMS = {"/v1/chat": "POST", "/v1/stream": "GET", **dict.fromkeys(VENDOR_PATHS, "POST")}
 MAX_BODY = 1 << 20  # a prompt larger than this is refused (413), not buffered
 
 
@@ -283,10 +285,9 @@ class LlmApp:
     ) -> None:
         path, method = rec["path"], rec["method"]
         pacing = self.pacing.override(query)
-        streams = {"/v1/chat": "POST", "/v1/stream": "GET", **dict.fromkeys(VENDOR_PATHS, "POST")}
         if method == "OPTIONS":
             await self._respond(send, rec, 204, b"", "text/plain", origin, preflight=True)
-        elif streams.get(path) == method:
+        elif STREAMS.get(path) == method:
             dialect = choose_dialect(query, HTTP_DIALECTS, path)
             rec["dialect"] = dialect
             # bare words read nothing from the body: any client's bytes will do there
@@ -410,18 +411,22 @@ class LlmApp:
                 await self._write(send, rec, piece, token=True)
             deadline += pacing.token_gap_ms / 1000
         gone.cancel()
-        for event in answer.tail:
-            await self._write(send, rec, event)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        for i, event in enumerate(answer.tail, 1):
+            # the last event and the chunked coding's end leave in one write
+            await self._write(send, rec, event, more=i < len(answer.tail))
+        if not answer.tail:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
-    async def _write(send: Send, rec: dict[str, Any], data: bytes, token: bool = False) -> None:
+    async def _write(
+        send: Send, rec: dict[str, Any], data: bytes, token: bool = False, more: bool = True
+    ) -> None:
         """One body write, its time logged just before it (``t_tokens_ns`` too for a token)."""
         t = time.monotonic_ns()
         rec["t_writes_ns"].append(t)
         if token:
             rec["t_tokens_ns"].append(t)
-        await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def _proxy(
         self, send: Send, receive: Receive, rec: dict[str, Any], body: bytes, origin: str | None

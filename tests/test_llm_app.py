@@ -6,6 +6,7 @@ agent's chat.frames dialect reads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -31,26 +32,43 @@ from demo.llm_app import MODEL, token
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-@pytest.fixture(scope="module", params=["python", "node"])
+RUNTIMES = {"python": [sys.executable, "-m", "demo.llm_app"], "node": ["node", "demo/llm_app.mjs"]}
+
+
+@contextlib.contextmanager
+def _running(runtime: str, log: Path, *extra: str) -> Iterator[str]:
+    """One app (``runtime``: python or node) on a free port; yields its base URL."""
+    pacing = ["--first-token-ms", "80", "--token-gap-ms", "25", "--tokens", "6"]
+    argv = [*RUNTIMES[runtime], "--port", "0", "--timing-log", str(log), *pacing, *extra]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("llm_app: listening on "), line
+        yield line.split()[-1]
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """What the apps' gateway forwards to: an OpenAI-compatible server (the Python app)."""
+    log = tmp_path_factory.mktemp("upstream") / "timing.jsonl"
+    with _running("python", log) as url:
+        yield url, log
+
+
+@pytest.fixture(scope="module", params=list(RUNTIMES))
 def app(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    upstream: tuple[str, Path],
 ) -> Iterator[tuple[str, Path]]:
     """The Python app and its Node.js twin answer the same way."""
     log = tmp_path_factory.mktemp("llm") / "timing.jsonl"
-    runtime = (
-        [sys.executable, "-m", "demo.llm_app"]
-        if request.param == "python"
-        else ["node", "demo/llm_app.mjs"]
-    )
-    pacing = ["--first-token-ms", "80", "--token-gap-ms", "25", "--tokens", "6"]
-    argv = [*runtime, "--port", "0", "--timing-log", str(log), *pacing]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    assert line.startswith("llm_app: listening on "), line
-    yield line.split()[-1], log
-    p.terminate()
-    p.wait(timeout=10)
+    with _running(request.param, log, "--engine", upstream[0]) as url:
+        yield url, log
 
 
 def _records(log: Path, n: int) -> list[dict[str, Any]]:
@@ -281,10 +299,48 @@ def test_an_unknown_dialect_is_refused_in_one_line(app: tuple[str, Path]) -> Non
         asyncio.run(asyncio.wait_for(refused(), 10))
 
 
-def test_the_gateway_without_an_engine_says_so(app: tuple[str, Path]) -> None:
-    base, _ = app
-    req = urllib.request.Request(f"{base}/v1/engine/chat/completions", data=b"{}", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=10)
-    assert e.value.code == 503
-    assert e.value.read() == b"no engine behind this app (start it with --engine URL)\n"
+def test_the_gateway_streams_the_engine_as_it_writes(
+    app: tuple[str, Path], upstream: tuple[str, Path]
+) -> None:
+    """POST /v1/engine/chat/completions: the body and traceparent reach the engine as sent,
+    its bytes come back unchanged, each as it was read — not once the answer is whole."""
+    base, log = app
+    up_url, up_log = upstream
+    n0 = len(log.read_text().splitlines()) if log.exists() else 0
+    u0 = len(up_log.read_text().splitlines()) if up_log.exists() else 0
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream_options": {"include_usage": True},
+    }
+    req = urllib.request.Request(
+        f"{base}/v1/engine/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"traceparent": TP, "content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        got = r.read()
+    want = sse_events.openai_chat(6, True, words=token, model=MODEL, prompt_tokens=5)
+    assert got == b"".join(want)
+    served = _records(up_log, u0 + 1)[u0]
+    assert served["path"] == "/v1/chat/completions" and served["traceparent"] == TP
+    rec = _records(log, n0 + 1)[n0]
+    assert rec["upstream"] == up_url and rec["status"] == 200
+    # one write per upstream read: reads may join events written together (the tail's),
+    # never split the answer's paced tokens into one
+    assert 7 <= len(rec["t_writes_ns"]) <= len(want), rec
+    relayed, written = rec["t_writes_ns"], served["t_tokens_ns"]
+    assert relayed[1] < written[-1], "the first token came back before the engine's last"
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_the_gateway_without_an_engine_says_so(runtime: str, tmp_path: Path) -> None:
+    with _running(runtime, tmp_path / "timing.jsonl") as base:
+        req = urllib.request.Request(
+            f"{base}/v1/engine/chat/completions", data=b"{}", method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 503
+        assert e.value.read() == b"no engine behind this app (start it with --engine URL)\n"
