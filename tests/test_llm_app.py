@@ -27,6 +27,7 @@ from agent.protocols.streams.dialect import WS
 from agent.protocols.streams.dialects import BY_FRAMING
 from agent.protocols.streams.stream import COMPLETE, Stream
 from demo import sse_events
+from demo.browser import chat_url, chromium, open_chat, run_chat
 from demo.llm_app import MODEL, token
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -344,3 +345,33 @@ def test_the_gateway_without_an_engine_says_so(runtime: str, tmp_path: Path) -> 
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 503
         assert e.value.read() == b"no engine behind this app (start it with --engine URL)\n"
+
+
+@pytest.mark.browser
+def test_the_chat_page_paints_the_text_of_every_dialect(app: tuple[str, Path]) -> None:
+    """The demo's page reads each dialect and shows only its text: the first paint is the
+    first token, never JSON, an event name or an empty role delta (visible TTFT means the
+    first painted token)."""
+    base, _ = app
+    url = chat_url(base, dialects="fetch:anthropic,sse:openai,ws:frames", engine_tokens=6)
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("fetch", {}),
+        ("sse", {}),
+        ("ws", {}),
+        ("fetch", {"dialect": "openai"}),
+        ("sse", {"dialect": "anthropic"}),
+        ("ws", {"dialect": "none"}),
+        ("engine", {}),  # through the gateway (here to the Python app as the engine)
+    ]
+    with chromium() as browser:
+        page = open_chat(browser, url)
+        page.evaluate(
+            """() => { const a = document.getElementById('answer'); window.__paints = [];
+            new MutationObserver(() => window.__paints.push(a.textContent))
+                .observe(a, {childList: true, characterData: true, subtree: true}); }"""
+        )
+        for kind, extra in cases:
+            page.evaluate("() => { window.__paints = []; }")
+            assert run_chat(page, kind, **extra) == EXPECTED, (kind, extra)
+            paints = [p for p in page.evaluate("window.__paints") if p]
+            assert paints[0] == token(0) and paints[-1] == EXPECTED, (kind, extra, paints)
