@@ -17,8 +17,8 @@ from typing import Any
 
 from agent.protocols.streams.body import open_body
 from agent.protocols.streams.dialect import NDJSON, SSE
+from demo import sse_events as ev
 from parallax_contracts import CONTRACTS_DIR
-from tests.agent.llm import sse_events as ev
 
 FILE = CONTRACTS_DIR / "llm-stream-vectors.json"
 MS = 1_000_000
