@@ -328,9 +328,9 @@ def test_the_gateway_streams_the_engine_as_it_writes(
     assert served["path"] == "/v1/chat/completions" and served["traceparent"] == TP
     rec = _records(log, n0 + 1)[n0]
     assert rec["upstream"] == up_url and rec["status"] == 200
-    # one write per upstream read: reads may join events written together (the tail's),
-    # never split the answer's paced tokens into one
-    assert 7 <= len(rec["t_writes_ns"]) <= len(want), rec
+    # one write per upstream read: a read may join events written together (the role delta
+    # and the first token, the last token and the tail), never tokens 25 ms apart
+    assert 6 <= len(rec["t_writes_ns"]) <= len(want), rec
     relayed, written = rec["t_writes_ns"], served["t_tokens_ns"]
     assert relayed[1] < written[-1], "the first token came back before the engine's last"
 
