@@ -138,9 +138,9 @@ QUEUE_US = Attr(
     "parallax.llm.queue_us",
     "int",
     "us",
-    "Seen on the wire: from t1 until the engine (the streams of the same local port) last"
-    " wrote another stream's token before this stream's first — the time the engine served"
-    " others while this one waited.",
+    "Seen on the wire: from t1 until another stream of the engine (the streams of the same"
+    " local port) last ended before this stream's first output — the time the engine was"
+    " busy with others while this one waited (0: served beside them).",
 )
 PREFILL_US = Attr(
     "parallax.llm.prefill_us",

@@ -234,8 +234,10 @@ def test_gaps_exact_then_histogram_and_the_stall() -> None:
 
 
 def test_queue_wait_is_the_time_the_engine_served_others() -> None:
-    """Two streams on one serial engine: B's request arrives at 0, A streams tokens until
-    700 ms, B's first token comes at 800 ms: B waited 700 ms, prefilled 100 ms."""
+    """Two streams on one serial engine: B's request arrives at 0, A streams tokens and ends
+    at 700 ms, B's first token comes at 800 ms: B waited 700 ms, prefilled 100 ms. Served
+    side by side (a concurrent app: C's first token while D still streams), nothing is
+    counted as a wait."""
     eng = Engine()
     a = Stream(BY_FRAMING[SSE], 0, eng)
     b = Stream(BY_FRAMING[SSE], 0, eng)
@@ -243,9 +245,18 @@ def test_queue_wait_is_the_time_the_engine_served_others() -> None:
     for i in range(7):
         a.t_write = (100 + 100 * i) * MS
         a.token(1)
+    a.final()  # [DONE] at 700 ms
     b.t_write = 800 * MS
     b.token(1)
     assert a.lead_t == 0 and b.lead_t == 700 * MS
+    eng2 = Engine()
+    c, d = Stream(BY_FRAMING[SSE], 50 * MS, eng2), Stream(BY_FRAMING[SSE], 0, eng2)
+    for i in range(5):
+        d.t_write = (100 + 100 * i) * MS
+        d.token(1)
+    c.t_write = 250 * MS
+    c.token(1)
+    assert c.lead_t == 50 * MS  # its own t1: no wait
 
 
 @settings(max_examples=300, deadline=None)

@@ -28,14 +28,16 @@ COMPLETE, SERVER_CUT, CLIENT_ABORTED, ERROR = "complete", "server_cut", "client_
 
 
 class Engine:
-    """What the agent sees of one engine (the streams served on one local port): when it
-    last wrote an output token, whoever's. A stream whose first token comes after other
-    streams' tokens waited for them (a serial engine serves one request at a time)."""
+    """What the agent sees of one engine (the streams served on one local port): when a
+    stream of it last ended (its final event). A stream whose first output comes after
+    another stream ended waited for it — a serial engine serves one request at a time, a
+    batching one admits a waiting request when a slot frees. Streams served side by side
+    (a concurrent app, a batch with room) end none in between: no wait is counted."""
 
-    __slots__ = ("last_t",)
+    __slots__ = ("last_end_t",)
 
     def __init__(self) -> None:
-        self.last_t = 0
+        self.last_end_t = 0
 
 
 class Engines:
@@ -163,12 +165,10 @@ class Stream:
             self.t_first_out = t
             if eng is not None:
                 # the others' last token before ours: the engine was theirs until then
-                self.lead_t = max(self.t1, eng.last_t)
+                self.lead_t = max(self.t1, eng.last_end_t)
         self.t_last_out = t
         if len(self.offsets) < OFFSETS_CAP:
             self.offsets.append(t)
-        if eng is not None:
-            eng.last_t = t
         if self.wasted_after and t > self.wasted_after:
             self.wasted += 1
 
@@ -176,6 +176,8 @@ class Stream:
         if not self.final_seen:
             self.final_seen = True
             self.t_final = self.t_write
+            if self.engine is not None and self.t_write > self.engine.last_end_t:
+                self.engine.last_end_t = self.t_write  # the engine is free of this one
 
     def fail(self, error_type: str) -> None:
         """An error event inside the stream (its type only, never its message)."""
