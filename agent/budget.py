@@ -114,7 +114,10 @@ class Sampler:
         if want < self.p * (1 - DEADBAND):
             self.reason = "cpu_budget"
             return self._set(want, now)
-        if want > self.p * (1 + DEADBAND) and now >= self._hold_until:
+        # the dead band is for dithering between two shares, not for the last step to all:
+        # without the exemption a share that came back to within 5 % of 1 stayed there
+        rise = want > self.p * (1 + DEADBAND) or (want == 1.0 and self.p < 1.0)
+        if rise and now >= self._hold_until:
             return self._set(min(want, self.p * RISE), now, falling=False)
         return None
 

@@ -233,6 +233,21 @@ def test_sampler_rises_back_smoothly_when_the_load_falls(clock: _Clock) -> None:
         assert b >= a  # and only upwards
 
 
+def test_a_share_within_the_dead_band_of_all_comes_back_to_all(clock: _Clock) -> None:
+    """A rise by x1.25 steps can land within 5 % under 1 (0.967 in a CI run): idle, it must
+    still reach 1 — the dead band keeps p from dithering, not from tracing everything."""
+    from agent.budget import Sampler
+
+    s = Sampler(0.1, lambda: clock.t, lambda: clock.cpu)
+    _run(s, clock, 5, 20000, 50e-6)
+    s.p = 0.967
+    ps = _run(s, clock, 5, 0, 50e-6)  # idle
+    assert ps[-1] == 1.0, ps[-1]
+    s.p = 0.98
+    ps = _run(s, clock, 5, 100, 50e-6)  # a light load well under the budget
+    assert ps[-1] == 1.0, ps[-1]
+
+
 def test_the_start_ups_cpu_is_not_charged_to_the_first_requests(clock: _Clock) -> None:
     """The agent's start-up burns seconds of CPU (imports, the outputs' first batches) while
     a light load (40 requests/s, cheap ones) begins: every request stays traced. The same
