@@ -24,9 +24,10 @@ class BtfError(Exception):
     pass
 
 
-def _parse(
-    data: bytes,
-) -> tuple[list[tuple[int, int, int, int]], bytes, dict[int, list[tuple[int, int, int]]]]:
+_Parsed = tuple[list[tuple[int, int, int, int]], bytes, dict[int, list[tuple[int, int, int]]]]
+
+
+def _parse(data: bytes) -> _Parsed:
     magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
     if magic != _MAGIC:
         raise BtfError("not BTF")
@@ -49,6 +50,22 @@ def _parse(
             members[tid] = [struct.unpack_from("<III", data, pos + 12 * i) for i in range(vlen)]
         pos += fixed + per * vlen
     return types, strings, members
+
+
+# One load asks twice (the socket hooks' offsets, the holdback's bits): the parse (~0.4 s
+# of a ~5 s start) is kept until forget(), not for the agent's life (tens of MB).
+_kept: dict[Path, _Parsed] = {}
+
+
+def _parsed(path: Path) -> _Parsed:
+    if path not in _kept:
+        _kept[path] = _parse(path.read_bytes())
+    return _kept[path]
+
+
+def forget() -> None:
+    """Drop the parse kept since the last call (the loader calls it once it has compiled)."""
+    _kept.clear()
 
 
 def _name(strings: bytes, off: int) -> str:
@@ -95,7 +112,7 @@ def _lookup_bits(
     out: dict[tuple[str, str], tuple[int, int] | None] = dict.fromkeys(wanted)
     ids: dict[str, int | None] = dict.fromkeys(typedefs)
     try:
-        types, strings, members = _parse(path.read_bytes())
+        types, strings, members = _parsed(path)
         by_name: dict[str, int] = {}
         names = {s for s, _ in wanted}
         for tid, (name_off, kind, _size, _kflag) in enumerate(types):

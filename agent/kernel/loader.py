@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.kernel import build, headers, holdback, ringbuf, tpbtf
+from agent.kernel import btf, build, headers, holdback, ringbuf, tpbtf
 
 # the build's names the loader's callers use (re-exported)
 from agent.kernel.build import BPF_DIR as BPF_DIR  # noqa: PLC0414
@@ -90,6 +90,8 @@ def load(opts: Options) -> Loaded:
         b, hooks, extra = build.compile_first(BPF, text, cflags, variants, sock, raw, degraded)
     except build.NoVariant as e:
         raise LoadError(f"BPF program failed to compile or load: {e}") from None
+    finally:
+        btf.forget()
     _configure(b, opts)
     attached_btf: list[str] = []
     if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None and not os.environ.get(_NO_TP_BTF):
