@@ -24,7 +24,10 @@ TH = sampling.th_from_th32(TH32)
 
 
 def _server(tmp: Path, name: str) -> Proc:
-    return Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp / name)])
+    # --nodelay: the head and the body are two writes; with Nagle each request waits for
+    # the client's delayed ACK (~20 ms, 30 s for the 1,500 below)
+    args = ["--timing-log", str(tmp / name), "--nodelay"]
+    return Proc([PY, "-m", "tests.agent.servers.py_server", *args])
 
 
 def _seen(agent: Agent, port: int) -> float:
