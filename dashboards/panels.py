@@ -22,6 +22,10 @@ from dashboards.ch import DS, TABLE, TIME_SERIES, TRACE, QueryBuilder
 Grid = tuple[int, int, int, int]  # x, y, w, h
 Override = tuple[str, list[tuple[str, Any]]]
 PanelBuilder = cogbuilder.Builder[dm.Panel]
+RowBuilder = cogbuilder.Builder[dm.RowPanel]
+# One job of a dashboard: its row (None where the dashboard has no rows) and the panels
+# under it, in grid order.
+Section = tuple[RowBuilder | None, Sequence[PanelBuilder]]
 
 
 def _targets(queries: Sequence[str], fmt: int) -> list[cogbuilder.Builder[Any]]:
@@ -204,5 +208,16 @@ def text(pid: int, title: str, content: str, grid: Grid) -> PanelBuilder:
     )
 
 
-def row(pid: int, title: str, y: int) -> cogbuilder.Builder[dm.RowPanel]:
+def row(pid: int, title: str, y: int) -> RowBuilder:
     return db.Row(title).id(pid).grid_pos(dm.GridPos(x=0, y=y, w=24, h=1)).collapsed(False)
+
+
+def with_sections(dashboard: db.Dashboard, *sections: Section) -> db.Dashboard:
+    """Appends each section's row, then its panels: the dashboard's panel list is in the
+    order they are appended (each carries its own grid position)."""
+    for section_row, panels in sections:
+        if section_row is not None:
+            dashboard.with_row(section_row)
+        for panel in panels:
+            dashboard.with_panel(panel)
+    return dashboard

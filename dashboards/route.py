@@ -166,12 +166,50 @@ def _gpu_busy_sql() -> str:
 
 
 def build() -> db.Dashboard:
+    d = (
+        db.Dashboard("Parallax — one route: why")
+        .uid(UID)
+        .tags(["parallax"])
+        .timezone("utc")
+        .time("now-1h", "now")
+        .refresh("1m")
+        .readonly()
+        .variables(variables())  # type: ignore[arg-type]
+        .link(pn.nav_link("All routes", "parallax-sla", "user vs server latency, every route"))
+    )
+    return pn.with_sections(
+        d,
+        users_or_app(),
+        where_the_time_goes(),
+        streams(),
+        traffic_and_sampling(),
+        gpu_use(),
+        requests_to_look_at(),
+    )
+
+
+def users_or_app() -> pn.Section:
+    """The line the SLA checker alerts on (user P95 out of the band around the server's),
+    the same over the whole range, and the checker's own state."""
     divergence = sql(
         f"""SELECT $__timeInterval(time) AS t, {p95(USER)} AS user_p95_ms,
         {p95(SERVER)} AS server_p95_ms, server_p95_ms - {BAND} AS band_low_ms,
         server_p95_ms + {BAND} AS band_high_ms FROM {PAIRS} WHERE {WHERE} AND {MEASURED}
         GROUP BY t ORDER BY t"""
     )
+    band_area: list[pn.Override] = [
+        (
+            "band_high_ms",
+            [
+                ("custom.fillBelowTo", "band_low_ms"),
+                ("custom.fillOpacity", 20),
+                ("custom.lineWidth", 0),
+                ("displayName", "server P95 + band"),
+            ],
+        ),
+        ("band_low_ms", [("custom.lineWidth", 0), ("displayName", "server P95 − band")]),
+        ("user_p95_ms", [("custom.lineWidth", 2)]),
+    ]
     summary = sql(
         f"""SELECT count() AS pairs, round(sum({ADJ})) AS requests,
         round({p95(USER)}, 1) AS user_p95_ms, round({p95(SERVER)}, 1) AS server_p95_ms,
@@ -184,6 +222,41 @@ def build() -> db.Dashboard:
         divergence_ms, argMax(sentence, latest) AS sentence FROM (SELECT *, {LATEST} AS
         latest FROM {DB}.{sla_schema.ALERTS} WHERE {ROUTE}) GROUP BY metric ORDER BY metric"""
     )
+    return pn.row(1, "Is it the users or the app? ($metric)", 0), [
+        pn.timeseries(
+            2,
+            "$metric: user P95 vs server P95, ±$band ms band around the server",
+            "What users waited for (browser clock) and what the origin app took (server "
+            "clock) for this metric, over the pairs where both are measured (the SLA "
+            "checker's rule). The user line leaving the shaded band around the server line "
+            f"is what the SLA checker alerts on. {WEIGHTED}",
+            [divergence],
+            (0, 1, 16, 9),
+            overrides=band_area,
+            interval="1m",
+        ),
+        pn.table(
+            3,
+            "$metric over the time range",
+            "Pairs, the requests they stand for, the two P95s and their difference over "
+            "the whole range (the SLA checker judges 5-minute windows with intervals: its "
+            "state is below).",
+            [summary],
+            (16, 1, 8, 4),
+        ),
+        pn.table(
+            4,
+            "The SLA checker on this route",
+            "Latest alert state per metric, with the checker's sentence (it names the "
+            "traps it found: buffering proxy, render lag, event-loop lag, clock far off).",
+            [checker],
+            (16, 5, 8, 5),
+        ),
+    ]
+
+
+def where_the_time_goes() -> pn.Section:
+    """The slowest requests part by part (means that add up), beside each part's P95."""
     parts = ", ".join(f"{e} AS {n}" for n, e in TAIL_PARTS)
     tail = sql(
         f"""SELECT t, {", ".join(f"avgWeighted({n}, a) AS {n}" for n, _ in TAIL_PARTS)}
@@ -198,6 +271,39 @@ def build() -> db.Dashboard:
         {", ".join(f"{p95(PARTS[n])} AS {n}_ms" for n in P95_PARTS)}
         FROM {PAIRS} WHERE {WHERE} GROUP BY t ORDER BY t"""
     )
+    return pn.row(5, "Where the time goes", 10), [
+        pn.timeseries(
+            6,
+            "The slowest 5 % by user $metric: what they are made of",
+            "Over the requests at or above each interval's P95 of the user-side $metric: "
+            "the mean of each part, stacked in the order it happens — network δ (edge hop, "
+            "both directions), proxies (time added by hops before the origin), kernel "
+            "queue (t_arr → t1), prefill (t1 → first body write), decode (first → last "
+            "write), render delay (first chunk → paint). Means over the same requests add "
+            "up; P95s of parts do not (the next panel). A part not measured for a request "
+            f"(no agent timings, no paint) leaves it out of that part's mean. {WEIGHTED}",
+            [tail],
+            (0, 11, 12, 9),
+            stacked=True,
+            interval="1m",
+        ),
+        pn.timeseries(
+            7,
+            "P95 of each part",
+            "The SLA checker's parts (the ranking in its sentence): network δ, kernel "
+            "queue (accept + receive), server processing (server TTFB), prefill, decode "
+            "(over the requests written after their first body write: one written at once "
+            f"has no decode window). {WEIGHTED}",
+            [part_p95],
+            (12, 11, 12, 9),
+            interval="1m",
+        ),
+    ]
+
+
+def streams() -> pn.Section:
+    """TTFT and the inter-token gaps on both sides: a buffering proxy shows as the browser's
+    gaps bunching where the origin's are regular."""
     ttft = heatmap_sql(
         f"""SELECT time, user_ttft_ms AS v, sample_th FROM {PAIRS}
         WHERE {WHERE} AND user_ttft_ms IS NOT NULL""",
@@ -212,6 +318,41 @@ def build() -> db.Dashboard:
         f"SELECT time, v, sample_th FROM {PAIRS} ARRAY JOIN server_itl_ms AS v WHERE {WHERE}",
         ITL_BOUNDS,
     )
+    return pn.row(8, "Streams: first token and the gaps between tokens", 20), [
+        pn.heatmap(
+            9,
+            "User TTFT",
+            "Requests per TTFT bucket (browser: first chunk − t0), each weighing its "
+            "adjusted count. Two bands mean two populations (cache hits, cold starts).",
+            ttft,
+            (0, 21, 8, 9),
+            interval="1m",
+        ),
+        pn.heatmap(
+            10,
+            "Inter-token gaps in the browser",
+            "Gaps between consecutive chunk arrivals in the browser (throttled XHR "
+            "progress left out). Against the origin's gaps beside it: a buffering proxy "
+            "turns regular origin gaps into ~0 ms bursts and long pauses here.",
+            browser_itl,
+            (8, 21, 8, 9),
+            interval="1m",
+        ),
+        pn.heatmap(
+            11,
+            "Inter-token gaps at the origin",
+            "Gaps between the origin app's body writes (the kernel agent's chunk offsets): "
+            "the model's own pace.",
+            origin_itl,
+            (16, 21, 8, 9),
+            interval="1m",
+        ),
+    ]
+
+
+def traffic_and_sampling() -> pn.Section:
+    """The agent's exact counts for the service (it counts per port, not per route) against
+    the route's pairs, and the share it traced: how many pairs the P95s above stand on."""
     counts = f"({counter_increments()}) WHERE service = {var('service')}"
     rate = sql(
         f"""SELECT $__timeInterval(time) AS t, sumIf(d, metric = '{SEEN}') / $__interval_s AS
@@ -228,6 +369,38 @@ def build() -> db.Dashboard:
         nullIf(sumIf(d, metric = '{SEEN}'), 0) AS traced_share FROM {counts}
         GROUP BY t ORDER BY t"""
     )
+    return pn.row(12, "Traffic and the agent's sampling (service $service)", 30), [
+        pn.timeseries(
+            13,
+            "Requests per second",
+            "The agent's exact counts for the service's ports (every request, sampled or "
+            "not: request_counts), the requests it traced, and this route's paired "
+            "requests (Σ adjusted counts) and pairs. Counts are per service and port: the "
+            "agent does not count per route.",
+            [rate, paired],
+            (0, 31, 12, 8),
+            unit="reqps",
+            interval="1m",
+        ),
+        pn.timeseries(
+            14,
+            "Share of the service's requests traced",
+            "traced / seen from the agent's counts; 1 = every request. Below 1 the agent "
+            "sampled under its CPU budget: the panels above weigh each pair by 1/p, so "
+            "their P95s stay the population's, from fewer pairs.",
+            [share],
+            (12, 31, 12, 8),
+            unit="percentunit",
+            min_val=0,
+            max_val=1,
+            interval="1m",
+        ),
+    ]
+
+
+def gpu_use() -> pn.Section:
+    """Whether the route's server time is the GPU's: busy in the request windows, and for a
+    clock held down, NVML's reasons. Empty for a route whose spans carry no GPU data."""
     clock = sql(
         f"""SELECT $__timeInterval(at) AS t, gpu, avg(100 * clock / clock_max) AS
         sm_clock_pct_of_max, avg(100 * power / power_limit) AS power_pct_of_limit
@@ -243,6 +416,46 @@ def build() -> db.Dashboard:
         reasons_when_low, round(max(100 * power / power_limit), 1) AS max_power_pct_of_limit
         FROM ({_readings()}) WHERE clock_max > 0 GROUP BY gpu ORDER BY gpu"""
     )
+    return pn.row(15, "GPU (spans with the agent's parallax.gpu.* attributes)", 39), [
+        pn.timeseries(
+            16,
+            "GPU busy in the request windows",
+            "SM utilisation of the service's GPU processes during prefill and during "
+            "decode, weighted by window length × adjusted count (docs/sla.md, Server time "
+            f"and the GPU): ≥ {gpu.BUSY_PCT:g} % GPU-bound, ≤ {gpu.IDLE_MAX_BUSY_PCT:g} % "
+            "the wait is before the GPU. Right axis: requests in flight. Empty for a route "
+            "without GPU data (absent is not zero).",
+            [_gpu_busy_sql()],
+            (0, 40, 8, 9),
+            unit="percent",
+            overrides=[("inflight_mean", [("unit", "short"), ("custom.axisPlacement", "right")])],
+            interval="1m",
+        ),
+        pn.timeseries(
+            17,
+            "SM clock and power, per GPU",
+            "For the GPUs the route's spans ran on (their parallax.gpu.uuid = gpu_samples "
+            f"hw.id): the SM clock as % of its maximum (below {gpu.CLOCK_LOW_PCT:g} % is "
+            "past GPU Boost's normal range) and the power draw as % of the enforced limit.",
+            [clock],
+            (8, 40, 8, 9),
+            unit="percent",
+            interval="1m",
+        ),
+        pn.table(
+            18,
+            "Why the clock is low, per GPU",
+            "Over the time range: readings, the mean SM clock, the share of readings below "
+            f"{gpu.CLOCK_LOW_PCT:g} % of max, and NVML's clock-event reasons of those "
+            "readings in words (GPU idle left out: an idle GPU clocks down).",
+            [why_clock],
+            (16, 40, 8, 9),
+        ),
+    ]
+
+
+def requests_to_look_at() -> pn.Section:
+    """The slowest pairs, each a link to its request dashboard around its own time."""
     slowest = sql(
         f"""SELECT time, trace_id, round({USER}, 1) AS user_ms, round({SERVER}, 1) AS
         server_ms, round(user_ms - server_ms, 1) AS divergence_ms, round(network_ms, 1) AS
@@ -252,227 +465,26 @@ def build() -> db.Dashboard:
         toInt64(ifNull(user_duration_ms, 0)) + 10000 AS to_ms
         FROM {PAIRS} WHERE {WHERE} AND {MEASURED} ORDER BY user_ms DESC LIMIT 50"""
     )
-    band_area: list[pn.Override] = [
-        (
-            "band_high_ms",
-            [
-                ("custom.fillBelowTo", "band_low_ms"),
-                ("custom.fillOpacity", 20),
-                ("custom.lineWidth", 0),
-                ("displayName", "server P95 + band"),
+    return pn.row(19, "Requests to look at", 49), [
+        pn.table(
+            20,
+            "Slowest requests by user $metric",
+            "The 50 slowest pairs of the range. Click a row: both lines of sight of that "
+            "request on one timeline (parallax-request). clock_offset_ms is θ, server "
+            "clock minus browser clock, from this exchange; keep_probability the agent's "
+            "sampling probability for it.",
+            [slowest],
+            (0, 50, 24, 10),
+            links=[
+                (
+                    "Both lines of sight of this request",
+                    f"/d/{REQUEST_UID}?var-trace_id=${{__data.fields.trace_id}}"
+                    "&from=${__data.fields.from_ms}&to=${__data.fields.to_ms}",
+                )
+            ],
+            overrides=[
+                ("from_ms", [("custom.hidden", True)]),
+                ("to_ms", [("custom.hidden", True)]),
             ],
         ),
-        ("band_low_ms", [("custom.lineWidth", 0), ("displayName", "server P95 − band")]),
-        ("user_p95_ms", [("custom.lineWidth", 2)]),
     ]
-    d = (
-        db.Dashboard("Parallax — one route: why")
-        .uid(UID)
-        .tags(["parallax"])
-        .timezone("utc")
-        .time("now-1h", "now")
-        .refresh("1m")
-        .readonly()
-        .variables(variables())  # type: ignore[arg-type]
-        .link(pn.nav_link("All routes", "parallax-sla", "user vs server latency, every route"))
-        .with_row(pn.row(1, "Is it the users or the app? ($metric)", 0))
-        .with_panel(
-            pn.timeseries(
-                2,
-                "$metric: user P95 vs server P95, ±$band ms band around the server",
-                "What users waited for (browser clock) and what the origin app took (server "
-                "clock) for this metric, over the pairs where both are measured (the SLA "
-                "checker's rule). The user line leaving the shaded band around the server line "
-                f"is what the SLA checker alerts on. {WEIGHTED}",
-                [divergence],
-                (0, 1, 16, 9),
-                overrides=band_area,
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.table(
-                3,
-                "$metric over the time range",
-                "Pairs, the requests they stand for, the two P95s and their difference over "
-                "the whole range (the SLA checker judges 5-minute windows with intervals: its "
-                "state is below).",
-                [summary],
-                (16, 1, 8, 4),
-            )
-        )
-        .with_panel(
-            pn.table(
-                4,
-                "The SLA checker on this route",
-                "Latest alert state per metric, with the checker's sentence (it names the "
-                "traps it found: buffering proxy, render lag, event-loop lag, clock far off).",
-                [checker],
-                (16, 5, 8, 5),
-            )
-        )
-        .with_row(pn.row(5, "Where the time goes", 10))
-        .with_panel(
-            pn.timeseries(
-                6,
-                "The slowest 5 % by user $metric: what they are made of",
-                "Over the requests at or above each interval's P95 of the user-side $metric: "
-                "the mean of each part, stacked in the order it happens — network δ (edge hop, "
-                "both directions), proxies (time added by hops before the origin), kernel "
-                "queue (t_arr → t1), prefill (t1 → first body write), decode (first → last "
-                "write), render delay (first chunk → paint). Means over the same requests add "
-                "up; P95s of parts do not (the next panel). A part not measured for a request "
-                f"(no agent timings, no paint) leaves it out of that part's mean. {WEIGHTED}",
-                [tail],
-                (0, 11, 12, 9),
-                stacked=True,
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                7,
-                "P95 of each part",
-                "The SLA checker's parts (the ranking in its sentence): network δ, kernel "
-                "queue (accept + receive), server processing (server TTFB), prefill, decode "
-                "(over the requests written after their first body write: one written at once "
-                f"has no decode window). {WEIGHTED}",
-                [part_p95],
-                (12, 11, 12, 9),
-                interval="1m",
-            )
-        )
-        .with_row(pn.row(8, "Streams: first token and the gaps between tokens", 20))
-        .with_panel(
-            pn.heatmap(
-                9,
-                "User TTFT",
-                "Requests per TTFT bucket (browser: first chunk − t0), each weighing its "
-                "adjusted count. Two bands mean two populations (cache hits, cold starts).",
-                ttft,
-                (0, 21, 8, 9),
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.heatmap(
-                10,
-                "Inter-token gaps in the browser",
-                "Gaps between consecutive chunk arrivals in the browser (throttled XHR "
-                "progress left out). Against the origin's gaps beside it: a buffering proxy "
-                "turns regular origin gaps into ~0 ms bursts and long pauses here.",
-                browser_itl,
-                (8, 21, 8, 9),
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.heatmap(
-                11,
-                "Inter-token gaps at the origin",
-                "Gaps between the origin app's body writes (the kernel agent's chunk offsets): "
-                "the model's own pace.",
-                origin_itl,
-                (16, 21, 8, 9),
-                interval="1m",
-            )
-        )
-        .with_row(pn.row(12, "Traffic and the agent's sampling (service $service)", 30))
-        .with_panel(
-            pn.timeseries(
-                13,
-                "Requests per second",
-                "The agent's exact counts for the service's ports (every request, sampled or "
-                "not: request_counts), the requests it traced, and this route's paired "
-                "requests (Σ adjusted counts) and pairs. Counts are per service and port: the "
-                "agent does not count per route.",
-                [rate, paired],
-                (0, 31, 12, 8),
-                unit="reqps",
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                14,
-                "Share of the service's requests traced",
-                "traced / seen from the agent's counts; 1 = every request. Below 1 the agent "
-                "sampled under its CPU budget: the panels above weigh each pair by 1/p, so "
-                "their P95s stay the population's, from fewer pairs.",
-                [share],
-                (12, 31, 12, 8),
-                unit="percentunit",
-                min_val=0,
-                max_val=1,
-                interval="1m",
-            )
-        )
-        .with_row(pn.row(15, "GPU (spans with the agent's parallax.gpu.* attributes)", 39))
-        .with_panel(
-            pn.timeseries(
-                16,
-                "GPU busy in the request windows",
-                "SM utilisation of the service's GPU processes during prefill and during "
-                "decode, weighted by window length × adjusted count (docs/sla.md, Server time "
-                f"and the GPU): ≥ {gpu.BUSY_PCT:g} % GPU-bound, ≤ {gpu.IDLE_MAX_BUSY_PCT:g} % "
-                "the wait is before the GPU. Right axis: requests in flight. Empty for a route "
-                "without GPU data (absent is not zero).",
-                [_gpu_busy_sql()],
-                (0, 40, 8, 9),
-                unit="percent",
-                overrides=[
-                    ("inflight_mean", [("unit", "short"), ("custom.axisPlacement", "right")])
-                ],
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                17,
-                "SM clock and power, per GPU",
-                "For the GPUs the route's spans ran on (their parallax.gpu.uuid = gpu_samples "
-                f"hw.id): the SM clock as % of its maximum (below {gpu.CLOCK_LOW_PCT:g} % is "
-                "past GPU Boost's normal range) and the power draw as % of the enforced limit.",
-                [clock],
-                (8, 40, 8, 9),
-                unit="percent",
-                interval="1m",
-            )
-        )
-        .with_panel(
-            pn.table(
-                18,
-                "Why the clock is low, per GPU",
-                "Over the time range: readings, the mean SM clock, the share of readings below "
-                f"{gpu.CLOCK_LOW_PCT:g} % of max, and NVML's clock-event reasons of those "
-                "readings in words (GPU idle left out: an idle GPU clocks down).",
-                [why_clock],
-                (16, 40, 8, 9),
-            )
-        )
-        .with_row(pn.row(19, "Requests to look at", 49))
-        .with_panel(
-            pn.table(
-                20,
-                "Slowest requests by user $metric",
-                "The 50 slowest pairs of the range. Click a row: both lines of sight of that "
-                "request on one timeline (parallax-request). clock_offset_ms is θ, server "
-                "clock minus browser clock, from this exchange; keep_probability the agent's "
-                "sampling probability for it.",
-                [slowest],
-                (0, 50, 24, 10),
-                links=[
-                    (
-                        "Both lines of sight of this request",
-                        f"/d/{REQUEST_UID}?var-trace_id=${{__data.fields.trace_id}}"
-                        "&from=${__data.fields.from_ms}&to=${__data.fields.to_ms}",
-                    )
-                ],
-                overrides=[
-                    ("from_ms", [("custom.hidden", True)]),
-                    ("to_ms", [("custom.hidden", True)]),
-                ],
-            )
-        )
-    )
-    return d
