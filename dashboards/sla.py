@@ -73,6 +73,29 @@ def _p95_panel(pid: int, metric: str, words: str, x: int) -> pn.PanelBuilder:
 
 
 def build() -> db.Dashboard:
+    d = (
+        db.Dashboard("Parallax — user vs server latency")
+        .uid(UID)
+        .tags(["parallax"])
+        .timezone("utc")
+        .time("now-1h", "now")
+        .refresh("30s")
+        .readonly()
+        .with_variable(route_variable())
+    )
+    return pn.with_sections(
+        d,
+        alerts_firing(),
+        user_vs_server(),
+        divergence_by_route(),
+        where_the_time_goes(),
+        inter_token_gaps(),
+        coverage_and_sampling(),
+    )
+
+
+def alerts_firing() -> pn.Section:
+    """Where on-call starts: the checker's open alerts, each a link to its route's "why"."""
     alerts = sql(
         f"""SELECT service, route, metric, state, severity, round(divergence_ms, 1) AS
         divergence_ms, round(ci_low_ms, 1) AS ci_low_ms, round(ci_high_ms, 1) AS ci_high_ms,
@@ -82,6 +105,37 @@ def build() -> db.Dashboard:
         AND state IN ('firing', 'insufficient_data', 'pending')
         ORDER BY state = 'pending', abs(divergence_ms) DESC"""
     )
+    return None, [
+        pn.table(
+            1,
+            "Alerts firing now",
+            "The SLA checker's pending and firing alerts (latest state per route and "
+            "metric), firing first, worst divergence first, with its sentence. Click a row: "
+            "the route's dashboard, on this metric and band.",
+            [alerts],
+            (0, 0, 24, 7),
+            links=[
+                (
+                    "Why? The route's dashboard",
+                    TO_ROUTE + "&var-metric=${__data.fields.metric}"
+                    "&var-band=${__data.fields.band_ms}&${__url_time_range}",
+                )
+            ],
+        ),
+    ]
+
+
+def user_vs_server() -> pn.Section:
+    """Is it the users or the app, per metric across the selected routes."""
+    return None, [
+        _p95_panel(2, "ttfb", "TTFB", 0),
+        _p95_panel(3, "ttft", "TTFT", 8),
+        _p95_panel(4, "visible_ttft", "Visible TTFT", 16),
+    ]
+
+
+def divergence_by_route() -> pn.Section:
+    """Which routes diverge, on every metric, each a link to its route's "why"."""
     diverge = ", ".join(
         f"round({p95(f'if({measured(m)}, toFloat64({METRICS[m][0]}), NULL)')} - "
         f"{p95(f'if({measured(m)}, toFloat64({METRICS[m][1]}), NULL)')}, 1) AS {m}_ms"
@@ -91,6 +145,24 @@ def build() -> db.Dashboard:
         f"""SELECT service, route, count() AS pairs, round(sum({ADJ})) AS requests, {diverge}
         FROM {PAIRS} WHERE {WHERE} GROUP BY service, route ORDER BY abs(ttfb_ms) DESC"""
     )
+    return None, [
+        pn.table(
+            5,
+            "Divergence by route (P95 user − P95 server)",
+            "Point estimates over the dashboard's time range; the SLA checker's verdicts "
+            "(with confidence intervals) are in the alerts panel and on /ui. P95s weigh each "
+            "pair by the requests it stands for (1/p of the agent's sampling probability, "
+            "the span's tracestate ot=th); `requests` is their sum. Click a row: the route's "
+            "dashboard.",
+            [by_route],
+            (0, 15, 12, 8),
+            links=[("Why? The route's dashboard", TO_ROUTE + "&${__url_time_range}")],
+        ),
+    ]
+
+
+def where_the_time_goes() -> pn.Section:
+    """The parts the app cannot see from inside: network, kernel queues, render delay."""
     parts = ", ".join(
         f"{p95(e)} AS {name}_ms"
         for name, e in (
@@ -104,6 +176,20 @@ def build() -> db.Dashboard:
         f"""SELECT $__timeInterval(time) AS t, {parts} FROM {PAIRS} WHERE {WHERE}
         GROUP BY t ORDER BY t"""
     )
+    return None, [
+        pn.timeseries(
+            6,
+            "Where the time goes (P95 of each part)",
+            "Network + proxies δ (edge hop), kernel accept/receive-queue waits (event-loop "
+            f"lag the app cannot see), render delay in the browser. {WEIGHTED}",
+            [where_time],
+            (12, 15, 12, 8),
+        ),
+    ]
+
+
+def inter_token_gaps() -> pn.Section:
+    """The stream at each of its three points: a buffering proxy between them shows here."""
     gaps = [
         sql(
             f"""SELECT $__timeInterval(time) AS t, quantileExactWeighted(0.95)(gap, {QW}) AS
@@ -116,6 +202,20 @@ def build() -> db.Dashboard:
             ("browser", "user_itl_ms"),
         )
     ]
+    return None, [
+        pn.timeseries(
+            7,
+            "Inter-token gaps P95: origin, edge, browser",
+            "Token gaps as the origin app wrote them. A buffering proxy shows as regular "
+            f"gaps here and bursts at the edge and in the browser (see /ui). {WEIGHTED}",
+            gaps,
+            (0, 23, 12, 8),
+        ),
+    ]
+
+
+def coverage_and_sampling() -> pn.Section:
+    """How many requests the panels above stand on: the pairs, and the share traced."""
     coverage = sql(
         f"""SELECT $__timeInterval(time) AS t, count() AS pairs, round(sum({ADJ})) AS requests,
         countIf(hops > 1) AS via_proxy, countIf(server_timed) AS kernel_timed FROM {PAIRS}
@@ -126,98 +226,30 @@ def build() -> db.Dashboard:
         nullIf(sumIf(d, metric = '{SEEN}'), 0) AS traced_share FROM ({counter_increments()})
         GROUP BY t, service ORDER BY t"""
     )
-    d = (
-        db.Dashboard("Parallax — user vs server latency")
-        .uid(UID)
-        .tags(["parallax"])
-        .timezone("utc")
-        .time("now-1h", "now")
-        .refresh("30s")
-        .readonly()
-        .with_variable(route_variable())
-        .with_panel(
-            pn.table(
-                1,
-                "Alerts firing now",
-                "The SLA checker's pending and firing alerts (latest state per route and "
-                "metric), firing first, worst divergence first, with its sentence. Click a row: "
-                "the route's dashboard, on this metric and band.",
-                [alerts],
-                (0, 0, 24, 7),
-                links=[
-                    (
-                        "Why? The route's dashboard",
-                        TO_ROUTE + "&var-metric=${__data.fields.metric}"
-                        "&var-band=${__data.fields.band_ms}&${__url_time_range}",
-                    )
-                ],
-            )
-        )
-        .with_panel(_p95_panel(2, "ttfb", "TTFB", 0))
-        .with_panel(_p95_panel(3, "ttft", "TTFT", 8))
-        .with_panel(_p95_panel(4, "visible_ttft", "Visible TTFT", 16))
-        .with_panel(
-            pn.table(
-                5,
-                "Divergence by route (P95 user − P95 server)",
-                "Point estimates over the dashboard's time range; the SLA checker's verdicts "
-                "(with confidence intervals) are in the alerts panel and on /ui. P95s weigh each "
-                "pair by the requests it stands for (1/p of the agent's sampling probability, "
-                "the span's tracestate ot=th); `requests` is their sum. Click a row: the route's "
-                "dashboard.",
-                [by_route],
-                (0, 15, 12, 8),
-                links=[("Why? The route's dashboard", TO_ROUTE + "&${__url_time_range}")],
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                6,
-                "Where the time goes (P95 of each part)",
-                "Network + proxies δ (edge hop), kernel accept/receive-queue waits (event-loop "
-                f"lag the app cannot see), render delay in the browser. {WEIGHTED}",
-                [where_time],
-                (12, 15, 12, 8),
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                7,
-                "Inter-token gaps P95: origin, edge, browser",
-                "Token gaps as the origin app wrote them. A buffering proxy shows as regular "
-                f"gaps here and bursts at the edge and in the browser (see /ui). {WEIGHTED}",
-                gaps,
-                (0, 23, 12, 8),
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                8,
-                "Pairing coverage",
-                "Requests seen from both sides (pairs), and the requests they stand for under "
-                "the agent's sampling (each pair weighs 1/p); how many crossed a proxy; how many "
-                "the kernel agent timed (the rest came from an OpenTelemetry SDK span).",
-                [coverage],
-                (12, 23, 12, 8),
-                unit="short",
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                9,
-                "Traced share of requests, by service (agent sampling)",
-                "The share of each service's requests the agent traced, from its exact counts "
-                "(parallax.requests.seen / traced per port, request_counts); 1 = every request. "
-                "Under load the agent samples each request at random with a probability it "
-                "adapts to its CPU budget; the other panels weigh each traced request by 1/p, so "
-                "their P95s stay the population's. A low share means fewer pairs: wider "
-                "intervals, not wrong ones.",
-                [share],
-                (0, 31, 24, 8),
-                unit="percentunit",
-                min_val=0,
-                max_val=1,
-            )
-        )
-    )
-    return d
+    return None, [
+        pn.timeseries(
+            8,
+            "Pairing coverage",
+            "Requests seen from both sides (pairs), and the requests they stand for under "
+            "the agent's sampling (each pair weighs 1/p); how many crossed a proxy; how many "
+            "the kernel agent timed (the rest came from an OpenTelemetry SDK span).",
+            [coverage],
+            (12, 23, 12, 8),
+            unit="short",
+        ),
+        pn.timeseries(
+            9,
+            "Traced share of requests, by service (agent sampling)",
+            "The share of each service's requests the agent traced, from its exact counts "
+            "(parallax.requests.seen / traced per port, request_counts); 1 = every request. "
+            "Under load the agent samples each request at random with a probability it "
+            "adapts to its CPU budget; the other panels weigh each traced request by 1/p, so "
+            "their P95s stay the population's. A low share means fewer pairs: wider "
+            "intervals, not wrong ones.",
+            [share],
+            (0, 31, 24, 8),
+            unit="percentunit",
+            min_val=0,
+            max_val=1,
+        ),
+    ]
