@@ -225,6 +225,28 @@ def trace_sql() -> str:
 
 
 def build() -> db.Dashboard:
+    d = (
+        db.Dashboard("Parallax — one request, both lines of sight")
+        .uid(UID)
+        .tags(["parallax"])
+        .timezone("utc")
+        .time("now-1h", "now")
+        .readonly()
+        .with_variable(
+            db.TextBoxVariable("trace_id")
+            .label("Trace id")
+            .description("32 hex digits (the traceparent's trace id)")
+            .default_value("")
+        )
+        .link(pn.nav_link("Route", "parallax-route", "the route's dashboard"))
+    )
+    return pn.with_sections(
+        d, the_exchanges(), both_lines_of_sight(), chunk_delivery(), every_instant()
+    )
+
+
+def the_exchanges() -> pn.Section:
+    """Each exchange's numbers as the pairs have them, and the θ the panels below apply."""
     exchanges = sql(
         f"""SELECT p.time AS time, p.kind AS kind, p.method AS method, p.route AS route,
         p.service AS service, p.hops AS hops, round(p.user_ttfb_ms, 1) AS user_ttfb_ms,
@@ -238,6 +260,40 @@ def build() -> db.Dashboard:
         LEFT JOIN ({EXCHANGES}) AS x ON x.span_id = p.span_id AND x.seq = p.seq
         ORDER BY time"""
     )
+    return None, [
+        pn.table(
+            1,
+            "The exchanges of this trace",
+            "Each browser request of the trace paired with its server hops: both sides' "
+            "TTFB, TTFT and duration (each on its own clock), network δ, kernel queue, the "
+            "clock offset θ used below and where it comes from (the session's filtered θ, "
+            "else this exchange's sample), the agent's keep probability.",
+            [exchanges],
+            (0, 0, 24, 5),
+        ),
+    ]
+
+
+def both_lines_of_sight() -> pn.Section:
+    return None, [
+        pn.traces(
+            2,
+            "Both lines of sight on the server's clock",
+            "The browser's request (t0 → response end, moved by θ) and each server hop "
+            "(t_arr → last write) with its kernel queue, prefill and decode; events: the "
+            "browser's chunk arrivals and paint, the app's read, first byte and body "
+            "writes. A gap between a write and its arrival is network + proxies; a proxy "
+            "that buffers shows writes spread out and arrivals bunched. Each hop's process "
+            "tags say where it ran: host and, in Kubernetes, namespace, pod and container.",
+            trace_sql(),
+            (0, 5, 24, 12),
+        ),
+    ]
+
+
+def chunk_delivery() -> pn.Section:
+    """Each chunk as the origin wrote it and as the browser received it: where a buffering
+    proxy or the network coalescing shows."""
     writes = sql(
         f"""SELECT fromUnixTimestamp64Nano(t1_ns + o * 1000) AS time, toFloat64(i) AS
         written_at_origin FROM ({HOPS}) ARRAY JOIN offsets AS o, arrayEnumerate(offsets) AS i
@@ -248,81 +304,41 @@ def build() -> db.Dashboard:
         toFloat64(i) AS arrived_in_browser FROM ({EXCHANGES})
         ARRAY JOIN chunks AS c, arrayEnumerate(chunks) AS i ORDER BY time"""
     )
-    return (
-        db.Dashboard("Parallax — one request, both lines of sight")
-        .uid(UID)
-        .tags(["parallax"])
-        .timezone("utc")
-        .time("now-1h", "now")
-        .readonly()
-        .with_variable(
-            db.TextBoxVariable("trace_id")
-            .label("Trace id")
-            .description("32 hex digits (the traceparent's trace id)")
-            .default_value("")
-        )
-        .with_panel(
-            pn.table(
-                1,
-                "The exchanges of this trace",
-                "Each browser request of the trace paired with its server hops: both sides' "
-                "TTFB, TTFT and duration (each on its own clock), network δ, kernel queue, the "
-                "clock offset θ used below and where it comes from (the session's filtered θ, "
-                "else this exchange's sample), the agent's keep probability.",
-                [exchanges],
-                (0, 0, 24, 5),
-            )
-        )
-        .with_panel(
-            pn.traces(
-                2,
-                "Both lines of sight on the server's clock",
-                "The browser's request (t0 → response end, moved by θ) and each server hop "
-                "(t_arr → last write) with its kernel queue, prefill and decode; events: the "
-                "browser's chunk arrivals and paint, the app's read, first byte and body "
-                "writes. A gap between a write and its arrival is network + proxies; a proxy "
-                "that buffers shows writes spread out and arrivals bunched. Each hop's process "
-                "tags say where it ran: host and, in Kubernetes, namespace, pod and container.",
-                trace_sql(),
-                (0, 5, 24, 12),
-            )
-        )
-        .with_panel(
-            pn.timeseries(
-                3,
-                "Chunks written at the origin vs arrived in the browser",
-                "Chunk number over time, both on the server's clock (browser times moved by "
-                "θ): the horizontal distance between the two lines is each chunk's delivery "
-                "time. Steps in the browser line where the origin line is smooth: something "
-                "between them buffers. Needs the time range around the request (the link from "
-                "the route dashboard sets it).",
-                [writes, arrivals],
-                (0, 17, 12, 10),
-                unit="short",
-                points=True,
-            )
-        )
-        .with_panel(
-            pn.table(
-                4,
-                "Chunk by chunk",
-                "Per chunk: when the origin wrote it and when the browser received it (ms "
-                "since the browser's t0, server clock), the difference, and the gap since the "
-                "previous chunk on each side. The browser may see fewer, larger chunks than "
-                "the app wrote (a proxy or the network coalescing them).",
-                [chunks_sql()],
-                (12, 17, 12, 10),
-            )
-        )
-        .with_panel(
-            pn.table(
-                5,
-                "Every instant, in order",
-                "Browser and server events of the trace on one clock: ms since the browser's "
-                "t0 (θ applied), and the instant on the server's clock.",
-                [events_sql()],
-                (0, 27, 24, 12),
-            )
-        )
-        .link(pn.nav_link("Route", "parallax-route", "the route's dashboard"))
-    )
+    return None, [
+        pn.timeseries(
+            3,
+            "Chunks written at the origin vs arrived in the browser",
+            "Chunk number over time, both on the server's clock (browser times moved by "
+            "θ): the horizontal distance between the two lines is each chunk's delivery "
+            "time. Steps in the browser line where the origin line is smooth: something "
+            "between them buffers. Needs the time range around the request (the link from "
+            "the route dashboard sets it).",
+            [writes, arrivals],
+            (0, 17, 12, 10),
+            unit="short",
+            points=True,
+        ),
+        pn.table(
+            4,
+            "Chunk by chunk",
+            "Per chunk: when the origin wrote it and when the browser received it (ms "
+            "since the browser's t0, server clock), the difference, and the gap since the "
+            "previous chunk on each side. The browser may see fewer, larger chunks than "
+            "the app wrote (a proxy or the network coalescing them).",
+            [chunks_sql()],
+            (12, 17, 12, 10),
+        ),
+    ]
+
+
+def every_instant() -> pn.Section:
+    return None, [
+        pn.table(
+            5,
+            "Every instant, in order",
+            "Browser and server events of the trace on one clock: ms since the browser's "
+            "t0 (θ applied), and the instant on the server's clock.",
+            [events_sql()],
+            (0, 27, 24, 12),
+        ),
+    ]
