@@ -5,6 +5,7 @@ import { build } from "esbuild";
 import { minify } from "terser";
 import { gzipSync } from "node:zlib";
 import { execFileSync } from "node:child_process";
+import { basename, dirname } from "node:path";
 
 // Fields of the probe's internal objects, renamed in the <script> build (esbuild mangleProps).
 // Only names that are never a DOM, Options or beacon field: a name added here must not occur
@@ -23,8 +24,12 @@ const INTERNAL_PROPS = [
  *  no property: it shares the core's objects (Rec, Entry), whose fields must read the same
  *  in both (and no field they share may be listed above). */
 export async function iife(entry = "src/global.ts", reader = false) {
+  // The reader module exports what the core calls (src/lazy.ts Reader), nothing else.
+  const from = { stdin: { contents: `export { open, read, summary } from "./${basename(entry)}";`,
+    resolveDir: dirname(entry), loader: "ts" } };
   const out = await build({
-    entryPoints: [entry], bundle: true, write: false, format: reader ? "esm" : "iife",
+    ...(reader ? from : { entryPoints: [entry] }),
+    bundle: true, write: false, format: reader ? "esm" : "iife",
     target: ["es2020"], minify: true, legalComments: "none",
     mangleProps: reader ? undefined : new RegExp(`^(${INTERNAL_PROPS.join("|")})$`),
     // Sloppy mode (no "use strict" prologue): nothing in the probe depends on strict semantics.
