@@ -36,8 +36,7 @@ const FEATURES = [
     ["core.ts", "      settle(r);\n", ""],
     ["core.ts", "      if (r.q || r.y! < 0) r.q && (r.m = r.l), r.d || awaiting.push(r);\n      else return !r.m || r.y! > r.m;", "      return 1;"],
     ["core.ts", " && !r.q) emit(r);", ") emit(r);"],
-    ["probe.ts", "  const u = o.llmReader;\n  cfg.load = u ? from(u) : load;\n", ""],
-    ["global.ts", "start(o, from(\"./parallax-llm.min.js\"))", "start(o)"],
+    ["probe.ts", "  cfg.load = load || from(o.llmReader || \"./parallax-llm.min.js\");\n", ""],
   ]],
   ["… the answer's paint (an LLM stream's: after its first answer token, not its first chunk)", [
     ["core.ts", "      settle(r);\n", ""],

@@ -8,4 +8,5 @@ export { flush, markRendered, version, type Options } from "./probe";
 export { formatTraceparent, generateTraceContext, parseTraceparent } from "./traceContext";
 
 /** Start the probe. Idempotent; a no-op where the browser lacks what it needs; never throws. */
-export const init = (o: Options): void => start(o, (done) => void import("./llm").then(done, done));
+export const init = (o: Options): void =>
+  start(o, o?.llmReader ? undefined : (done) => void import("./llm").then(done, done));

@@ -13,32 +13,33 @@ export interface Reader {
   summary(r: Rec): void;
 }
 
-/** Bytes held in all while the reader loads, every stream's chunks together (an
- *  EventSource's messages: their characters); a chunk that would pass it is not held, and its
- *  stream not read (reason llm_overflow). */
+/** Bytes held at once while the reader loads, every stream's chunks together (an
+ *  EventSource's messages: their characters); the stream whose chunk passes it is let go and
+ *  not read (reason llm_overflow). */
 export const MAX_HELD = 131072;
 let R: Reader | 0 | null | undefined; // the reader; 0: it cannot load; null: asked for
-let bytes = 0; // held in all (what was held stays counted: the bound is on memory)
+let bytes = 0; // held now
 /** How to get the reader (init sets cfg.load: from(), or the ESM build's import()). It hands
  *  `done` the reader — or anything else (an error, nothing): then there is none. */
 export type Load = (done: (x?: unknown) => void) => void;
 
 /** The framing a content type announces — what makes a fetch response an LLM candidate:
  *  1 SSE, 2 NDJSON, 0 none (bytes: no reader). The one place of this rule. */
-export const framing = (ct: string | null): number => {
-  const m = /(event-stream)|ndjson|jsonl/i.exec(ct!);
-  return m ? (m[1] ? 1 : 2) : 0;
+export const framing = (ct: string | null): number =>
+  /event-stream/i.test(ct!) ? 1 : /ndjson|jsonl/i.test(ct!) ? 2 : 0;
+
+/** A held stream that will not be read: what it held is let go, and the entry says why. */
+const drop = (r: Rec, why: string): void => {
+  for (const x of r.q as { length?: number }[]) bytes -= x.length || 0;
+  r.q = 0;
+  r.e.reason = why;
 };
 
 /** Once the loader has answered, a held stream is handed to the reader — what was held
  *  replayed at the times it arrived — or marked unread. (The reader throws nothing.) */
 export const settle = (r: Rec): void => {
   const q = r.q;
-  if (q && R != null) {
-    r.q = 0;
-    if (R) R.open(r, q);
-    else r.e.reason = "llm_unread";
-  }
+  if (q && R != null) R ? ((r.q = 0), R.open(r, q)) : drop(r, "llm_unread");
 };
 
 /** A response that may be an LLM stream: framing `f` (0: an EventSource's messages). */
@@ -53,7 +54,7 @@ export function llm(r: Rec, f: number): void {
 /** A chunk (bytes) or an EventSource message (text) the app read at `t`. */
 export function feed(r: Rec, t: number, v: Uint8Array | string): void {
   settle(r);
-  if (r.q) (bytes += v.length) > MAX_HELD ? ((r.q = 0), (r.e.reason = "llm_overflow")) : r.q.push(t, v);
+  if (r.q) r.q.push(t, v), (bytes += v.length) > MAX_HELD && drop(r, "llm_overflow");
   else if (r.k) (R as Reader).read(r, t, v);
 }
 
@@ -61,7 +62,7 @@ export function feed(r: Rec, t: number, v: Uint8Array | string): void {
  *  has waited as long as any entry waits (core.ts WAIT_MS). */
 export function fin(r: Rec): void {
   settle(r);
-  if (r.q) (r.q = 0), (r.e.reason = "llm_unread"); // the reader has not come (yet)
+  if (r.q) drop(r, "llm_unread"); // the reader has not come (yet)
   else if (r.k) (R as Reader).summary(r);
 }
 

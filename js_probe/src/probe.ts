@@ -7,9 +7,9 @@ import { from, type Load } from "./lazy";
 import { navigation } from "./navigation";
 import { session } from "./session";
 import { generateTraceContext, parseTraceparent } from "./traceContext";
-import { transport as makeTransport, VERSION, type Transport } from "./transport";
+import { transport as makeTransport, type Transport } from "./transport";
 
-export const version = VERSION;
+export { VERSION as version } from "./transport";
 
 export interface Options {
   /** Beacon URL, e.g. https://collector.example.com/v1/beacons. */
@@ -52,8 +52,9 @@ const guard =
     }
   };
 
-/** Start the probe, `load` getting the token reader unless `o.llmReader` names one.
- *  Idempotent; a no-op where the browser lacks what it needs; never throws. */
+/** Start the probe; `load` gets the token reader (default: import() of `o.llmReader`, else of
+ *  the file next to this script). Idempotent; a no-op where the browser lacks what it needs;
+ *  never throws. */
 export const start = guard((o: Options, load?: Load): void => {
   const w = globalThis as W;
   const doc = w.document;
@@ -61,8 +62,7 @@ export const start = guard((o: Options, load?: Load): void => {
   // workers) the probe stays out of the way.
   if (w[MARK] || !o?.endpoint || !doc || !performance.timeOrigin || !w.crypto || !w.Proxy) return;
   w[MARK] = 1;
-  const u = o.llmReader;
-  cfg.load = u ? from(u) : load;
+  cfg.load = load || from(o.llmReader || "./parallax-llm.min.js");
   const rate = o.sampleRate ?? 1; // below 0 is 0, above 1 is 1: Math.random() < rate
   const idle = o.sessionIdleMs ?? 1800000;
   const sess = () => session(rate, idle);

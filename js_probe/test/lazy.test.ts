@@ -107,10 +107,16 @@ test("past the bound (MAX_HELD in all): that stream is not read (llm_overflow); 
   feed(b, 6, big);
   assert.equal(b.q, 0);
   assert.equal(b.e.reason, "llm_overflow");
+  // b's bytes were let go: a stream after it is held again
+  const c = rec();
+  llm(c, 1);
+  CHUNKS.forEach((x, i) => feed(c, at(i), x));
+  assert.ok(c.q);
   answer!(reader);
-  CHUNKS.slice(4).forEach((c, i) => feed(a, at(i + 4), c));
+  CHUNKS.slice(4).forEach((x, i) => feed(a, at(i + 4), x));
   feed(b, 7, enc.encode(chat("late")));
-  for (const r of [a, b]) (r.x = 70), fin(r);
+  for (const r of [a, b, c]) (r.x = 70), fin(r);
+  assert.deepEqual(c.e, direct(70));
   assert.deepEqual(a.e, direct(70));
   assert.equal(b.e.llm, undefined, "no llm object: its first chunks are gone");
   assert.equal(b.e.reason, "llm_overflow");

@@ -167,3 +167,31 @@ def test_paint_after_the_first_answer_token(
         assert llm["first_token_ms"] <= e["rendered_ms"] < llm["first_token_ms"] + 200, e
     assert errors == [] and sink.invalid() == []
     page.close()
+
+
+def test_a_first_stream_past_the_bound_is_not_read(
+    browser: Browser, sink: Sink, replay: Replay
+) -> None:
+    # 1 MB in one event before the reader has come (it answers 300 ms late): past the 128 KiB
+    # held for it, so that stream is not read; the page reads every byte; the next one is read.
+    def chat(content: str) -> str:
+        return 'data: {"choices":[{"delta":{"content":"' + content + '"}}]}\n\n'
+
+    done = 'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    body = (chat("a") + chat("y" * (1 << 20)) + chat("b") + done).encode()
+    sink.pages["/big"] = SinkPage(body, ctype="text/event-stream")
+    sink.pages["/small"] = SinkPage((chat("a") + done).encode(), ctype="text/event-stream")
+    sink.delay_s["/parallax-llm.min.js"] = 0.3
+    page, errors = _page(browser, sink, replay)
+    read = """async (u) => {
+      const rd = (await fetch(u)).body.getReader(); let n = 0;
+      for (;;) { const {done, value} = await rd.read(); if (done) return n; n += value.length; }
+    }"""
+    assert page.evaluate(read, "/big") == len(body)
+    big = sink.wait_entry(lambda e: e["url"].endswith("/big"))
+    assert "llm" not in big and big["reason"] == "llm_overflow", big
+    assert page.evaluate(read, "/small") > 0
+    small = sink.wait_entry(lambda e: e["url"].endswith("/small"))
+    assert small["llm"]["tokens"] == 1 and "reason" not in small, small
+    assert errors == [] and sink.invalid() == []
+    page.close()
