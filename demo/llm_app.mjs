@@ -15,6 +15,8 @@ import { dirname, join } from "node:path";
 const here = dirname(fileURLToPath(import.meta.url));
 const STATIC = join(here, "static", "chat.html");
 const PROBE_JS = join(here, "..", "js_probe", "dist", "parallax.min.js");
+// the probe's token reader, which it imports from next to itself on the first LLM stream
+const STATIC_JS = { "/parallax.min.js": PROBE_JS, "/parallax-llm.min.js": join(here, "..", "js_probe", "dist", "parallax-llm.min.js") };
 const WORDS = ("Latency is what the user waits for, not what the server logs. Each token crosses the " +
   "kernel, the network, a proxy or two, and the browser's event loop before it is painted.").split(" ");
 const token = (i) => WORDS[i % WORDS.length] + " ";
@@ -236,8 +238,8 @@ async function route(req, res, rec, url, p, body) {
     const pageTrace = `00-${hex(16)}-${hex(8)}-01`;
     res.writeHead(200, { ...baseHeaders(req, "text/html; charset=utf-8"),
       "server-timing": `traceparent;desc="${pageTrace}"` }).end(readFileSync(STATIC));
-  } else if (rec.path === "/parallax.min.js" && existsSync(PROBE_JS)) {
-    res.writeHead(200, baseHeaders(req, "text/javascript")).end(readFileSync(PROBE_JS));
+  } else if (Object.hasOwn(STATIC_JS, rec.path) && existsSync(STATIC_JS[rec.path])) {
+    res.writeHead(200, baseHeaders(req, "text/javascript")).end(readFileSync(STATIC_JS[rec.path]));
   } else if (rec.path === "/favicon.ico") res.writeHead(204).end();
   else res.writeHead(404, baseHeaders(req, "text/plain")).end("not found\n");
 }

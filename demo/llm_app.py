@@ -66,6 +66,9 @@ Send = Callable[[Message], Awaitable[None]]
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = Path(__file__).resolve().parent / "static"
 PROBE_JS = ROOT / "js_probe" / "dist" / "parallax.min.js"
+# the probe's token reader, which it imports from next to itself on the first LLM stream
+READER_JS = PROBE_JS.with_name("parallax-llm.min.js")
+STATIC_JS = {"/" + f.name: f for f in (PROBE_JS, READER_JS)}
 _TEXT = (
     "Latency is what the user waits for, not what the server logs. Each token crosses the "
     "kernel, the network, a proxy or two, and the browser's event loop before it is painted."
@@ -308,8 +311,8 @@ class LlmApp:
             await self._respond(
                 send, rec, 200, html, "text/html; charset=utf-8", origin, page_trace=page_trace
             )
-        elif path == "/parallax.min.js" and method == "GET" and PROBE_JS.exists():
-            js = PROBE_JS.read_bytes()
+        elif path in STATIC_JS and method == "GET" and STATIC_JS[path].exists():
+            js = STATIC_JS[path].read_bytes()
             await self._respond(send, rec, 200, js, "text/javascript", origin)
         elif path == "/favicon.ico":
             await self._respond(send, rec, 204, b"", "image/x-icon", origin)

@@ -1,7 +1,8 @@
 // What each feature of the probe costs in the <script> build: the build of src/ as it is,
 // then once per feature with that feature cut out of a copy of src/ (exact text patches
 // below), each through the same pipeline as dist/parallax.min.js (iife.mjs). Prints a
-// Markdown table: feature → gzip bytes it costs (and raw bytes).
+// Markdown table: feature → gzip bytes it costs (and raw bytes). The token reader
+// (dist/parallax-llm.min.js, loaded on demand) is measured the same way, in rows of its own.
 //
 //   node sizes.mjs            (docs/probe.md "Size" holds its output)
 //   node sizes.mjs --cut XMLHttpRequest --cut "transport: clock"
@@ -24,17 +25,22 @@ const FEATURES = [
   ["… reading back the header OpenTelemetry set (loaded before the probe)", [
     ["instrument.ts", "const got = r && sent && parseTraceparent(new Headers(sent.headers).get(TP));\n        if (got) Object.assign(r!.e, ids(got));", ""],
   ]],
-  ["LLM streams: tokens (src/llm.ts: dialects, token times, counts, endings; fetch and EventSource)", [
-    ["instrument.ts", "if (r.k?.f) bytes(r, r.l!, v.value as Uint8Array);", ""],
-    ["instrument.ts", "if (!ws) event(r, r.l!, (ev as MessageEvent).data); // an EventSource's message", ""],
-    ["instrument.ts", "open(rec, /event-stream/i.test(ct!) ? 1 : /ndjson|jsonl/i.test(ct!) ? 2 : 0);", ""],
-    ["instrument.ts", "else open(r, 0);", ""],
-    ["core.ts", "  summary(r);\n", ""],
+  ["LLM streams, the core's part (src/lazy.ts: which streams, the reader imported once, chunks held until it comes, why a stream was not read; the answer's paint)", [
+    ["instrument.ts", "                  const f = framing(resp.headers.get(\"content-type\"));\n                  if (f) llm(rec, f);\n", ""],
+    ["instrument.ts", "else llm(r, 0);", ""],
+    ["instrument.ts", "            feed(r, r.l!, v.value as Uint8Array); // (throws nothing: the reader catches its own)\n", ""],
+    ["instrument.ts", "if (!ws) feed(r, r.l!, (ev as MessageEvent).data); // an EventSource's message", ""],
+    ["core.ts", "  fin(r); // (before r.d: the reader reads nothing into an entry sent)\n", ""],
     ["core.ts", "    r.c ||= all && !r.x; // a stream still open when the page leaves: the user left it\n", ""],
     ["instrument.ts", "        s.r.c ||= !s.r.x; // the page closed it before the server did\n", ""],
+    ["core.ts", "      settle(r);\n", ""],
+    ["core.ts", "      if (r.q || r.y! < 0) r.q && (r.m = r.l), r.d || awaiting.push(r);\n      else return !r.m || r.y! > r.m;", "      return 1;"],
+    ["core.ts", " && !r.q) emit(r);", ") emit(r);"],
+    ["probe.ts", "  cfg.load = load || from(o.llmReader || \"./parallax-llm.min.js\");\n", ""],
   ]],
-  ["… its SSE/NDJSON framing of fetch bodies (EventSource messages come framed)", [
-    ["instrument.ts", "if (r.k?.f) bytes(r, r.l!, v.value as Uint8Array);", ""],
+  ["… the answer's paint (an LLM stream's: after its first answer token, not its first chunk)", [
+    ["core.ts", "      settle(r);\n", ""],
+    ["core.ts", "      if (r.q || r.y! < 0) r.q && (r.m = r.l), r.d || awaiting.push(r);\n      else return !r.m || r.y! > r.m;", "      return 1;"],
   ]],
   ["XMLHttpRequest", [["instrument.ts", "if (X) {", "if (0) {"]]],
   ["EventSource", [["instrument.ts", "if (ES) {", "if (0) {"]]],
@@ -47,22 +53,22 @@ const FEATURES = [
     ["instrument.ts", "const c = ws ? s.cur : r;", "const c = ws ? undefined : r;"],
   ]],
   ["Resource Timing for requests (observer, matching)", [
-    ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
+    ["probe.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
   ]],
   ["… Resource Timing as a whole: also the entry's t0, t3, end, phases, size, protocol, status (the navigation entry's too)", [
-    ["index.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
+    ["probe.ts", "new PerformanceObserver(guard(onResource)).observe({ type: \"resource\" });", ""],
     ["core.ts", "  const t = r.t;", "  const t = undefined as PerformanceResourceTiming | undefined;"],
   ]],
   ["… Server-Timing entries (server_timing)", [
     ["core.ts", "    const st = (t.serverTiming || []).slice(0, 16).map((s) => {\n      const o: ServerTiming = { name: s.name.slice(0, 64) };\n      if (s.duration > 0) o.dur_ms = s.duration;\n      if (s.description) o.desc = s.description.slice(0, 256);\n      return o;\n    });\n    if (st.length) e.server_timing = st;", ""],
   ]],
   ["render timing (renderTarget, markRendered, paint)", [
-    ["index.ts", "  if (rt)\n    try {", "  if (0)\n    try {"],
-    ["global.ts", "{ init, markRendered, flush, version }", "{ init, flush, version }"],
+    ["probe.ts", "  if (rt)\n    try {", "  if (0)\n    try {"],
+    ["global.ts", "  markRendered,\n", ""],
     ["core.ts", "if (cfg.render && !e.hidden && !isHidden()) {", "if (0) {"],
   ]],
   ["navigation entry (Server-Timing / <meta> traceparent)", [
-    ["index.ts", "const navNow = guard(() => navigation(sess().sampled));\n  if (doc.readyState == \"complete\") setTimeout(navNow);\n  else w.addEventListener(\"load\", () => setTimeout(navNow));", ""],
+    ["probe.ts", "const navNow = guard(() => navigation(sess().sampled));\n  if (doc.readyState == \"complete\") setTimeout(navNow);\n  else w.addEventListener(\"load\", () => setTimeout(navNow));", ""],
   ]],
   ["session kept in localStorage (else: per page)", [
     ["session.ts", "  try {\n    const x = JSON.parse(localStorage.getItem(KEY)!)", "  if (0) {\n    const x = JSON.parse(localStorage.getItem(KEY)!)"],
@@ -70,10 +76,10 @@ const FEATURES = [
     ["session.ts", "    try {\n      localStorage.setItem(KEY, JSON.stringify(s));\n    } catch {\n      // see above\n    }", ""],
   ]],
   ["propagateTo (other origins)", [
-    ["index.ts", "(origin == location.origin ||\n          to.some((p) => (typeof p == \"string\" ? path.startsWith(p.replace(/\\/?$/, \"/\")) : p.test(u.href))))", "origin == location.origin"],
+    ["probe.ts", "(origin == location.origin ||\n          to.some((p) => (typeof p == \"string\" ? path.startsWith(p.replace(/\\/?$/, \"/\")) : p.test(u.href))))", "origin == location.origin"],
   ]],
   ["page hide: hidden flags, open streams sent, sendBeacon flush", [
-    ["index.ts", "doc.addEventListener(\"visibilitychange\", bye(false));\n  w.addEventListener(\"pagehide\", bye(true));", ""],
+    ["probe.ts", "doc.addEventListener(\"visibilitychange\", bye(false));\n  w.addEventListener(\"pagehide\", bye(true));", ""],
   ]],
   ["transport: 32 KB in flight, batches halved to fit", [
     ["transport.ts", "      while (\n        (size", "      if (\n        (size"],
@@ -95,7 +101,14 @@ const FEATURES = [
   ]],
 ];
 
-async function measure(patches) {
+/** The token reader's rows: [feature, patches of src/llm.ts]. */
+const READER = [
+  ["… its SSE/NDJSON framing of fetch bodies (EventSource messages come framed)", [
+    ["llm.ts", "typeof v == \"string\" ? event(r, t, v) : bytes(r, t, v);", "typeof v == \"string\" && event(r, t, v);"],
+  ]],
+];
+
+async function measure(patches, reader = false) {
   const dir = mkdtempSync(join(tmpdir(), "parallax-size-"));
   try {
     cpSync("src", dir, { recursive: true });
@@ -105,7 +118,7 @@ async function measure(patches) {
       if (!s.includes(text)) throw new Error(`sizes.mjs: src/${file} no longer has ${JSON.stringify(text.slice(0, 80))}`);
       writeFileSync(f, s.replace(text, repl));
     }
-    const code = await iife(join(dir, "global.ts"));
+    const code = await iife(join(dir, reader ? "llm.ts" : "global.ts"), reader);
     return { gz: gzipBytes(code), raw: code.length };
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -135,4 +148,10 @@ for (const [name, patches] of FEATURES) {
 // context, sessions and sampling, records and entries, the batching transport).
 const base = await measure(dedupe(FEATURES.flatMap(([, ps]) => ps)));
 console.log(`| the base all of them stand on (init, trace context, sessions, entries, batching) | ${base.gz} | ${base.raw} |`);
-console.log(`| **whole probe** | **${all.gz}** | **${all.raw}** |`);
+console.log(`| **whole probe** (dist/parallax.min.js) | **${all.gz}** | **${all.raw}** |`);
+const rd = await measure([], true);
+console.log(`| token reader, loaded on demand (dist/parallax-llm.min.js: src/llm.ts — dialects, token times, counts, endings) | ${rd.gz} | ${rd.raw} |`);
+for (const [name, patches] of READER) {
+  const m = await measure(patches, true);
+  console.log(`| ${name} | ${rd.gz - m.gz} | ${rd.raw - m.raw} |`);
+}

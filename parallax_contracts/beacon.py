@@ -1,8 +1,9 @@
 """The browser beacon contract (v1 and v2), defined once: the msgspec Structs below.
 
-- v2 (what js_probe sends since issue 31) is v1 plus one optional object per entry, ``llm``:
-  what the probe read of an LLM stream in a known dialect (:class:`Llm`). v1 stays valid and
-  means what it meant: a v1 entry carrying ``llm`` is refused, as any unknown field was.
+- v2 (what js_probe sends since issue 31) is v1 plus two optional fields per entry: ``llm``,
+  what the probe read of an LLM stream in a known dialect (:class:`Llm`), and ``reason``, why
+  an LLM candidate stream has none. v1 stays valid and means what it meant: a v1 entry
+  carrying either is refused, as any unknown field was.
   Why both: a probe is cached by CDNs and browsers and runs as long as its tab lives, so old
   probes keep sending v1 for days after a collector upgrade; v2 adds fields only, so one
   decoder (the v2 Entry) reads both without a second code path, and every v1 beacon stays
@@ -220,8 +221,8 @@ class EntryV1(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rendered_ms: Annotated[
         _Ms,
         Meta(
-            description="Paint after the first chunk was shown: visible TTFT = rendered_ms − "
-            "request_start_ms."
+            description="Paint after the first chunk was shown (v2, on an entry with llm: "
+            "after its first answer token): visible TTFT = rendered_ms − request_start_ms."
         ),
     ] = _N
     coarse: Annotated[
@@ -255,12 +256,23 @@ class EntryV1(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class Entry(EntryV1, kw_only=True, forbid_unknown_fields=True):
-    """One traced request (beacon v2: v1's fields and ``llm``). The collector decodes the
-    entries of both versions as this; a v1 entry never has ``llm``."""
+    """One traced request (beacon v2: v1's fields, ``llm`` and ``reason``). The collector
+    decodes the entries of both versions as this; a v1 entry has neither."""
 
     llm: Annotated[
         Llm,
         Meta(description="The response was an LLM stream in a known dialect: its tokens."),
+    ] = _N
+    reason: Annotated[
+        Literal["llm_unread", "llm_overflow"],
+        Meta(
+            description="Why a measurement the entry would carry is absent. llm_unread: an "
+            "LLM candidate stream (an event stream or NDJSON body, an EventSource) was not "
+            "read as tokens: the probe's token reader (parallax-llm.min.js, loaded on the "
+            "page's first such stream) could not load (404, CSP, network) or had not loaded "
+            "when the entry was sent; its chunk times stand. llm_overflow: the stream "
+            "outgrew what the probe holds for the reader while it loads (128 KiB in all)."
+        ),
     ] = _N
 
 
@@ -336,7 +348,15 @@ class BeaconV2(Beacon[E], Generic[E], tag=2):
 
 _decode = msgspec.json.Decoder(BeaconV1[Entry] | BeaconV2[Entry]).decode
 _ENVELOPE: Any = BeaconV1[Any] | BeaconV2[Any]
-_V1_ONLY = "Object contains unknown field `llm` (beacon v1)"
+_V2_ONLY = ("llm", "reason")  # Entry's fields that EntryV1 lacks
+
+
+def _v1_fault(e: Entry) -> str | None:
+    """msgspec's message for a v1 entry carrying a v2 field, else None."""
+    for k in _V2_ONLY:
+        if getattr(e, k) is not None:
+            return f"Object contains unknown field `{k}` (beacon v1)"
+    return None
 
 
 def version_of(b: Beacon[Any]) -> int:
@@ -351,8 +371,11 @@ def decode(body: bytes) -> Beacon[Entry]:
     if _NUL_ESCAPE in body:  # the string rule below: convert() says which value
         raise msgspec.DecodeError("a string holds NUL (\\u0000)")
     b: Beacon[Entry] = _decode(body)
-    if isinstance(b, BeaconV1) and any(e.llm is not None for e in b.entries):
-        raise msgspec.ValidationError(_V1_ONLY)  # convert() says which entry
+    if isinstance(b, BeaconV1):
+        for e in b.entries:
+            fault = _v1_fault(e)
+            if fault:
+                raise msgspec.ValidationError(fault)  # convert() says which entry
     return b
 
 
@@ -378,8 +401,9 @@ def check_entry(raw: Any, index: int = 0, version: int = VERSION) -> Entry | str
         entry = msgspec.convert(_entry_as_json_schema_reads(raw), Entry)
     except msgspec.ValidationError as e:
         return _under(f"$.entries[{index}]", str(e))
-    if version == 1 and entry.llm is not None:
-        return f"{_V1_ONLY} - at `$.entries[{index}]`"
+    fault = _v1_fault(entry) if version == 1 else None
+    if fault:
+        return f"{fault} - at `$.entries[{index}]`"
     return _string_fault(raw, f"$.entries[{index}]") or entry
 
 
@@ -515,7 +539,7 @@ def json_schema(version: int = VERSION) -> dict[str, Any]:
     """The JSON Schema (2020-12) of a beacon of ``version``, as published in docs/contracts:
     msgspec's, with the root inlined, the anchors written for ECMA-262, descriptions on one
     line and no `default: null` (an absent field is not a null one: null is refused). v1 is
-    generated from EntryV1: v2's Entry without ``llm``."""
+    generated from EntryV1: v2's Entry without ``llm`` and ``reason``."""
     generated = msgspec.json.schema(BeaconV1[EntryV1] if version == 1 else BeaconV2[Entry])
     defs: dict[str, Any] = generated["$defs"]
     root = defs.pop(generated["$ref"].rsplit("/", 1)[1])

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+import pytest
+
 from parallax_contracts import CONTRACTS_DIR, beacon, span_attributes
 
 
@@ -65,6 +68,24 @@ def test_beacon_schema_rejects_bad_input_with_a_reason() -> None:
     assert beacon.errors({**_beacon(), "v": 2}) == []  # v2 adds fields only
     assert beacon.errors({**_beacon(), "cookie": "secret"})  # unknown fields: new version
     assert beacon.errors(_beacon(kind="grpc"))
+
+
+def test_beacon_v2_reason_says_why_an_llm_stream_has_no_llm() -> None:
+    """An LLM candidate stream the probe's token reader did not read (it is a file loaded on
+    demand) says why: v2 only, one of its values, and refused in v1 like llm — by the
+    whole-body decoder as by the entry-by-entry path."""
+    for why in ("llm_unread", "llm_overflow"):
+        doc = {**_beacon(reason=why, chunks=3), "v": 2}
+        assert beacon.errors(doc) == []
+        assert beacon.decode(json.dumps(doc).encode()).entries[0].reason == why
+        v1 = _beacon(reason=why)
+        assert any("`reason`" in e for e in beacon.errors(v1)), beacon.errors(v1)
+        with pytest.raises(msgspec.ValidationError, match="`reason`"):
+            beacon.decode(json.dumps(v1).encode())
+    assert beacon.errors({**_beacon(reason="tired"), "v": 2})
+    props = beacon.schema(2)["$defs"]["Entry"]["properties"]
+    assert set(props["reason"]["enum"]) == {"llm_unread", "llm_overflow"}
+    assert "reason" not in beacon.schema(1)["$defs"]["EntryV1"]["properties"]
 
 
 def test_beacon_schema_is_valid_json_schema() -> None:

@@ -2,7 +2,8 @@
 // and what the probe waits for before sending it — the stream's end, the Resource Timing
 // entry (which only exists once a stream has ended, and never for WebSocket), and the paint.
 import { now, r1 } from "./clock";
-import { summary, type Llm, type LlmEntry } from "./llm";
+import { fin, settle, type Load } from "./lazy";
+import type { Llm, LlmEntry } from "./llm";
 import type { TraceContext } from "./traceContext";
 
 export type Kind = "fetch" | "xhr" | "eventsource" | "websocket" | "navigation";
@@ -39,6 +40,7 @@ export interface Entry {
   error?: string;
   hidden?: boolean;
   llm?: LlmEntry; // an LLM stream in a known dialect (src/llm.ts; beacon v2)
+  reason?: string; // why an LLM candidate stream has no llm (src/lazy.ts)
 }
 
 export interface Rec {
@@ -49,9 +51,12 @@ export interface Rec {
   x?: number; // when the probe saw the end (or failure)
   b?: boolean; // the app reads the body through the probe's pass-through stream
   l?: number; // last chunk time
-  w?: boolean; // waiting for the paint after the first chunk
+  w?: boolean; // waiting for the paint after the first chunk (an LLM stream's: answer token)
+  m?: number | undefined; // the last chunk time before a mutation of renderTarget seen while held
+  y?: number; // an LLM stream's first answer token time; -1: its answer has not begun (llm.ts)
   d?: boolean; // sent
-  k?: Llm; // an event stream's token state
+  k?: Llm; // an event stream's token state (the reader's)
+  q?: unknown[] | 0; // held for the reader: its framing, then time, chunk, time, chunk, …
   c?: boolean; // the page ended it (EventSource close(), the page left)
 }
 
@@ -76,7 +81,10 @@ const MAX_LIVE = 200;
 
 export const live = new Set<Rec>();
 const awaiting: Rec[] = [];
-export const cfg = { render: false, sink: (_e: Entry): void => {} };
+export const cfg: { render: boolean; sink: (e: Entry) => void; load?: Load | undefined } = {
+  render: false,
+  sink: () => {},
+};
 
 export const isHidden = (): boolean => globalThis.document?.visibilityState == "hidden";
 /** URL without query string or fragment (privacy: queries carry prompts and tokens). */
@@ -134,13 +142,14 @@ export function end(r: Rec, error?: string, t = now()): void {
   if (!check(r)) setTimeout(() => emit(r), WAIT_MS);
 }
 
-function check(r: Rec): boolean | undefined {
-  if (r.x && (r.t || !r.n) && !r.w) emit(r);
+export function check(r: Rec): boolean | undefined {
+  if (r.x && (r.t || !r.n) && !r.w && !r.q) emit(r);
   return r.d;
 }
 
 export function emit(r: Rec): void {
   if (r.d) return;
+  fin(r); // (before r.d: the reader reads nothing into an entry sent)
   r.d = true;
   r.w = false;
   live.delete(r);
@@ -170,7 +179,6 @@ export function emit(r: Rec): void {
     if (status) e.status ??= status;
   }
   if (!e.response_end_ms && r.x && !e.error) e.response_end_ms = r.x;
-  summary(r);
   try {
     cfg.sink(e);
   } catch {
@@ -211,9 +219,21 @@ export function paint(rs: Rec[]): void {
   );
 }
 
-/** A DOM mutation inside renderTarget: whatever first chunk came before it is being shown. */
+/** A DOM mutation inside renderTarget: whatever first chunk came before it is being shown —
+ *  on an LLM stream, the first answer token: a role-only delta, reasoning or a spinner shown
+ *  before it is not its paint. A stream held for the token reader cannot tell yet: it waits,
+ *  and its paint is not known (no render sample) if a mutation it skipped so came after its
+ *  first answer token — or after its first chunk, if it is no LLM stream after all. */
 export function mutated(): void {
-  paint(awaiting.splice(0));
+  paint(
+    awaiting.splice(0).filter((r) => {
+      settle(r);
+      // (a mutation after a chunk read at t has r.l >= t: the first answer token's chunk
+      // was read before a mutation held back iff its time is at most that mutation's r.m)
+      if (r.q || r.y! < 0) r.q && (r.m = r.l), r.d || awaiting.push(r);
+      else return !r.m || r.y! > r.m;
+    }),
+  );
 }
 
 export function markRendered(traceId?: string): void {

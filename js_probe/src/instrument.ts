@@ -3,7 +3,7 @@
 // adds listeners; it never wraps the app's handlers, so an error thrown there stays the app's.
 import { now } from "./clock";
 import { begin, chunk, end, headers, ids, type Kind, type Rec } from "./core";
-import { bytes, event, open } from "./llm";
+import { feed, framing, llm } from "./lazy";
 import { formatTraceparent, parseTraceparent, type TraceContext } from "./traceContext";
 
 type W = typeof globalThis & Record<string, unknown>;
@@ -84,9 +84,9 @@ export function hook(w: W, trace: Trace, base: () => string): void {
                 headers(rec, resp.status);
                 if (nativeBody.call(resp)) {
                   timeBody(resp, rec, nativeBody);
-                  // The framing its content type announces: SSE, NDJSON, or none (bytes).
-                  const ct = resp.headers.get("content-type");
-                  open(rec, /event-stream/i.test(ct!) ? 1 : /ndjson|jsonl/i.test(ct!) ? 2 : 0);
+                  // An event stream or NDJSON by its content type: an LLM candidate.
+                  const f = framing(resp.headers.get("content-type"));
+                  if (f) llm(rec, f);
                 } else end(rec);
               } catch {
                 // the app gets its response regardless
@@ -206,7 +206,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
               const s: StreamState = { r, tc: t[0], n: 0 };
               st.set(o, s);
               if (ws) r.e.seq = 0; // the handshake
-              else open(r, 0);
+              else llm(r, 0);
               o.addEventListener("open", () => {
                 headers(r, ws ? 101 : 200);
                 if (ws) end(r); // the handshake's entry; exchanges follow
@@ -219,7 +219,7 @@ export function hook(w: W, trace: Trace, base: () => string): void {
                   headers(c);
                   chunk(c);
                 }
-                if (!ws) event(r, r.l!, (ev as MessageEvent).data); // an EventSource's message
+                if (!ws) feed(r, r.l!, (ev as MessageEvent).data); // an EventSource's message
               });
               // After an EventSource's last event the server closes and the browser would
               // reconnect: that 'error' is the stream's end. Before 'open' (no headers seen):
@@ -307,11 +307,7 @@ function timeBody(resp: Response, r: Rec, nativeBody: (this: Response) => Readab
             c.close();
           } else {
             chunk(r);
-            try {
-              if (r.k?.f) bytes(r, r.l!, v.value as Uint8Array);
-            } catch {
-              // never into the page (a value that is no bytes: no tokens)
-            }
+            feed(r, r.l!, v.value as Uint8Array); // (throws nothing: the reader catches its own)
             c.enqueue(v.value);
           }
         },

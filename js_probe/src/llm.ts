@@ -3,6 +3,10 @@
 // EventSource's messages — so both sides of a request name the same event its first token.
 // The dialect comes from the content type (the framing) and the first events, never from the
 // URL; a stream in no dialect gets no `llm` object. Nothing of the text is kept.
+//
+// A module of its own (dist/parallax-llm.min.js), imported by the core when a page's first
+// LLM candidate stream arrives (src/lazy.ts). Its exports open, read and summary are that
+// interface (lazy.ts's Reader); it reads the core's Rec by its field names.
 import type { Rec } from "./core";
 
 /** Token times kept exactly (as many as the agent exports); later gaps go to gap_hist. */
@@ -40,8 +44,11 @@ export interface Llm {
   e?: LlmEntry; // the entry's llm object, from the dialect on
 }
 
-export const open = (r: Rec, f: number): void => {
-  r.k = { f, b: "", n: 0, c: 0 };
+/** A stream begins: `q` is its framing, then what the core held for it until this module
+ *  came — time, chunk, time, chunk, … — read now at the times it arrived (src/lazy.ts). */
+export const open = (r: Rec, q: unknown[]): void => {
+  r.k = { f: q[0] as number, b: "", n: 0, c: 0 };
+  for (let i = 1; i < q.length; i += 2) read(r, q[i] as number, q[i + 1] as Uint8Array | string);
 };
 
 const bad = (s: Llm): void => void (s.e && (s.e.bad_events = (s.e.bad_events || 0) + 1));
@@ -89,7 +96,9 @@ export function event(r: Rec, t: number, data: string): void {
             ? 2
             : +/^undefined{[^]*"choices"/.test(v) && 3);
   if (!d || r.d) return;
-  const L = (s.e ||= r.e.llm = { dialect: ["anthropic.messages", "openai.responses", "openai.chat", "ollama"][d - 1]! });
+  // (r.y: the core's paint waits for the answer, core.ts mutated())
+  const L = (s.e ||= ((r.y = -1),
+  (r.e.llm = { dialect: ["anthropic.messages", "openai.responses", "openai.chat", "ollama"][d - 1]! })));
   if (v == "undefined[DONE]" && d == 3) return void (s.F = 1);
   if (!o || typeof o != "object") return bad(s);
   // Usage as the stream states it: the last statement wins (Anthropic's count runs; its
@@ -110,7 +119,7 @@ export function event(r: Rec, t: number, data: string): void {
         (/"(reasoning(_content)?|thinking)":\s*"[^"]/.test(data) && 2);
   if (!k) return;
   const i = s.c++; // this token's index: the gap before it is gap i
-  if (k != 2) L.first_token_ms ??= t;
+  if (k != 2 && !L.first_token_ms) L.first_token_ms = r.y = t;
   if (!i) L.first_output_ms = t;
   // Past the exact times, each gap into the agent's histogram buckets (µs, 2 per octave).
   else if (i >= MAX_TOKENS) {
@@ -121,6 +130,15 @@ export function event(r: Rec, t: number, data: string): void {
   s.l = t;
   if (i < MAX_TOKENS) (L.token_ms ||= []).push(t);
 }
+
+/** A fetch body's chunk (bytes) or an EventSource's message (text), read by the app at `t`. */
+export const read = (r: Rec, t: number, v: Uint8Array | string): void => {
+  try {
+    typeof v == "string" ? event(r, t, v) : bytes(r, t, v);
+  } catch {
+    // never into the page (a value that is no bytes: no tokens)
+  }
+};
 
 /** When the entry is sent: the token count and its source, the ending. */
 export function summary(r: Rec): void {

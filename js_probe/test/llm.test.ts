@@ -32,7 +32,7 @@ const VECTORS = (
 const enc = new TextEncoder();
 const rec = (framing: number): Rec => {
   const r: Rec = { e: { trace_id: "4bf92f3577b34da6a3ce929d0e0e4736", span_id: "00f067aa0ba902b7", kind: "fetch", start_ms: 0 } };
-  open(r, framing);
+  open(r, [framing]);
   return r;
 };
 /** Each piece one chunk, chunk i at (i + 1) * 10 ms; the stream then ends (read to its end). */

@@ -6,6 +6,8 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { begin, cfg, live, onResource, type Entry } from "../src/core";
 import { hook, type Trace } from "../src/instrument";
+import { resetLazy } from "../src/lazy";
+import * as reader from "../src/llm";
 import { session, resetSession } from "../src/session";
 import { generateTraceContext, parseTraceparent } from "../src/traceContext";
 import { beaconErrors } from "./schema";
@@ -23,6 +25,20 @@ let obs: PerformanceObserver;
 before(async () => {
   server = http.createServer((req, res) => {
     seen.push({ url: req.url, traceparent: req.headers.traceparent as string | undefined });
+    if (req.url?.startsWith("/sse")) {
+      // A Chat Completions stream: the role-only delta at once, then a token every GAP_MS.
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      const ev = (d: object | string) => `data: ${typeof d == "string" ? d : JSON.stringify(d)}\n\n`;
+      res.write(ev({ choices: [{ delta: { role: "assistant", content: "" } }] }));
+      let i = 0;
+      const next = (): void => {
+        if (i === CHUNKS) return void res.end(ev({ choices: [{ delta: {}, finish_reason: "stop" }] }) + ev("[DONE]"));
+        res.write(ev({ choices: [{ delta: { content: `tok${i++} ` } }] }));
+        setTimeout(next, GAP_MS);
+      };
+      setTimeout(next, 20);
+      return;
+    }
     if (req.url?.startsWith("/boom")) {
       res.writeHead(200, { "content-type": "text/plain" });
       res.write("partial ");
@@ -233,4 +249,45 @@ test("Resource Timing fields: phases of new connections, Server-Timing, coarse w
   } finally {
     cfg.sink = sink;
   }
+});
+
+test("an event stream whose first tokens came before the reader: token times are chunk times", async () => {
+  resetLazy();
+  // The reader arrives 100 ms after it is asked for: the role-only delta and the first tokens
+  // (20 ms, then every 40 ms) are held, then replayed.
+  let asked = 0;
+  cfg.load = (done) => void (asked++, setTimeout(done, 100, reader));
+  const res = await f(`${origin}/sse1`);
+  const rd = (res.body as ReadableStream<Uint8Array>).getReader();
+  let text = "";
+  for (;;) {
+    const { done, value } = await rd.read();
+    if (done) break;
+    text += Buffer.from(value).toString();
+  }
+  assert.ok(text.endsWith("data: [DONE]\n\n"), "the app read the stream unchanged");
+  assert.equal(asked, 1);
+  const e = await entryFor(parseTraceparent(wire("/sse1")[0])!.traceId);
+  const L = e.llm!;
+  assert.equal(L.dialect, "openai.chat");
+  assert.equal(L.tokens, CHUNKS);
+  assert.equal(L.end, "complete");
+  assert.equal(e.reason, undefined);
+  // each token is dated by the read that returned its chunk, held or not
+  assert.ok(L.token_ms!.every((t) => e.chunk_ms!.includes(t)), JSON.stringify([L.token_ms, e.chunk_ms]));
+  assert.ok(L.first_token_ms! < e.start_ms + 100, "the first token came while the reader loaded");
+  assert.deepEqual(beaconErrors({ v: 2, site: "t", session: "sess_0123456789", time_origin: performance.timeOrigin, entries: [e] }), []);
+});
+
+test("an event stream without a reader (the import fails): chunk times, no llm, reason llm_unread", async () => {
+  resetLazy();
+  cfg.load = (done) => void setTimeout(done, 10, new TypeError("Failed to fetch dynamically imported module"));
+  const res = await f(`${origin}/sse2`);
+  const text = await new Response(res.body).text();
+  assert.ok(text.endsWith("data: [DONE]\n\n"));
+  const e = await entryFor(parseTraceparent(wire("/sse2")[0])!.traceId);
+  assert.equal(e.llm, undefined);
+  assert.equal(e.reason, "llm_unread");
+  assert.equal(e.chunks! >= 2, true);
+  assert.deepEqual(beaconErrors({ v: 2, site: "t", session: "sess_0123456789", time_origin: performance.timeOrigin, entries: [e] }), []);
 });

@@ -16,12 +16,12 @@ import pytest
 from playwright.sync_api import Browser
 
 from demo.browser import chromium
-from tests.probe.sink import LLM_JS, OTEL_JS, PROBE_JS, ROOT, Sink
+from tests.probe.sink import LLM_JS, OTEL_JS, PROBE_JS, READER_JS, ROOT, Sink
 
 
 def _built() -> None:
-    """The probe and the OpenTelemetry test bundle, built from js_probe/ if missing."""
-    if PROBE_JS.exists() and OTEL_JS.exists() and LLM_JS.exists():
+    """The probe, its token reader and the test bundles, built from js_probe/ if missing."""
+    if all(f.exists() for f in (PROBE_JS, READER_JS, OTEL_JS, LLM_JS)):
         return
     if not (ROOT / "js_probe" / "node_modules").exists():
         pytest.fail("js_probe/node_modules missing: run `make setup` (npm ci) first")

@@ -1,5 +1,5 @@
-"""Test pages for the probe's browser tests: the probe from /parallax.min.js, one init call,
-then the page's own script."""
+"""Test pages for the probe's browser tests: the probe from /parallax.min.js (or
+``probe_src``), one init call, then the page's own script."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ def probe_page(
     head: str = "",
     before_probe: str = "",
     after_probe: str = "",
+    probe_src: str = "/parallax.min.js",
     **options: Any,
 ) -> bytes:
     """An HTML page: ``before_probe`` (HTML, e.g. OpenTelemetry), the probe and its init with
@@ -22,7 +23,7 @@ def probe_page(
     return f"""<!doctype html>
 <html><head><meta charset="utf-8">{head}<title>probe test</title><link rel="icon" href="data:,">
 {before_probe}
-<script src="/parallax.min.js"></script>
+<script src="{probe_src}"></script>
 <script>Parallax.init({opts});</script>
 {after_probe}
 </head><body><div id="out"></div>

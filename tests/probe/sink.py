@@ -1,5 +1,7 @@
 """A loopback HTTP server for the probe's browser tests: it serves test pages (with chosen
-response headers), the built probe and OpenTelemetry bundles, and records the beacons the
+response headers), the built probe (parallax.min.js, and its token reader
+parallax-llm.min.js, at any path: the core imports the reader from its own directory) and
+OpenTelemetry bundles, and records the beacons the
 probe posts, each validated against the beacon v1 contract (parallax_contracts.beacon) —
 decoded whole, as the collector's fast path takes a plain beacon."""
 
@@ -19,6 +21,7 @@ from parallax_contracts import beacon
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_JS = ROOT / "js_probe" / "dist" / "parallax.min.js"
+READER_JS = ROOT / "js_probe" / "dist" / "parallax-llm.min.js"  # the token reader
 OTEL_JS = ROOT / "js_probe" / "build" / "otel.js"
 LLM_JS = ROOT / "js_probe" / "build" / "llm.js"  # the openai and ai SDKs for the page
 
@@ -44,6 +47,8 @@ class Sink:
         self.beacons: list[Received] = []
         self.requests: list[tuple[str, str | None]] = []  # (path, traceparent header)
         self.pages: dict[str, Page] = {}
+        self.missing: set[str] = set()  # paths answered 404 (e.g. the token reader)
+        self.delay_s: dict[str, float] = {}  # paths answered this much later
         self.lock = threading.Lock()
         sink = self
 
@@ -101,8 +106,13 @@ class Sink:
                 path = self.path.split("?")[0]
                 with sink.lock:
                     sink.requests.append((self.path, self.headers.get("traceparent")))
-                if path == "/parallax.min.js":
-                    self._send(200, PROBE_JS.read_bytes(), {"Content-Type": "text/javascript"})
+                name = path.rsplit("/", 1)[-1]
+                time.sleep(sink.delay_s.get(path, 0))  # (one thread per request)
+                if path in sink.missing:
+                    self._send(404, b"not found", {"Content-Type": "text/plain"})
+                elif name in (PROBE_JS.name, READER_JS.name):
+                    js = (PROBE_JS if name == PROBE_JS.name else READER_JS).read_bytes()
+                    self._send(200, js, {"Content-Type": "text/javascript"})
                 elif path == "/otel.js":
                     self._send(200, OTEL_JS.read_bytes(), {"Content-Type": "text/javascript"})
                 elif path == "/llm.js":

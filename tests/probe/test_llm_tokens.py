@@ -269,7 +269,13 @@ def test_a_1_mb_event_and_garbage_never_reach_the_page(
         + 'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
     ).encode("utf-8", "surrogatepass")
     sink.pages["/big"] = SinkPage(body, ctype="text/event-stream")
+    done = 'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    sink.pages["/warm"] = SinkPage((chat("a") + done).encode(), ctype="text/event-stream")
     page, errors = _page(browser, sink, replay)
+    # The reader first (its own load): a stream that comes before it is held, 128 KiB at
+    # most — test_llm_lazy.py has a 1 MB first stream; this one is about the reader.
+    page.evaluate("async () => { await (await fetch('/warm')).body.pipeTo(new WritableStream()); }")
+    sink.wait_entry(lambda e: e["url"].endswith("/warm") and "llm" in e)
     n = page.evaluate(
         """async () => {
           const res = await fetch("/big");
