@@ -229,6 +229,34 @@ def sentence(
     ranked: list[RankedPart],
     trap_clauses: list[str],
     n_eff: int | None = None,
+    note: str = "",
+) -> str:
+    """The metric's sentence; ``note`` (an LLM route's server side, collector/sla/tokens.py)
+    ends it when there is a verdict to say."""
+    text = _sentence(
+        label, metric, verdict, user_p95, server_p95, divergence, ci_low, ci_high, n,
+        min_samples, band_ms, ranked, trap_clauses, n_eff,
+    )  # fmt: skip
+    if not note or verdict == "insufficient_data":
+        return text
+    return f"{text.removesuffix('.')}; {note}."
+
+
+def _sentence(
+    label: str,
+    metric: str,
+    verdict: str,
+    user_p95: float | None,
+    server_p95: float | None,
+    divergence: float | None,
+    ci_low: float | None,
+    ci_high: float | None,
+    n: int,
+    min_samples: int,
+    band_ms: float,
+    ranked: list[RankedPart],
+    trap_clauses: list[str],
+    n_eff: int | None,
 ) -> str:
     few = few_samples(n, n_eff)
     if verdict == "insufficient_data":
