@@ -256,7 +256,9 @@ def _route(
         most.weight if most else 0.0,
         window.total_seconds(),
     )
-    ctx = _Ctx(cfg, service, route, label, series, parts_json(series), far, alert_state)
+    ctx = _Ctx(
+        cfg, service, route, label, series, parts_json(series), far, alert_state, llm is not None
+    )
     for metric in METRIC_ORDER:
         note = tokens.server_note(llm) if metric in _FIRST_TOKEN else ""
         m = _metric(ctx, metric, note)
@@ -277,6 +279,7 @@ class _Ctx:
     parts: dict[str, Any]
     far: int
     alert_state: AlertState | None
+    in_tokens: bool  # an LLM route (its pairs read a stream dialect)
 
 
 def _metric(c: _Ctx, metric: str, note: str) -> MetricResult | None:
@@ -311,6 +314,7 @@ def _metric(c: _Ctx, metric: str, note: str) -> MetricResult | None:
     text = explain.sentence(
         c.label, metric, verdict, u["p95"], s["p95"], div, ci.low, ci.high, n,
         th.min_samples, th.band_ms, ranked, [x for _, x in trap_list], n_eff, note,
+        c.in_tokens or metric not in explain.CHUNK_PHRASE,
     )  # fmt: skip
     return MetricResult(
         service=c.service,
