@@ -400,6 +400,26 @@ def test_genai_client_histograms_on_metrics(run: Run) -> None:
     assert sample(tpoc, "_bucket", le="0.04") == sample(tpoc, "_bucket", le="0.01")
 
 
+def test_the_demo_table_says_an_llm_route_in_tokens(run: Run) -> None:
+    """`make demo`'s table over this collector's SLA document: the LLM route's rows and
+    server sentence in tokens, the CSV download's in its own words."""
+    from demo.__main__ import sla_table
+
+    lines = sla_table({"routes": list(run.routes.values())}).splitlines()
+    llm = [ln for ln in lines if ln.startswith(f"{LLM_SERVICE} {LLM_ROUTE}"[:28])]
+    assert [ln.split()[2:4] for ln in llm[:2]] == [["ttfb", "100"], ["first", "token"]]
+    assert any(ln.split()[2:4] == ["token", "gap"] for ln in llm)
+    said = "\n".join(ln for ln in lines if ln.startswith("  •"))
+    assert (
+        f"• {LLM_ROUTE} ({LLM_SERVICE}): answers at P95: queued 1.3 s, first token 95 ms after "
+        "it left the queue, 100 tokens, gap P95 11 ms" in said
+    )
+    csv = [ln for ln in lines if ln.startswith(f"{CSV_SERVICE} {CSV_ROUTE}")]
+    assert [ln.split()[2] for ln in csv] == list(run.routes[CSV_ROUTE]["metrics"])
+    assert not any("token" in ln for ln in csv)
+    assert not any("token" in ln for ln in lines if CSV_ROUTE in ln and ln.startswith("  •"))
+
+
 @pytest.mark.browser
 def test_the_sla_page_says_an_llm_route_in_tokens(run: Run) -> None:
     ui = _ui(run.c)
