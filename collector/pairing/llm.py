@@ -95,14 +95,16 @@ def server_stream(span: Mapping[str, Any]) -> ServerStream | None:
     """The span's LLM stream, None when it spoke no dialect. ``span``: a row read back from
     the store (its LLM columns), or a row as written (``attributes``)."""
     if _DIALECT_COLUMN in span:  # read back: the store's columns
-        get = {k: span.get(record_field(a)) for k, a in _FIELDS.items()}
         dialect = span.get(_DIALECT_COLUMN) or ""
-    else:
+        if not dialect:
+            return None
+        get = {k: span.get(record_field(a)) for k, a in _FIELDS.items()}
+    else:  # as written (every pair of the pairer's fast path asks: the common answer first)
         attrs = span.get("attributes") or {}
-        get = {k: _from_text(attrs.get(a.name), a.type == "int") for k, a in _FIELDS.items()}
         dialect = _from_text(attrs.get(genai.DIALECT.name), False)
-    if not dialect:
-        return None
+        if not dialect:
+            return None
+        get = {k: _from_text(attrs.get(a.name), a.type == "int") for k, a in _FIELDS.items()}
     ttft = span.get("ttft_us")
     return ServerStream(
         dialect=dialect,
@@ -149,7 +151,8 @@ def _ms(us: int | None) -> float | None:
     return None if us is None else us / 1000.0
 
 
-_NONE = ("", "", "", "", *([None] * (len(PAIR_LLM_NAMES) - 4)))
+# The pair's LLM columns when neither side read a stream dialect.
+NO_LLM: tuple[Any, ...] = ("", "", "", "", *([None] * (len(PAIR_LLM_NAMES) - 4)))
 
 
 def pair_values(
@@ -158,7 +161,7 @@ def pair_values(
     """The pair's LLM columns (PAIR_LLM_COLUMNS order) from both sides' readings; all
     absent ('' and NULL) when neither side read an LLM stream."""
     if user is None and server is None:
-        return _NONE
+        return NO_LLM
     u_first = None
     if user is not None and user.first_token_ms is not None and t0 is not None:
         u_first = user.first_token_ms - t0

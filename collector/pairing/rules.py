@@ -25,6 +25,7 @@ from typing import Any
 from collector.pairing import llm
 from collector.store import schema
 from collector.store.llm_columns import ENTRY_LLM_COLUMNS
+from parallax_contracts import genai
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.span_attributes import SOURCE_EBPF
 
@@ -269,12 +270,17 @@ E_T0, E_T3, E_END, E_FIRST, E_CHUNKS, E_RENDERED = (
 E_COARSE, E_CHUNKS_COARSE, E_DRIFT = (_EN[n] for n in ("coarse", "chunks_coarse", "clock_drift_ms"))
 # the entry's LLM columns, by name (collector/pairing/llm.py reads them)
 E_LLM = tuple((c.name, _EN[c.name]) for c in ENTRY_LLM_COLUMNS)
+E_LLM_DIALECT = _EN["llm_dialect"]
+_DIALECT = genai.DIALECT.name
 
 
 def llm_tuple(e: tuple[Any, ...], s: tuple[Any, ...]) -> tuple[Any, ...]:
     """The pair's LLM columns from an entry's and its origin span's row tuples."""
-    user = llm.user_stream({name: e[i] for name, i in E_LLM})
-    server = llm.server_stream({"attributes": s[S_ATTRS], "ttft_us": s[S_TTFT]})
+    attrs = s[S_ATTRS]
+    if not e[E_LLM_DIALECT] and not (attrs and _DIALECT in attrs):
+        return llm.NO_LLM  # the common case: neither side read a stream dialect
+    user = llm.user_stream({name: e[i] for name, i in E_LLM}) if e[E_LLM_DIALECT] else None
+    server = llm.server_stream({"attributes": attrs, "ttft_us": s[S_TTFT]})
     return llm.pair_values(e[E_T0], user, server)
 
 
