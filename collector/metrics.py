@@ -1,10 +1,19 @@
-"""The collector's Prometheus metrics (served on the query port at /metrics)."""
+"""The collector's Prometheus metrics (served on the query port at /metrics), the GenAI
+client histograms of the browser beacons among them (``GenAiClient``)."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 
 from collector.pipeline import Hooks
+from collector.store import schema
 
 _P = "parallax_collector_"
 
@@ -105,6 +114,7 @@ class Metrics(Hooks):
             ["route", "side"],
             registry=r,
         )
+        self.genai_client = GenAiClient(r)
         self.pairing_entries = Gauge(
             _P + "pairing_entries",
             "Browser entries per route over the coverage window by state: paired, "
@@ -131,3 +141,110 @@ class Metrics(Hooks):
 
     def spool_skipped(self, nbytes: int) -> None:
         self.spool_skipped_bytes.inc(nbytes)
+
+
+# --- OpenTelemetry GenAI semconv's client histograms, from the beacons' llm objects -------
+# Seconds, semconv's advised buckets for both (gen_ai.client.operation.time_to_first_chunk and
+# time_per_output_chunk); one observation per answer and per gap between its output tokens.
+GEN_AI_CLIENT_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+GEN_AI_TTFC = "gen_ai_client_operation_time_to_first_chunk_seconds"
+GEN_AI_TPOC = "gen_ai_client_operation_time_per_output_chunk_seconds"
+_DOCS = {
+    GEN_AI_TTFC: "Time from the browser's request to its first answer token (beacon llm "
+    "first_token_ms − request start): OpenTelemetry GenAI gen_ai.client.operation."
+    "time_to_first_chunk",
+    GEN_AI_TPOC: "Time between consecutive output tokens as the browser received them, one "
+    "observation per gap: gen_ai.client.operation.time_per_output_chunk",
+}
+# semconv's attributes as labels (dots as underscores); the beacon names no model, so
+# gen_ai.response.model is not among them; http_route is Parallax's (the page's request)
+GEN_AI_CLIENT_LABELS = (
+    "gen_ai_operation_name",
+    "gen_ai_provider_name",
+    "server_address",
+    "server_port",
+    "http_route",
+)
+# The probe's dialects (parallax_contracts.beacon.Llm) → (gen_ai.operation.name,
+# gen_ai.provider.name), as the agent's dialect table names them.
+GEN_AI_DIALECTS = {
+    "openai.chat": ("chat", "openai"),
+    "openai.responses": ("chat", "openai"),
+    "anthropic.messages": ("chat", "anthropic"),
+    "ollama": ("chat", "ollama"),
+}
+_EN = {n: i for i, n in enumerate(schema.column_names(schema.ENTRY_COLUMNS))}
+
+
+class _Hist:
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(GEN_AI_CLIENT_BUCKETS) + 1)  # the last: +Inf
+        self.sum = 0.0
+
+    def add(self, seconds: float, n: int = 1) -> None:
+        i = next((k for k, b in enumerate(GEN_AI_CLIENT_BUCKETS) if seconds <= b), -1)
+        self.counts[i] += n
+        self.sum += seconds * n
+
+
+class GenAiClient:
+    """The two histograms, fed by the browser_entries rows of accepted beacons (each entry
+    once: a client's retry is dropped before). A custom collector: the gaps past a long
+    answer's 1024th token come as bucket counts, added at once. Label sets are bounded: past
+    MAX_SERIES, a new page's server and route are counted as ``other``."""
+
+    MAX_SERIES = 1000
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._lock = threading.Lock()
+        self._h: dict[str, dict[tuple[str, ...], _Hist]] = {GEN_AI_TTFC: {}, GEN_AI_TPOC: {}}
+        self._seen: set[tuple[str, ...]] = set()
+        registry.register(self)
+
+    def _labels(self, row: Sequence[Any]) -> tuple[str, ...]:
+        op, provider = GEN_AI_DIALECTS.get(row[_EN["llm_dialect"]], ("chat", "unknown"))
+        try:
+            u = urlsplit(row[_EN["url"]])
+            host, port = u.hostname or "", u.port or {"http": 80, "https": 443}.get(u.scheme)
+        except ValueError:  # a port out of range
+            host, port = "", None
+        labels = (op, provider, host, str(port) if host and port else "", row[_EN["route"]])
+        if labels not in self._seen:
+            if len(self._seen) >= self.MAX_SERIES:
+                return (op, provider, "other", "", "other")
+            self._seen.add(labels)
+        return labels
+
+    def observe_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        with self._lock:
+            for row in rows:
+                if row[_EN["llm_dialect"]]:
+                    self._observe(row)
+
+    def _observe(self, row: Sequence[Any]) -> None:
+        labels = self._labels(row)
+        first, t0 = row[_EN["llm_first_token_ms"]], row[_EN["request_start_ms"]]
+        if t0 is None:
+            t0 = row[_EN["start_ms"]]
+        if first is not None:
+            self._h[GEN_AI_TTFC].setdefault(labels, _Hist()).add((first - t0) / 1000.0)
+        gaps = self._h[GEN_AI_TPOC]
+        for a, b in itertools.pairwise(row[_EN["llm_token_ms"]]):
+            gaps.setdefault(labels, _Hist()).add((b - a) / 1000.0)
+        for i, n in enumerate(row[_EN["llm_gap_hist"]]):
+            if n > 0:  # the agent's bucket i = ⌊2·log2(gap µs)⌋, at its geometric middle
+                gaps.setdefault(labels, _Hist()).add(round(2 ** ((i + 0.5) / 2)) / 1e6, n)
+
+    def collect(self) -> Iterator[Metric]:
+        bounds = [*map(str, GEN_AI_CLIENT_BUCKETS), "+Inf"]
+        with self._lock:
+            for name, series in self._h.items():
+                fam = HistogramMetricFamily(name, _DOCS[name], labels=GEN_AI_CLIENT_LABELS)
+                for labels, h in sorted(series.items()):
+                    cum = list(itertools.accumulate(h.counts))
+                    fam.add_metric(list(labels), list(zip(bounds, cum, strict=True)), h.sum)
+                yield fam

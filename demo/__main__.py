@@ -114,9 +114,15 @@ def wait_for_evaluation(query: str, after: float, timeout: float = 60.0) -> dict
     raise TimeoutError(f"no evaluation within {timeout:.0f} s")
 
 
+# An LLM route (its pairs read a stream dialect: the route's ``server.llm``) is judged on
+# tokens: its first-byte and gap rows say so; a route in no dialect keeps the metric names.
+TOKEN_METRICS = {"ttft": "first token", "itl": "token gap"}
+
+
 def sla_table(report: dict[str, Any]) -> str:
     """The per-route SLA table with its sentences, as the on-call engineer reads it; each
-    metric's band in its row (visible TTFT's is wider: it includes the display)."""
+    metric's band in its row (visible TTFT's is wider: it includes the display). An LLM
+    route's rows and its server sentence are in tokens (queued, first token, tokens, gaps)."""
     lines = [
         f"{'route':28} {'metric':13} {'n':>5} {'user P95':>8} {'server P95':>10} "
         f"{'divergence [95% CI]':>26} {'band':>7}  verdict",
@@ -124,6 +130,7 @@ def sla_table(report: dict[str, Any]) -> str:
     sentences = []
     for r in report.get("routes", []):
         name = f"{r.get('service', '')} {r.get('route', '')}".strip()
+        in_tokens = bool((r.get("server") or {}).get("llm"))
         for metric, m in r.get("metrics", {}).items():
             div = m.get("divergence_ms")
             ci = (
@@ -134,7 +141,8 @@ def sla_table(report: dict[str, Any]) -> str:
             band = m.get("band_ms")
             band_text = f"±{band:g} ms" if isinstance(band, int | float) else "—"
             lines.append(
-                f"{name[:28]:28} {metric:13} {m.get('n', 0):5d} {fmt_ms(m.get('user_p95_ms'))} "
+                f"{name[:28]:28} {TOKEN_METRICS.get(metric, metric) if in_tokens else metric:13} "
+                f"{m.get('n', 0):5d} {fmt_ms(m.get('user_p95_ms'))} "
                 f"{fmt_ms(m.get('server_p95_ms')):>10} {ci:>26} {band_text:>7}  "
                 f"{m.get('verdict')}"
             )

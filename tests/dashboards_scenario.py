@@ -305,6 +305,12 @@ def _entry(r: Request, rng: np.random.Generator) -> dict[str, Any]:
         error="",
         clock_drift_ms=drift or None,
         sdk="",
+        # no beacon v2 llm object (the LLM columns' absent values)
+        llm_dialect="",
+        llm_token_ms=[],
+        llm_gap_hist=[],
+        llm_tokens_source="",
+        llm_end="",
     )
     return e
 

@@ -520,6 +520,7 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             )
         for reason, n in parsed.rejected.items():
             metrics.rejected.labels(ENTRIES, reason).inc(n)
+        metrics.genai_client.observe_rows(parsed.rows)  # the LLM streams' tokens (kept rows)
         out = {
             "accepted": accepted,
             "rejected": parsed.rejected_total,

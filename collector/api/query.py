@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
+from collector.api.llm_models import EntryLlm, HopLlm, PairLlm, entry_llm, hop_llm, pair_llm
 from collector.pairing import coverage, divergence
 from collector.pairing.lookups import read_traces
 from collector.pairing.rules import arrange, candidates, derive
@@ -74,6 +75,7 @@ class Hop(BaseModel):
     gpu: GpuHop | None = Field(
         None, description="the service's GPU activity in this request's windows (agent)"
     )
+    llm: HopLlm | None = Field(None, description="its LLM stream, as the agent read it")
 
 
 class BrowserEntry(BaseModel):
@@ -98,6 +100,7 @@ class BrowserEntry(BaseModel):
     chunks: int | None
     coarse: bool
     chunks_coarse: bool
+    llm: EntryLlm | None = Field(None, description="its LLM stream, as the probe read it")
 
 
 class Parts(BaseModel):
@@ -122,6 +125,7 @@ class Parts(BaseModel):
     srtt_ms: float | None = None
     theta_ms: float | None = None
     theta_delay_ms: float | None = None
+    llm: PairLlm | None = None
 
 
 class Exchange(BaseModel):
@@ -203,6 +207,12 @@ class SlowRequest(BaseModel):
     wire_hold_ms: float | None = Field(description="the origin's longest write-to-wire hold")
     wire_hold_reason: str | None
     keep_probability: float = Field(description="the agent kept this request with it")
+    llm_dialect: str | None = Field(description="an LLM answer's stream dialect")
+    llm_queue_ms: float | None = Field(description="the engine's queue (origin)")
+    llm_prefill_ms: float | None = Field(description="end of that queue → first output token")
+    server_tokens: int | None
+    user_token_gap_p95_ms: float | None
+    server_token_gap_p95_ms: float | None
 
 
 class SlowestRequests(BaseModel):
@@ -247,6 +257,7 @@ def _hop(s: dict[str, Any], role: str) -> Hop:
         ws_seq=s["ws_seq"],
         role=role,
         gpu=_gpu_hop(s),
+        llm=hop_llm(s),
         keep_probability=sampling.probability(int(s.get("sample_th") or 0)),
     )
 
@@ -276,6 +287,7 @@ def _entry(e: dict[str, Any]) -> BrowserEntry:
         **{k: e[k] for k in BrowserEntry.model_fields if k in e},
         time_unix_ms=e["time_us"] / 1000.0,
         time_origin_unix_ms=e["time_origin_ms"],
+        llm=entry_llm(e),
     )
 
 
@@ -312,7 +324,7 @@ def detail(
                 hops=[_hop(h, r) for h, r in zip(hops, _roles(len(hops)), strict=True)],
                 linked_span_ids=linked,
                 reconnects=reconnects,
-                parts=Parts(**parts),
+                parts=Parts(**parts, llm=pair_llm(parts)),
                 server_record=_record(e, hops, near),
             )
         )
@@ -328,7 +340,8 @@ _SUMMARY = list(RequestSummary.model_fields)
 _SLOW_PARTS = (
     "network_ms, queue_ms, accept_queue_ms, recv_queue_ms, server_ttfb_ms, server_ttft_ms, "
     "render_delay_ms, hop_services, hop_added_ms, retransmits, srtt_ms, wire_hold_ms, "
-    "wire_hold_reason, sample_th"
+    "wire_hold_reason, sample_th, llm_dialect, llm_queue_ms, llm_prefill_ms, server_tokens, "
+    "user_token_gap_p95_ms, server_token_gap_p95_ms"
 )
 
 
@@ -341,6 +354,7 @@ def _slow(r: dict[str, Any]) -> SlowRequest:
     if r["time"].tzinfo is None:
         r["time"] = r["time"].replace(tzinfo=dt.UTC)
     r["wire_hold_reason"] = r["wire_hold_reason"] or None  # '' when not measured
+    r["llm_dialect"] = r["llm_dialect"] or None  # '' in no dialect
     return SlowRequest(
         **r,
         gap_ms=r["user_ms"] - r["server_ms"],

@@ -1,4 +1,4 @@
-"""Browser beacons (v1, v2) → ``browser_entries`` rows (v2's ``llm`` is decoded, not stored yet).
+"""Browser beacons (v1, v2) → ``browser_entries`` rows (v2's ``llm`` in the LLM columns).
 
 A valid beacon is what the Structs of parallax_contracts.beacon say, and nothing else: the
 body of a plain beacon is decoded by them in one pass (``read`` → ``Beacon``); any other
@@ -22,7 +22,7 @@ import orjson
 
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
 from parallax_contracts import beacon
-from parallax_contracts.beacon import Beacon, Entry, ServerTiming
+from parallax_contracts.beacon import Beacon, Entry, Llm, ServerTiming
 from parallax_contracts.routes import route_template
 
 _MAX_DURATION_MS = MAX_DURATION_NS / 1e6
@@ -145,12 +145,11 @@ def _parse(
         reason = _check(
             e.trace_id, e.span_id, start, t0, t3, t_end, t_first, t_rend, chunk_ms, wall,
             oldest_ms, newest_ms,
-        )  # fmt: skip
+        ) or (_check_llm(e.llm, start, t0) if e.llm is not None else "")  # fmt: skip
         if reason:
             rejected[reason] += 1
             continue
-        url, seq, st = e.url or "", e.seq, e.server_timing
-        # The one place the column order of a browser_entries row is written.
+        url, seq, st = e.url or "", e.seq, e.server_timing  # the one place a row's order is:
         rows.append(
             (
                 round((wall + start) * 1000),  # DateTime64(6): µs ticks
@@ -187,10 +186,50 @@ def _parse(
                 e.error or "",
                 drift,
                 sdk,
+                *(_NO_LLM if e.llm is None else _llm_columns(e.llm)),
             )
         )
         trace_ids.append(e.trace_id)
     return out
+
+
+# The LLM columns of an entry without an llm object (schema.ENTRY_LLM_COLUMNS' order):
+# absent, never 0.
+_NO_LLM: tuple[Any, ...] = ("", None, None, [], [], None, "", "", None)
+
+
+def _llm_columns(llm: Llm) -> tuple[Any, ...]:
+    """What the probe read of an LLM stream, in schema.ENTRY_LLM_COLUMNS' order."""
+    return (
+        llm.dialect,
+        llm.first_token_ms,
+        llm.first_output_ms,
+        llm.token_ms or [],
+        llm.gap_hist or [],
+        llm.tokens,
+        llm.tokens_source,
+        llm.end or "",
+        llm.bad_events,
+    )
+
+
+def _check_llm(llm: Llm, start: float, t0: float | None) -> str:
+    """The entry's check for its llm object's times, as for its chunks: none before the
+    request, in order, within a day of it ('' when good)."""
+    lo = start if t0 is None else t0
+    for v in (llm.first_output_ms, llm.first_token_ms):
+        if v is not None:
+            if v < lo:
+                return "negative_duration"
+            if v - start > _MAX_DURATION_MS:
+                return "duration_over_24h"
+    ts = llm.token_ms
+    if ts:
+        if ts[0] < lo or ts != sorted(ts):
+            return "negative_duration"
+        if ts[-1] - start > _MAX_DURATION_MS:
+            return "duration_over_24h"
+    return ""
 
 
 def _timings_json(timings: list[ServerTiming]) -> str:

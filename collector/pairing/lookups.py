@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from collector.store.client import Store
+from collector.store.llm_columns import ENTRY_LLM_COLUMNS, SPAN_LLM_COLUMNS
 
 SPAN_SELECT = """
 SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) AS end_ns,
@@ -18,18 +19,19 @@ SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) A
        traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms,
        gpu_prefill_launches, gpu_decode_launches, gpu_prefill_wait_us, gpu_decode_wait_us,
        gpu_prefill_sm_util_pct, gpu_decode_sm_util_pct, gpu_sample_coverage,
-       gpu_inflight_mean, gpu_uuid, sample_th, wire_hold_max_us, wire_hold_reason
-FROM {db}.server_spans
-"""
+       gpu_inflight_mean, gpu_uuid, sample_th, wire_hold_max_us, wire_hold_reason,
+       {llm}
+FROM {{db}}.server_spans
+""".format(llm=", ".join(c.name for c in SPAN_LLM_COLUMNS))
 ENTRY_SELECT = """
 SELECT toUnixTimestamp64Micro(time) AS time_us, toUnixTimestamp64Milli(received)
        AS received_unix_ms, site, session, page, trace_id, span_id, kind, seq, method,
        url, route, status, time_origin_ms, start_ms, request_start_ms, response_start_ms,
        response_end_ms, dns_ms, connect_ms, tls_ms, first_chunk_ms, chunk_ms, chunks,
        rendered_ms, coarse, chunks_coarse, hidden, transfer_size, protocol, error,
-       clock_drift_ms, sdk
-FROM {db}.browser_entries
-"""
+       clock_drift_ms, sdk, {llm}
+FROM {{db}}.browser_entries
+""".format(llm=", ".join(c.name for c in ENTRY_LLM_COLUMNS))
 LOOKUP_CHUNK = 256  # ids per store lookup: a bloom filter answers well for few ids only
 PRESENT_CHUNK = 5000  # ids per existence lookup (33 bytes each: well under max_query_size)
 _HEX32 = re.compile(r"[0-9a-f]{32}")

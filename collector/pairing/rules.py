@@ -22,7 +22,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from collector.pairing import llm
 from collector.store import schema
+from collector.store.llm_columns import ENTRY_LLM_COLUMNS
+from parallax_contracts import genai
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.span_attributes import SOURCE_EBPF
 
@@ -130,7 +133,8 @@ def hold_of(span: Span | None, attrs: dict[str, Any] | None) -> tuple[float | No
 
 
 def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
-    """The derived parts of one exchange (all ms; None where not measurable)."""
+    """The derived parts of one exchange (all ms; None where not measurable), its LLM
+    stream's included (collector/pairing/llm.py)."""
     t0, t3 = entry.get("request_start_ms"), entry.get("response_start_ms")
     first, rendered = entry.get("first_chunk_ms"), entry.get("rendered_ms")
     user_ttfb = _sub(t3, t0)
@@ -141,6 +145,7 @@ def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
         "user_duration_ms": _sub(entry.get("response_end_ms"), t0),
         "user_itl_ms": _gaps(entry.get("chunk_ms") or []),
         "render_delay_ms": _sub(rendered, first),
+        **llm.pair_dict(entry, hops[-1] if hops else None),
     }
     if not hops:
         return out
@@ -263,6 +268,20 @@ E_T0, E_T3, E_END, E_FIRST, E_CHUNKS, E_RENDERED = (
     )
 )
 E_COARSE, E_CHUNKS_COARSE, E_DRIFT = (_EN[n] for n in ("coarse", "chunks_coarse", "clock_drift_ms"))
+# the entry's LLM columns, by name (collector/pairing/llm.py reads them)
+E_LLM = tuple((c.name, _EN[c.name]) for c in ENTRY_LLM_COLUMNS)
+E_LLM_DIALECT = _EN["llm_dialect"]
+_DIALECT = genai.DIALECT.name
+
+
+def llm_tuple(e: tuple[Any, ...], s: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The pair's LLM columns from an entry's and its origin span's row tuples."""
+    attrs = s[S_ATTRS]
+    if not e[E_LLM_DIALECT] and not (attrs and _DIALECT in attrs):
+        return llm.NO_LLM  # the common case: neither side read a stream dialect
+    user = llm.user_stream({name: e[i] for name, i in E_LLM}) if e[E_LLM_DIALECT] else None
+    server = llm.server_stream({"attributes": attrs, "ttft_us": s[S_TTFT]})
+    return llm.pair_values(e[E_T0], user, server)
 
 
 def candidate_rows(
@@ -348,6 +367,7 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
         s[S_SAMPLE_TH],
         hold_ms,
         hold_why,
+        *llm_tuple(e, s),
     )
 
 

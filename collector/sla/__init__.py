@@ -8,6 +8,7 @@ Modules, one job each:
 - ``schema``     DDL of the ``sla_*`` tables (idempotent, run at start)
 - ``source``     SQL against ``pairs``: per-minute summaries and the window's quantiles
 - ``explain``    ranking of parts, traps, one plain sentence per metric
+- ``tokens``     an LLM route's server side per answer in tokens, the engine's queue named
 - ``evaluate``   one evaluation: source → stats → explanations → the JSON document
 - ``config``     thresholds and receivers from a YAML/TOML file, validated at start
 - ``alerts``     alert state machine (inactive → pending → firing → resolved) + store log

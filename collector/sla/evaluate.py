@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from collector.sla import explain, gpu, quantize, sampling, stats
+from collector.sla import explain, gpu, quantize, sampling, stats, tokens
 from collector.sla.config import SlaConfig
 from collector.sla.source import METRIC_ORDER, SlaSource
 from collector.sla.stats import SeriesStats, Window
@@ -201,103 +201,142 @@ def split_of(series: dict[str, SeriesStats]) -> gpu.Split:
     )
 
 
+AlertState = Callable[[str, str, str], str]
+# The metrics whose sentence ends with an LLM route's server side (its engine queue named).
+_FIRST_TOKEN = ("ttft", "visible_ttft")
+
+
 def evaluate_window(
     w: Window,
     cfg: SlaConfig,
     now: datetime,
     window: timedelta,
-    alert_state: Callable[[str, str, str], str] | None = None,
+    alert_state: AlertState | None = None,
 ) -> Evaluation:
     ev = Evaluation(evaluated_at=now, window=window, start=w.start, end=w.end)
     for (service, route), series in w.series.items():
-        label = route if service in ("", route) else f"{route} ({service})"
-        far = w.far_off_sessions.get((service, route), 0)
-        parts = parts_json(series)
-        rr = RouteResult(service, route, {}, w.sessions.get((service, route), 0), far)
-        # the kernel's holdback of the app's writes is a server-side fact, said whatever the
-        # divergence's verdict (its trap clause joins a divergence's sentence too)
-        held = explain.holdback(series, explain.HOLD_NOTABLE_MS)
-        rr.server = gpu.server_json(label, split_of(series), w.gpu.get((service, route)), held)
-        # the pairs of the route: its most measured metric's server side
-        most = max(
-            (series[f"{m}:server"] for m in METRIC_ORDER if f"{m}:server" in series),
-            key=lambda s: s.n,
-            default=None,
-        )
-        rr.sampling = sampling.route_json(
-            label,
-            w.counts.get(service),
-            most.n if most else 0,
-            most.weight if most else 0.0,
-            window.total_seconds(),
-        )
-        for metric in METRIC_ORDER:
-            us, ss = series.get(f"{metric}:user"), series.get(f"{metric}:server")
-            if us is None and ss is None:
-                continue
-            th = cfg.thresholds(service, route, metric)
-            n = min(us.n if us else 0, ss.n if ss else 0)
-            n_eff = min(us.n_eff if us else 0, ss.n_eff if ss else 0)
-            u, s = _side(us), _side(ss)
-            div = None if u["p95"] is None or s["p95"] is None else u["p95"] - s["p95"]
-            if us is not None and ss is not None and n:
-                ul, uh = _bounds(us)
-                sl, sh = _bounds(ss)
-                ci = stats.divergence_interval(ul, uh, sl, sh)
-            else:
-                ci = stats.Interval(None, None)
-            # few effective samples is few samples, however many pairs they are
-            verdict = stats.verdict(n_eff, ci, th.band_ms, th.min_samples)
-            severity = "none"
-            if verdict == stats.OUT:
-                severity = "critical" if (div or 0) > 0 else "warning"
-            ranked = explain.ranked_parts(metric, series)
-            trap_list = (
-                explain.traps(metric, series, div or 0.0, th.band_ms, far)
-                if verdict == stats.OUT and (div or 0) > 0
-                else []
-            )
-            text = explain.sentence(
-                label,
-                metric,
-                verdict,
-                u["p95"],
-                s["p95"],
-                div,
-                ci.low,
-                ci.high,
-                n,
-                th.min_samples,
-                th.band_ms,
-                ranked,
-                [c for _, c in trap_list],
-                n_eff,
-            )
-            rr.metrics[metric] = MetricResult(
-                service=service,
-                route=route,
-                metric=metric,
-                verdict=verdict,
-                severity=severity,
-                n=n,
-                band_ms=th.band_ms,
-                min_samples=th.min_samples,
-                divergence_ms=div,
-                ci_low_ms=ci.low,
-                ci_high_ms=ci.high,
-                user=u,
-                server=s,
-                parts=parts,
-                ranked=ranked,
-                traps=[t for t, _ in trap_list],
-                sentence=text,
-                alert_state=alert_state(service, route, metric) if alert_state else "inactive",
-                n_eff=n_eff,
-            )
+        rr = _route(w, cfg, service, route, series, window, alert_state)
         if rr.metrics:
             ev.routes.append(rr)
     ev.routes.sort(key=RouteResult.sort_key)
     return ev
+
+
+def _route(
+    w: Window,
+    cfg: SlaConfig,
+    service: str,
+    route: str,
+    series: dict[str, SeriesStats],
+    window: timedelta,
+    alert_state: AlertState | None,
+) -> RouteResult:
+    label = route if service in ("", route) else f"{route} ({service})"
+    far = w.far_off_sessions.get((service, route), 0)
+    rr = RouteResult(service, route, {}, w.sessions.get((service, route), 0), far)
+    # the kernel's holdback of the app's writes is a server-side fact, said whatever the
+    # divergence's verdict (its trap clause joins a divergence's sentence too)
+    held = explain.holdback(series, explain.HOLD_NOTABLE_MS)
+    # an LLM route says its server side in tokens, the engine's queue named
+    llm = tokens.split_of(series)
+    head = (tokens.sentence(llm) or None) if llm is not None else None
+    gpu_route = w.gpu.get((service, route))
+    rr.server = gpu.server_json(label, split_of(series), gpu_route, held, head)
+    rr.server["llm"] = tokens.to_json(llm)
+    # the pairs of the route: its most measured metric's server side
+    most = max(
+        (series[f"{m}:server"] for m in METRIC_ORDER if f"{m}:server" in series),
+        key=lambda s: s.n,
+        default=None,
+    )
+    rr.sampling = sampling.route_json(
+        label,
+        w.counts.get(service),
+        most.n if most else 0,
+        most.weight if most else 0.0,
+        window.total_seconds(),
+    )
+    ctx = _Ctx(
+        cfg, service, route, label, series, parts_json(series), far, alert_state, llm is not None
+    )
+    for metric in METRIC_ORDER:
+        note = tokens.server_note(llm) if metric in _FIRST_TOKEN else ""
+        m = _metric(ctx, metric, note)
+        if m is not None:
+            rr.metrics[metric] = m
+    return rr
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    """What every metric of one route is judged with."""
+
+    cfg: SlaConfig
+    service: str
+    route: str
+    label: str
+    series: dict[str, SeriesStats]
+    parts: dict[str, Any]
+    far: int
+    alert_state: AlertState | None
+    in_tokens: bool  # an LLM route (its pairs read a stream dialect)
+
+
+def _metric(c: _Ctx, metric: str, note: str) -> MetricResult | None:
+    """One metric of a route: its numbers, interval, verdict and sentence (None when
+    neither side was measured)."""
+    series = c.series
+    us, ss = series.get(f"{metric}:user"), series.get(f"{metric}:server")
+    if us is None and ss is None:
+        return None
+    th = c.cfg.thresholds(c.service, c.route, metric)
+    n = min(us.n if us else 0, ss.n if ss else 0)
+    n_eff = min(us.n_eff if us else 0, ss.n_eff if ss else 0)
+    u, s = _side(us), _side(ss)
+    div = None if u["p95"] is None or s["p95"] is None else u["p95"] - s["p95"]
+    if us is not None and ss is not None and n:
+        ul, uh = _bounds(us)
+        sl, sh = _bounds(ss)
+        ci = stats.divergence_interval(ul, uh, sl, sh)
+    else:
+        ci = stats.Interval(None, None)
+    # few effective samples is few samples, however many pairs they are
+    verdict = stats.verdict(n_eff, ci, th.band_ms, th.min_samples)
+    severity = "none"
+    if verdict == stats.OUT:
+        severity = "critical" if (div or 0) > 0 else "warning"
+    ranked = explain.ranked_parts(metric, series)
+    trap_list = (
+        explain.traps(metric, series, div or 0.0, th.band_ms, c.far)
+        if verdict == stats.OUT and (div or 0) > 0
+        else []
+    )
+    text = explain.sentence(
+        c.label, metric, verdict, u["p95"], s["p95"], div, ci.low, ci.high, n,
+        th.min_samples, th.band_ms, ranked, [x for _, x in trap_list], n_eff, note,
+        c.in_tokens or metric not in explain.CHUNK_PHRASE,
+    )  # fmt: skip
+    return MetricResult(
+        service=c.service,
+        route=c.route,
+        metric=metric,
+        verdict=verdict,
+        severity=severity,
+        n=n,
+        band_ms=th.band_ms,
+        min_samples=th.min_samples,
+        divergence_ms=div,
+        ci_low_ms=ci.low,
+        ci_high_ms=ci.high,
+        user=u,
+        server=s,
+        parts=c.parts,
+        ranked=ranked,
+        traps=[t for t, _ in trap_list],
+        sentence=text,
+        alert_state=c.alert_state(c.service, c.route, metric) if c.alert_state else "inactive",
+        n_eff=n_eff,
+    )
 
 
 def evaluate(
@@ -305,7 +344,7 @@ def evaluate(
     cfg: SlaConfig,
     now: datetime,
     window: timedelta | None = None,
-    alert_state: Callable[[str, str, str], str] | None = None,
+    alert_state: AlertState | None = None,
 ) -> Evaluation:
     """Summarize what changed, read the window, judge every route and metric."""
     win = window or timedelta(seconds=cfg.window_s)

@@ -38,6 +38,11 @@ USER_PHRASE = {
     "itl": ("users wait P95 {u} between tokens", "the app writes them {s} apart"),
     "duration": ("users wait P95 {u} for the whole answer", "the app reports {s}"),
 }
+# A route in no stream dialect (a CSV download, a feed) streams chunks, not tokens.
+CHUNK_PHRASE = {
+    "ttft": ("users receive the first chunk at P95 {u}", "the app writes it at {s}"),
+    "itl": ("users wait P95 {u} between chunks", "the app writes them {s} apart"),
+}
 METRIC_LABEL = {
     "ttfb": "TTFB",
     "ttft": "TTFT",
@@ -229,6 +234,38 @@ def sentence(
     ranked: list[RankedPart],
     trap_clauses: list[str],
     n_eff: int | None = None,
+    note: str = "",
+    in_tokens: bool = True,
+) -> str:
+    """The metric's sentence; ``note`` (an LLM route's server side, collector/sla/tokens.py)
+    ends it when there is a verdict to say; ``in_tokens`` False: a route in no stream dialect,
+    its first byte and gaps said of chunks (CHUNK_PHRASE)."""
+    phrase = USER_PHRASE[metric] if in_tokens else CHUNK_PHRASE.get(metric, USER_PHRASE[metric])
+    text = _sentence(
+        label, metric, verdict, user_p95, server_p95, divergence, ci_low, ci_high, n,
+        min_samples, band_ms, ranked, trap_clauses, n_eff, phrase,
+    )  # fmt: skip
+    if not note or verdict == "insufficient_data":
+        return text
+    return f"{text.removesuffix('.')}; {note}."
+
+
+def _sentence(
+    label: str,
+    metric: str,
+    verdict: str,
+    user_p95: float | None,
+    server_p95: float | None,
+    divergence: float | None,
+    ci_low: float | None,
+    ci_high: float | None,
+    n: int,
+    min_samples: int,
+    band_ms: float,
+    ranked: list[RankedPart],
+    trap_clauses: list[str],
+    n_eff: int | None,
+    phrase: tuple[str, str],
 ) -> str:
     few = few_samples(n, n_eff)
     if verdict == "insufficient_data":
@@ -237,7 +274,7 @@ def sentence(
             f"{label}: {METRIC_LABEL[metric]} has {n} paired requests in the window{worth}, "
             f"fewer than the {min_samples} needed to judge a P95."
         )
-    u_phrase, s_phrase = USER_PHRASE[metric]
+    u_phrase, s_phrase = phrase
     ci = (
         f"95% CI {signed(ci_low) if ci_low is not None else '−∞'}…"
         f"{signed(ci_high) if ci_high is not None else '+∞'}"

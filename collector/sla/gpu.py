@@ -210,13 +210,18 @@ def _r(v: float | None, nd: int = 2) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def server_json(label: str, split: Split, gpu: GpuRoute | None, held: str = "") -> dict[str, Any]:
+def server_json(
+    label: str, split: Split, gpu: GpuRoute | None, held: str = "", head: str | None = None
+) -> dict[str, Any]:
     """The route's ``server`` object of the SLA document (docs/sla.md); ``held``: the
-    clause for writes the kernel held back (collector/sla/explain.py holdback), if any."""
+    clause for writes the kernel held back (collector/sla/explain.py holdback), if any;
+    ``head``: the sentence's first clause in place of the split's (an LLM route's, in
+    tokens: collector/sla/tokens.py)."""
     found = findings(split, gpu)
     if held:
         found.append(Finding("wire_holdback", None, held))
-    head = split_sentence(split)
+    if head is None:
+        head = split_sentence(split)
     clauses = [x for x in [head, *(f.sentence for f in found)] if x]
     gpu_doc = None
     if gpu is not None and gpu.requests:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from collector.pairing import divergence
-from collector.sla import gpu_source, quantize, sampling_source, schema, stats
+from collector.sla import gpu_source, quantize, sampling_source, schema, stats, tokens
 from collector.sla.clock import Sample, best_samples, clock_filter
 from collector.store.schema import adjusted_count_sql
 
@@ -80,6 +80,7 @@ PARTS: dict[str, str] = {
         f"toFloat64(wire_hold_ms > 0 AND wire_hold_reason = '{why}'))"
         for why in HOLD_REASONS
     },
+    **tokens.PARTS,  # an LLM route's answers in tokens (collector/sla/tokens.py)
 }
 HOP_PREFIX = "hop:"  # hop:<index>:<service>, for every hop but the origin
 

@@ -19,6 +19,9 @@ Tables (database ``parallax`` unless the DSN names one):
                       ``parallax.sampling.probability``; migration 4).
 - ``schema_migrations`` the applied migration versions.
 
+The LLM stream columns of spans, entries and pairs (migration 6) are declared in
+``collector/store/llm_columns.py``.
+
 ``migrate()`` runs at start: it applies the missing versions in order. Every statement is
 idempotent (``IF NOT EXISTS``), so a crash between a statement and its version row, or two
 collectors starting at once, is harmless. docs/store.md explains the choices and documents
@@ -28,10 +31,14 @@ every column of ``pairs``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from collector.store.column import Column as Column  # noqa: PLC0414  (re-exported)
+from collector.store.column import col as _c
 from collector.store.layout import Layout
+from collector.store.llm_columns import ENTRY_LLM_COLUMNS as ENTRY_LLM_COLUMNS  # noqa: PLC0414
+from collector.store.llm_columns import PAIR_LLM_COLUMNS as PAIR_LLM_COLUMNS  # noqa: PLC0414
+from collector.store.llm_columns import SPAN_LLM_COLUMNS as SPAN_LLM_COLUMNS  # noqa: PLC0414
 
 DEFAULT_DATABASE = "parallax"
 DEFAULT_RETENTION_DAYS = 7
@@ -65,24 +72,6 @@ class Executor(Protocol):
     def command(self, cmd: str) -> object: ...
 
     def query(self, query: str) -> _Result: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    name: str
-    type: str
-    codec: str = "ZSTD(1)"
-
-    def ddl(self) -> str:
-        return (
-            f"`{self.name}` {self.type} CODEC({self.codec})"
-            if self.codec
-            else (f"`{self.name}` {self.type}")
-        )
-
-
-def _c(name: str, type_: str, codec: str = "ZSTD(1)") -> Column:
-    return Column(name, type_, codec)
 
 
 # Time columns: Delta before ZSTD (monotone-ish within a part); small ints: T64.
@@ -174,7 +163,8 @@ SPAN_HOLD_COLUMNS: tuple[Column, ...] = (
 # sampling threshold).
 SPAN_COLUMNS: tuple[Column, ...] = _SPAN_COLUMNS_V1 + SPAN_GPU_COLUMNS + SPAN_SAMPLING_COLUMNS
 
-ENTRY_COLUMNS: tuple[Column, ...] = (
+# browser_entries as migration 1 created it: shipped, never edited (later columns are ALTERs).
+_ENTRY_COLUMNS_V1: tuple[Column, ...] = (
     _c("time", "DateTime64(6, 'UTC')", _TIME9),  # time_origin + start_ms
     _c("received", "DateTime64(3, 'UTC')", _TIME9),
     _c("site", "LowCardinality(String)"),
@@ -210,6 +200,9 @@ ENTRY_COLUMNS: tuple[Column, ...] = (
     _c("clock_drift_ms", "Nullable(Float64)"),
     _c("sdk", "LowCardinality(String)"),
 )
+# The row tuples the beacon parser builds: the v1 columns, then the beacon v2 llm object's
+# (migration 6; collector/store/llm_columns.py).
+ENTRY_COLUMNS: tuple[Column, ...] = _ENTRY_COLUMNS_V1 + ENTRY_LLM_COLUMNS
 
 # The pairs table is the SLA checker's input: see docs/store.md for each column's meaning.
 # As migration 1 created it: shipped, never edited (later columns are ALTERs).
@@ -271,7 +264,10 @@ PAIR_HOLD_COLUMNS: tuple[Column, ...] = (
     _c("wire_hold_ms", "Nullable(Float64)"),
     _c("wire_hold_reason", "LowCardinality(String)"),
 )
-PAIR_COLUMNS: tuple[Column, ...] = _PAIR_COLUMNS_V1 + PAIR_SAMPLING_COLUMNS + PAIR_HOLD_COLUMNS
+# An LLM exchange's tokens, first token, gaps and engine queue (migration 6; llm_columns.py).
+PAIR_COLUMNS: tuple[Column, ...] = (
+    _PAIR_COLUMNS_V1 + PAIR_SAMPLING_COLUMNS + PAIR_HOLD_COLUMNS + PAIR_LLM_COLUMNS
+)
 
 
 # One row per metric point of the GPU series (parallax_contracts.agent_metrics DEVICE and
@@ -358,6 +354,23 @@ def _add_columns(lay: Layout, db: str, *tables: tuple[str, tuple[Column, ...]]) 
     ]
 
 
+_LLM_TABLES = ((SPANS, SPAN_LLM_COLUMNS), (ENTRIES, ENTRY_LLM_COLUMNS), (PAIRS, PAIR_LLM_COLUMNS))
+
+
+def _add_columns_at_once(
+    lay: Layout, db: str, *tables: tuple[str, tuple[Column, ...]]
+) -> list[str]:
+    """As _add_columns, one ALTER per table for all its new columns (a migration adding
+    dozens: each ALTER costs the store a metadata commit, ≈ 50 ms on the embedded one)."""
+    return [
+        stmt
+        for t, cols in tables
+        for stmt in lay.alter(
+            db, t, ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {c.ddl()}" for c in cols), SHARD_BY[t]
+        )
+    ]
+
+
 def migrations(
     db: str, retention_days: int, cluster: str | None = None
 ) -> list[tuple[int, str, list[str]]]:
@@ -390,7 +403,7 @@ def migrations(
             lay,
             db,
             ENTRIES,
-            ENTRY_COLUMNS,
+            _ENTRY_COLUMNS_V1,
             "ReplacingMergeTree",
             _TRACE_INDEX,
             f"{daily}\nORDER BY (site, route, toDateTime(time), trace_id, span_id, seq)"
@@ -465,12 +478,14 @@ def migrations(
         ),
     ]
     v5 = _add_columns(lay, db, (SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
+    v6 = _add_columns_at_once(lay, db, *_LLM_TABLES)
     return [
         (1, "spans, browser entries, pairs", v1),
         (2, "trace id lookup tables", v2),
         (3, "GPU span columns, gpu_samples", v3),
         (4, "sampling thresholds of spans and pairs, request_counts", v4),
         (5, "write-to-wire holdback of spans and pairs", v5),
+        (6, "LLM streams of spans, browser entries and pairs", v6),
     ]
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from collector.ingest import beacons
 from collector.ingest.common import BadRequestError
+from collector.store import schema
 from parallax_contracts import beacon
 from parallax_contracts.beacon import Beacon, Entry
 
@@ -584,9 +585,10 @@ _LLM = {
 
 
 def test_v2_llm_is_decoded_and_v1_keeps_refusing_it() -> None:
-    """v2: an entry's llm is decoded (the Struct) on both paths and stored nowhere yet — the
-    rows are v1's; v1: an entry with llm is refused alone ("schema"), as any unknown field
-    was, and its other entries are kept."""
+    """v2: an entry's llm is decoded (the Struct) on both paths and stored in the entry's LLM
+    columns (migration 6) — the rest of the row is v1's, and an entry without one has them
+    absent; v1: an entry with llm is refused alone ("schema"), as any unknown field was, and
+    its other entries are kept."""
     env = {"site": "s", "session": "abcdefgh", "time_origin": 1.7e12, "sdk": "parallax-js/0.1.0"}
     v2 = json.dumps({"v": 2, **env, "entries": [{**GOOD, "llm": _LLM}, GOOD]}).encode()
     typed = beacons.read(v2)
@@ -598,7 +600,23 @@ def test_v2_llm_is_decoded_and_v1_keeps_refusing_it() -> None:
     rows_v2 = beacons.parse(typed, _NOW_NS, 0, _NOW_NS).rows
     v1 = json.dumps({"v": 1, **env, "entries": [GOOD, GOOD]}).encode()
     rows_v1 = beacons.parse(beacons.read(v1), _NOW_NS, 0, _NOW_NS).rows
-    assert rows_v2 == rows_v1 and len(rows_v1) == 2  # the same columns: llm is not stored
+    v1_cols = len(schema.ENTRY_COLUMNS) - len(schema.ENTRY_LLM_COLUMNS)
+    assert [r[:v1_cols] for r in rows_v2] == [r[:v1_cols] for r in rows_v1]
+    assert len(rows_v1) == 2 and rows_v2[1] == rows_v1[1]  # no llm: absent, never 0
+    names = schema.column_names(schema.ENTRY_LLM_COLUMNS)
+    llm_cols = dict(zip(names, rows_v2[0][v1_cols:], strict=True))
+    assert llm_cols == {
+        "llm_dialect": _LLM["dialect"],
+        "llm_first_token_ms": _LLM["first_token_ms"],
+        "llm_first_output_ms": _LLM["first_output_ms"],
+        "llm_token_ms": _LLM["token_ms"],
+        "llm_gap_hist": [],
+        "llm_tokens": 2,
+        "llm_tokens_source": _LLM["tokens_source"],
+        "llm_end": "complete",
+        "llm_bad_events": None,
+    }
+    assert rows_v1[0][v1_cols:] == ("", None, None, [], [], None, "", "", None)
     bad = json.dumps({"v": 1, **env, "entries": [{**GOOD, "llm": _LLM}, GOOD]}).encode()
     doc = beacons.read(bad)
     assert not isinstance(doc, Beacon)  # the whole-body path leaves it to the entries path

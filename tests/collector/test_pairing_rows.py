@@ -1,7 +1,7 @@
 """The pairer's fast path (row tuples → pairs tuple) gives exactly the rows of the general
 path (pair_row over dicts, the code the query API uses), for rows made by the real ingest
 parsers from generated OTLP spans and beacons: one hop, several hops, SDK + agent twins,
-reconnects, WebSocket sequences, missing timings."""
+reconnects, WebSocket sequences, missing timings, LLM streams read by either side or both."""
 
 from __future__ import annotations
 
@@ -53,6 +53,30 @@ def span_spec(draw: st.DrawFn) -> dict[str, Any]:
                 st.tuples(st.integers(0, 90_000), st.sampled_from(["", "nagle", "sndbuf"])),
             )
         ),
+        # the agent read an LLM stream: some of its parallax_contracts.genai attributes
+        "llm": draw(
+            st.one_of(
+                st.none(),
+                st.fixed_dictionaries(
+                    {"parallax.llm.dialect": st.sampled_from(["openai.chat", "ollama"])},
+                    optional={
+                        k: maybe_us.filter(lambda v: v is not None)
+                        for k in (
+                            "parallax.llm.queue_us",
+                            "parallax.llm.prefill_us",
+                            "parallax.llm.first_output_us",
+                            "parallax.llm.last_output_us",
+                            "parallax.llm.gap_p95_us",
+                            "gen_ai.usage.output_tokens",
+                        )
+                    }
+                    | {
+                        "parallax.llm.end": st.sampled_from(["complete", "server_cut"]),
+                        "gen_ai.response.model": st.sampled_from(["tiny", "m-2"]),
+                    },
+                ),
+            )
+        ),
     }
 
 
@@ -81,6 +105,7 @@ def _otlp(specs: list[dict[str, Any]]) -> bytes:
         for k in ("ttfb_us", "ttft_us", "recv_queue_us", "srtt_us", "retransmits"):
             if sp_spec[k] is not None:
                 attrs[f"parallax.{k}"] = sp_spec[k]
+        attrs.update(sp_spec.get("llm") or {})
         if sp_spec.get("hold") is not None:
             attrs["parallax.wire_hold.max_us"], why = sp_spec["hold"]
             if why:
@@ -136,6 +161,16 @@ def entry_spec(draw: st.DrawFn) -> dict[str, Any]:
     chunks = draw(st.lists(st.floats(0, 500, allow_nan=False), max_size=6))
     if chunks:
         e["chunk_ms"] = sorted(base + c for c in chunks)
+    if draw(st.booleans()):  # the probe read an LLM stream (beacon v2)
+        tokens = sorted(base + c for c in draw(st.lists(st.floats(0, 500), max_size=6)))
+        e["llm"] = {
+            "dialect": draw(st.sampled_from(["openai.chat", "anthropic.messages"])),
+            "tokens": len(tokens),
+            "tokens_source": "events",
+            **({"token_ms": tokens, "first_token_ms": tokens[0]} if tokens else {}),
+            **({"gap_hist": draw(st.lists(st.integers(0, 3), min_size=56, max_size=56))}
+               if draw(st.booleans()) else {}),
+        }  # fmt: skip
     return {k: v for k, v in e.items() if v is not None}
 
 
@@ -160,7 +195,7 @@ def test_fast_path_equals_general_path(
     now = time.time_ns()
     s_rows = otlp.parse(_otlp(spans), False, now, 0, now).rows
     doc: dict[str, Any] = {
-        "v": 1,
+        "v": 2 if any("llm" in e for e in entries) else 1,
         "site": "site-1",
         "session": "session-1",
         "page": "/",

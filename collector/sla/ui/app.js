@@ -80,12 +80,32 @@ function gpuBadges(s) {
   return out;
 }
 
-function serverBlock(s) {
-  // without the agent's kernel timings there is no first-token time to split at
-  if (absent(s.prefill_p95_ms) && !s.gpu) return null;
-  const box = el("div", { class: "server" }, el("h3", {}, "Server time per request"));
+// An LLM route (its pairs read a stream dialect) says its server side per answer in tokens,
+// the engine's queue first: [key of server.llm, label, what it is, unit]
+const TOKEN_ROWS = [
+  ["queue", "Queued in the engine", "the engine served other streams while this one waited (seen on the wire)", "ms"],
+  ["first_token_after_queue", "First token after the queue", "end of that wait → the first output token (prefill)", "ms"],
+  ["first_token", "First token", "app reads the request → its first answer token", "ms"],
+  ["tokens", "Tokens", "output tokens per answer (the stream's usage, else its token events)", "n"],
+  ["gap_p95", "Gap between tokens (P95 of each answer)", "each answer's P95 gap between tokens", "ms"],
+];
+const dur = (v) => (absent(v) ? "—" : Math.abs(v) >= 1000 ? `${(v / 1000).toFixed(1)} s` : fmt(v));
+
+function tokenTable(l) {
+  const t = el("table", { class: "split tokens" }, el("tr", {}, ...["Per answer", "P50", "P95"].map((h) => el("th", {}, h))));
+  for (const [k, label, what, unit] of TOKEN_ROWS) {
+    const [p50, p95] = unit === "n" ? [l[`${k}_p50`], l[`${k}_p95`]] :
+      k === "gap_p95" ? [l.gap_p95_p50_ms, l.gap_p95_p95_ms] : [l[`${k}_p50_ms`], l[`${k}_p95_ms`]];
+    const show = (v) => (absent(v) ? "—" : unit === "n" ? v.toFixed(0) : dur(v));
+    const row = el("tr", { "data-token-row": k, title: what }, el("td", {}, label), el("td", {}, show(p50)), el("td", {}, show(p95)));
+    if (absent(p95)) row.classList.add("absent");  // not measured: a dash, never "0"
+    t.append(row);
+  }
+  return t;
+}
+
+function windowTable(s, why) {
   const t = el("table", { class: "split" }, el("tr", {}, ...["Window", "P50", "P95"].map((h) => el("th", {}, h))));
-  const why = [];
   for (const [k, label, what, gone] of WINDOWS) {
     const p50 = s[`${k}_p50_ms`], p95 = s[`${k}_p95_ms`];
     const row = el("tr", { "data-window": k, title: what }, el("td", {}, label));
@@ -98,9 +118,21 @@ function serverBlock(s) {
     }
     t.append(row);
   }
-  box.append(t);
+  return t;
+}
+
+function serverBlock(s) {
+  // without the agent's kernel timings there is no first-token time to split at
+  if (absent(s.prefill_p95_ms) && !s.gpu && !s.llm) return null;
+  const llm = s.llm;
+  const box = el("div", { class: "server" }, el("h3", {}, llm ? "Server time per answer, in tokens" : "Server time per request"));
+  const why = [];
+  box.append(llm ? tokenTable(llm) : windowTable(s, why));
   for (const w of why) box.append(el("p", { class: "hint absent-why" }, w));
-  box.append(el("p", { class: "hint" }, `${s.n} paired requests. P50 is the typical request, P95 the tail the SLA judges; percentiles of parts do not add up.`));
+  if (llm && llm.sentence) box.append(el("p", { class: "token-sentence" }, llm.sentence));
+  box.append(el("p", { class: "hint" }, llm ?
+    `${llm.n} answers read as token streams. P50 is the typical answer, P95 the tail the SLA judges; percentiles of parts do not add up.` :
+    `${s.n} paired requests. P50 is the typical request, P95 the tail the SLA judges; percentiles of parts do not add up.`));
   if (s.gpu) {
     const cov = absent(s.gpu.sample_coverage) ? "" : ` · NVML samples cover ${(100 * s.gpu.sample_coverage).toFixed(0)} % of their time`;
     const n = s.gpu.gpus.length;
@@ -255,16 +287,24 @@ const REQ_PARTS = [
   ["render_delay_ms", "render delay"],
   ["wire_hold_ms", "wire hold"],
 ];
+// and on an LLM answer (llm_dialect set), the engine's side of it
+const REQ_LLM_PARTS = [
+  ["llm_queue_ms", "queued in the engine"],
+  ["llm_prefill_ms", "first token after the queue"],
+  ["server_token_gap_p95_ms", "server gap P95"],
+  ["user_token_gap_p95_ms", "user gap P95"],
+];
 
 function requestParts(q) {
   const cell = el("td", { class: "req-parts" });
   const missing = [];
-  for (const [k, label] of REQ_PARTS) {
+  for (const [k, label] of q.llm_dialect ? [...REQ_PARTS, ...REQ_LLM_PARTS] : REQ_PARTS) {
     if (absent(q[k])) { missing.push(label); continue; }
     const why = k === "wire_hold_ms" && q.wire_hold_reason ? ` (${q.wire_hold_reason})` : "";
-    cell.append(el("span", { class: "part", "data-part": k }, `${label} ${fmt(q[k])}${why}`));
+    cell.append(el("span", { class: "part", "data-part": k }, `${label} ${k === "llm_queue_ms" ? dur(q[k]) : fmt(q[k])}${why}`));
   }
   for (const h of q.hops.slice(0, -1)) cell.append(el("span", { class: "part", "data-part": "hop" }, `${h.service} adds ${fmt(h.added_ms)}`));
+  if (q.llm_dialect && !absent(q.server_tokens)) cell.append(el("span", { class: "part", "data-part": "tokens" }, `${q.server_tokens} tokens`));
   if (!absent(q.retransmits) && q.retransmits > 0) cell.append(el("span", { class: "part", "data-part": "retransmits" }, `${q.retransmits} retransmits`));
   if (missing.length) cell.append(el("span", { class: "not-measured" }, `not measured: ${missing.join(", ")}`));
   return cell;
