@@ -200,7 +200,9 @@ class SlowRequest(BaseModel):
     recv_queue_ms: float | None
     server_ttfb_ms: float | None = Field(description="server processing, t2 − t1")
     server_ttft_ms: float | None
-    render_delay_ms: float | None = Field(description="visible TTFT − user TTFT")
+    render_delay_ms: float | None = Field(
+        description="visible TTFT − user TTFT (an LLM stream: − its first answer token)"
+    )
     hops: list[HopAdded] = Field(description="arrival order: edge … origin")
     retransmits: int | None = Field(description="TCP retransmits (edge hop)")
     srtt_ms: float | None

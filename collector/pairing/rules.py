@@ -132,19 +132,26 @@ def hold_of(span: Span | None, attrs: dict[str, Any] | None) -> tuple[float | No
     return v / 1000.0, why
 
 
+def _painted_after(first_chunk: float | None, first_token: float | None) -> float | None:
+    """What the probe's paint follows: on an LLM stream the first answer token (the role-only
+    delta or ``message_start`` shows nothing), else the first chunk (docs/probe.md)."""
+    return first_chunk if first_token is None else first_token
+
+
 def derive(entry: Entry, hops: Sequence[Span]) -> dict[str, Any]:
     """The derived parts of one exchange (all ms; None where not measurable), its LLM
     stream's included (collector/pairing/llm.py)."""
     t0, t3 = entry.get("request_start_ms"), entry.get("response_start_ms")
     first, rendered = entry.get("first_chunk_ms"), entry.get("rendered_ms")
     user_ttfb = _sub(t3, t0)
+    shown = _painted_after(first, entry.get("llm_first_token_ms"))
     out: dict[str, Any] = {
         "user_ttfb_ms": user_ttfb,
         "user_ttft_ms": _sub(first, t0),
         "user_visible_ttft_ms": _sub(rendered, t0),
         "user_duration_ms": _sub(entry.get("response_end_ms"), t0),
         "user_itl_ms": _gaps(entry.get("chunk_ms") or []),
-        "render_delay_ms": _sub(rendered, first),
+        "render_delay_ms": _sub(rendered, shown),
         **llm.pair_dict(entry, hops[-1] if hops else None),
     }
     if not hops:
@@ -271,6 +278,7 @@ E_COARSE, E_CHUNKS_COARSE, E_DRIFT = (_EN[n] for n in ("coarse", "chunks_coarse"
 # the entry's LLM columns, by name (collector/pairing/llm.py reads them)
 E_LLM = tuple((c.name, _EN[c.name]) for c in ENTRY_LLM_COLUMNS)
 E_LLM_DIALECT = _EN["llm_dialect"]
+E_LLM_FIRST_TOKEN = _EN["llm_first_token_ms"]
 _DIALECT = genai.DIALECT.name
 
 
@@ -299,6 +307,7 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
     """pair_row(entry, [span]) for an entry whose only candidate is ``s``, as a tuple in
     PAIR_COLUMNS order."""
     t0, t3, first, rendered = e[E_T0], e[E_T3], e[E_FIRST], e[E_RENDERED]
+    shown = _painted_after(first, e[E_LLM_FIRST_TOKEN])
     end = e[E_END]
     user_ttfb = None if t3 is None or t0 is None else t3 - t0
     chunk_ms = e[E_CHUNKS] or []
@@ -343,7 +352,7 @@ def pair_tuple_one_hop(e: tuple[Any, ...], s: tuple[Any, ...], version_ns: int) 
         None if rendered is None or t0 is None else rendered - t0,
         None if end is None or t0 is None else end - t0,
         [(b - a) * 1.0 for a, b in itertools.pairwise(chunk_ms)],
-        None if rendered is None or first is None else rendered - first,
+        None if rendered is None or shown is None else rendered - shown,
         ttfb_us / 1000.0,
         None if ttft is None else ttft / 1000.0,
         float(s[S_DUR]) / 1000.0,

@@ -48,6 +48,7 @@ PREFILL_US = 95_000
 QUEUE_US = 1_300_000  # every third answer waits this long behind another stream
 NET_MS = 20.0  # the network's share of the user's first token (both ways)
 BURST, BURST_GAP_MS = 5, 55.0  # the proxy lets tokens through 5 at a time, every 55 ms
+PAINT_MS = 7.0  # the answer's paint after its first token (the probe's rendered_ms)
 GAP_HIST = [0] * 26 + [4] + [0] * 29  # one long answer: 4 gaps past its 1024th token
 SLA_YAML = "for: 0s\ninterval: 1s\n"
 UNQUEUED = sum(1 for i in range(N) if i % 3)
@@ -178,7 +179,7 @@ def _send(c: Running) -> Sent:
         first_chunk = t0 + NET_MS + 0.5  # the role-only delta: no token
         llm_entries.append(
             _entry(tid, bsid, f"http://chat.test{LLM_ROUTE}", t0, first_chunk_ms=first_chunk,
-                   response_end_ms=tokens[-1] + 1.0, llm=llm)
+                   rendered_ms=first_ms + PAINT_MS, response_end_ms=tokens[-1] + 1.0, llm=llm)
         )  # fmt: skip
         sent.llm.append((tid, bsid))
         tid, bsid = new_trace_id(), new_span_id()
@@ -311,6 +312,8 @@ def test_the_query_api_shows_each_sides_stream(run: Run) -> None:
     assert parts["decode_ms"] == (TOKENS - 1) * GAP_US / 1000
     # the role-only delta came first: the first chunk is not the first token
     assert queued["parts"]["user_ttft_ms"] == pytest.approx(NET_MS + 0.5)
+    # the paint follows the first answer token, not the role-only delta before it
+    assert queued["parts"]["render_delay_ms"] == pytest.approx(PAINT_MS)
     served = run.requests[run.sent.llm[1][0]]["exchanges"][0]
     assert served["hops"][0]["llm"]["queue_ms"] == 0.0  # measured: served beside the others
     csv = run.requests[run.sent.csv[0][0]]["exchanges"][0]
