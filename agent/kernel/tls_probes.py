@@ -104,6 +104,7 @@ class TlsProbes:
         self._offsets: dict[FileKey, dict[str, int]] = {}  # file → symbol → file offset
         self._prog_fds: dict[str, int] = {}
         self._closing: list[threading.Thread] = []
+        self._warned: set[int] = set()  # pids whose probes failed, said once each
         self.why = ""  # why there are no probes at all (the attach line)
         if mode == "off":
             self.why = "off (--tls off)"
@@ -186,7 +187,9 @@ class TlsProbes:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
-                log.warning("no TLS probes for pid %d: cannot open %s (%s)", pid, path, e)
+                if pid not in self._warned:  # (a server is looked at again every RECHECK_S)
+                    self._warned.add(pid)
+                    log.warning("no TLS probes for pid %d: cannot open %s (%s)", pid, path, e)
                 continue
             st = os.fstat(fd)
             key = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -270,7 +273,9 @@ class TlsProbes:
                 continue
             self._close_later(pair)
             if required:
-                log.warning("no TLS probes for pid %d: %s did not attach", pid, sym)
+                if pid not in self._warned:
+                    self._warned.add(pid)
+                    log.warning("no TLS probes for pid %d: %s did not attach", pid, sym)
                 self._close_later(fds)
                 return []
         return fds
@@ -285,6 +290,7 @@ class TlsProbes:
         for pid, p in list(self._procs.items()):
             if p.start is None or procinfo.start_time(pid) != p.start:
                 del self._procs[pid]
+                self._warned.discard(pid)
                 self._release(p)
                 continue
             if not p.server or p.plain or now - p.looked < RECHECK_S:
