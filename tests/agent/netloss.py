@@ -254,13 +254,17 @@ class Result:
     def line(self) -> str:
         k = self.kernel
         waits = sorted(self.wait_us)
-        med = waits[len(waits) // 2] / 1000 if waits else 0.0
+
+        def q(f: float) -> str:
+            return f"{waits[min(len(waits) - 1, int(f * len(waits)))] / 1000:.1f}"
+
+        spread = f"; waits ms: median {q(0.5)}, P90 {q(0.9)}, max {q(1.0)}" if waits else ""
         return (
             f"loss {self.loss} %: {self.recorded}/{self.requests} requests recorded in"
             f" {self.wall_s:.1f} s; retransmits: agent {self.agent}, kernel {k.retrans_segs}"
             f" (TcpRetransSegs; {k.synack} of them SYN-ACKs, TcpExtTCPSynRetrans);"
-            f" {self.with_retrans} requests with retransmits, {len(waits)} timed"
-            f" (median wait {med:.0f} ms), {self.untimed} not"
+            f" {self.with_retrans} requests with retransmits, {len(waits)} timed,"
+            f" {self.untimed} not{spread}"
         )
 
 
