@@ -25,10 +25,22 @@ BPF_TABLE("lru_hash", struct px_synkey, struct px_synval, px_synq, 4096);
 
 static __always_inline void px_synkey_of(struct px_synkey *k, u16 family, const u8 *d4,
                                          const u8 *d6, u16 rport, u16 lport) {
+    if (family != PX_AF_INET) {
+        __builtin_memcpy(k->raddr, d6, 16);
+        u64 hi = 0;
+        u32 mid = 0;
+        __builtin_memcpy(&hi, k->raddr, 8);
+        __builtin_memcpy(&mid, k->raddr + 8, 4);
+        if (hi == 0 && (mid == 0 || mid == 0xffff0000)) {
+            // An IPv4 peer of a dual-stack listener (v4-mapped, or an IPv6 address left
+            // unset): keyed by its IPv4 address, which both tracepoints give, whichever
+            // form each has (checked: --dual-stack in tests/agent/netloss.py).
+            __builtin_memset(k->raddr, 0, 16);
+            family = PX_AF_INET;
+        }
+    }
     if (family == PX_AF_INET)
         __builtin_memcpy(k->raddr, d4, 4);
-    else
-        __builtin_memcpy(k->raddr, d6, 16);
     k->rport = rport;
     k->lport = lport;
     k->family = family;

@@ -136,9 +136,12 @@ class NetLoss:
         return Counts(got.get("TcpRetransSegs", 0), got.get("TcpExtTCPSynRetrans", 0))
 
     @contextmanager
-    def server(self) -> Iterator[subprocess.Popen[str]]:
-        """The HTTP server in the server's namespace; ``self.port`` is its port."""
-        argv = [PY, "-m", "tests.agent.netloss", "serve", "--host", self.srv_ip]
+    def server(self, dual_stack: bool = False) -> Iterator[subprocess.Popen[str]]:
+        """The HTTP server in the server's namespace; ``self.port`` is its port.
+        ``dual_stack``: it listens on ``::`` (IPv4 clients then reach an IPv6 socket, their
+        addresses v4-mapped)."""
+        host = "::" if dual_stack else self.srv_ip
+        argv = [PY, "-m", "tests.agent.netloss", "serve", "--host", host]
         p = subprocess.Popen(
             self.in_ns(self.srv_ns, argv), cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
@@ -188,10 +191,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"x" * n)
 
 
+class _DualStack(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 def serve(host: str) -> None:
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.request_queue_size = 256
-    srv = ThreadingHTTPServer((host, 0), _Handler)
+    cls = _DualStack if ":" in host else ThreadingHTTPServer
+    srv = cls((host, 0), _Handler)
     print(srv.server_address[1], flush=True)
     srv.serve_forever()
 
@@ -316,6 +328,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=24)
     ap.add_argument("--sizes", default="200,20000", help="response sizes, in turn")
+    ap.add_argument("--dual-stack", action="store_true", help="the server listens on ::")
     a = ap.parse_args()
     if a.cmd == "serve":
         serve(a.host)
@@ -332,7 +345,7 @@ def main() -> int:
     from tests.agent.helpers import Agent
 
     sizes = [int(x) for x in a.sizes.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, NetLoss() as net, net.server():
+    with tempfile.TemporaryDirectory() as tmp, NetLoss() as net, net.server(a.dual_stack):
         agent = Agent(Path(tmp), [net.port], ["--cpu-budget", "0"])
         try:
             for loss in (0, a.loss):
