@@ -15,7 +15,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.diagnostics import where
@@ -33,6 +33,11 @@ from agent.records import ConnInfo, build
 
 log = logging.getLogger("parallax.agent")
 MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
+# A finished exchange's record waits at most this long for the end of its share of the
+# connection's retransmits (the next request's start, or the socket's end: EV_TAIL); then
+# it takes the connection's counts as the kernel has them. A lost segment is sent again
+# after ~2 RTT (tail-loss probe) or the retransmission timeout (200 ms at least, doubling).
+TCP_HOLD_S = 1.0
 # Map lookups per sweep (every 50 ms), one per open Content-Length response idle for 20 ms:
 # a node serving thousands of downloads at once takes several sweeps to go round them.
 SWEEP_LOOKUPS = 256
@@ -48,6 +53,7 @@ _AGG_T_FIRST = events.Struct_Q.unpack_from
 _EV_WAGG, _EV_READ, _EV_BODY = events.EV_WAGG, events.EV_READ, events.EV_BODY
 _EV_CLOSE, _EV_PEER_FIN, _EV_SOCK_CLOSE = events.EV_CLOSE, events.EV_PEER_FIN, events.EV_SOCK_CLOSE
 _EV_TLS = events.EV_TLS
+_EV_TAIL = events.EV_TAIL
 _WITH_ADDRS = frozenset((events.EV_READ, events.EV_H2))  # their layout carries the addresses
 
 Key = tuple[int, int]  # (socket address, first-seen time): sockets are reused
@@ -66,6 +72,11 @@ class ConnState:
     unparsed_counted: bool = False
     info: ConnInfo | None = None
     tls: bool = False  # its bytes are TLS records: the plaintext comes from the SSL uprobes
+    key: Key = (0, 0)
+    # finished exchanges whose share of the connection's retransmits is still open
+    # (Exchange.tcp_hold), in order, and when the first of them stops waiting (monotonic s)
+    held: list[Exchange] = field(default_factory=list)
+    hold_until: float = 0.0
 
 
 class Connections:
@@ -83,6 +94,9 @@ class Connections:
         on_unparsed: Callable[[int], None],
         on_traceparent_missed: Callable[[], None],
         on_tls: Callable[[int, int], None] = lambda pid, lport: None,
+        on_plain: Callable[[int], None] = lambda pid: None,
+        tcp_now: Callable[[int, int], tuple[int, int, int] | None] = lambda sk, ident: None,
+        hold_s: float = TCP_HOLD_S,
     ) -> None:
         self.head_window = head_window
         self.clock = clock
@@ -93,7 +107,14 @@ class Connections:
         self._on_unparsed = on_unparsed
         self._on_traceparent_missed = on_traceparent_missed
         self._on_tls = on_tls
+        self._on_plain = on_plain  # a plaintext connection's first event (its process)
+        self._tcp_now = tcp_now  # a connection's TCP counts now (the kernel's maps)
+        self.hold_s = hold_s
         self.conns: OrderedDict[Key, ConnState] = OrderedDict()
+        # connections with records waiting for their retransmits (oldest wait first), and
+        # of those the ones closed by the app, waiting for their socket's end (EV_TAIL)
+        self._holding: OrderedDict[Key, ConnState] = OrderedDict()
+        self._ending: dict[Key, ConnState] = {}
         self._open_cl: dict[Key, ConnState] = {}  # Content-Length responses still open
         self.n_events = 0
         self.n_evicted = 0
@@ -117,8 +138,9 @@ class Connections:
 
     @property
     def waiting(self) -> bool:
-        """Responses wait for the sweep (the main loop keeps draining at full rate)."""
-        return bool(self._open_cl)
+        """Responses or records wait for the sweep (the main loop keeps draining at full
+        rate)."""
+        return bool(self._open_cl) or bool(self._holding)
 
     def _new_parser(self, proto: Entry) -> ConnParser:
         return proto.new_conn(self.proto_stats[proto.name], self.head_window)
@@ -132,7 +154,9 @@ class Connections:
             self.n_events += 1  # plain ints on the hot path; Prometheus gets them at a scrape
             if len(raw) < _HDR_SIZE:
                 return
-            typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, sample_th = _HDR(raw)
+            typ, tgid, _, _, sk, ident, t, srtt_us, retrans, lost, sample_th, wait, timed = _HDR(
+                raw
+            )
             key = (sk, ident)
             conns = self.conns
             st = conns.get(key)
@@ -140,14 +164,14 @@ class Connections:
                 st.parser.on_loss()
             proto = BY_EVENT.get(typ)
             if proto is None:
-                self._conn_event(typ, raw, key, st, tgid, t)
+                self._conn_event(typ, raw, key, st, tgid, t, (retrans, wait, timed))
                 return
             if st is None:
                 if len(conns) >= MAX_CONNS:
-                    old, _ = conns.popitem(last=False)  # the least recently active
-                    self._open_cl.pop(old, None)
-                    self.n_evicted += 1
-                st = conns[key] = ConnState(self._new_parser(proto), proto, tgid)
+                    self._evict()
+                st = conns[key] = ConnState(self._new_parser(proto), proto, tgid, key=key)
+                if typ in _WITH_ADDRS:
+                    self._on_plain(tgid)  # its first bytes were no TLS record (EV_TLS first)
             else:
                 conns.move_to_end(key)
                 if st.proto is not proto:  # the kernel found another protocol (h2 preface)
@@ -169,10 +193,12 @@ class Connections:
                 return  # already taken from the map snapshot (the sweep)
             if srtt_us:
                 p.srtt_us = srtt_us
-            p.retrans = retrans
+            p.retrans, p.rtx_wait_us, p.rtx_timed = retrans, wait, timed
             out = p.on_event(typ, raw, t, sample_th)
             if out:
                 self.emit(st, out)
+            if st.held:
+                self._release(st)
             if typ == _EV_READ:
                 if p.gave_up_unparsed and not st.unparsed_counted:
                     st.unparsed_counted = True
@@ -189,18 +215,37 @@ class Connections:
         except Exception as e:  # noqa: BLE001  (one event must not stop the agent)
             self._event_error(raw, e)
 
+    def _evict(self) -> None:
+        old, st = self.conns.popitem(last=False)  # the least recently active
+        self._open_cl.pop(old, None)
+        self.n_evicted += 1
+        if st.held:
+            self._release(st, force=True)
+
     def _conn_event(
-        self, typ: int, raw: bytes, key: Key, st: ConnState | None, tgid: int, t: int
+        self,
+        typ: int,
+        raw: bytes,
+        key: Key,
+        st: ConnState | None,
+        tgid: int,
+        t: int,
+        tcp: tuple[int, int, int],
     ) -> None:
         """The events of the connection itself, whatever its protocol: its end, the peer's
-        FIN, TLS."""
+        FIN, TLS, its socket's end."""
         if _EV_CLOSE <= typ <= _EV_SOCK_CLOSE:
             if st is None:
                 return
+            p = st.parser
+            p.retrans, p.rtx_wait_us, p.rtx_timed = tcp
             if typ == _EV_PEER_FIN:
-                st.parser.on_peer_fin(t)
+                p.on_peer_fin(t)
                 return
-            self.emit(st, st.parser.on_close(t, typ == _EV_SOCK_CLOSE))
+            self.emit(st, p.on_close(t, typ == _EV_SOCK_CLOSE))
+            if st.held:
+                # the socket may still send its last bytes again: EV_TAIL ends the share
+                self._ending[key] = st
             if (
                 st.tls
                 and st.parser.requests == 0
@@ -210,14 +255,18 @@ class Connections:
                 self._on_unparsed(st.lport)  # TLS whose plaintext never showed a request
             del self.conns[key]
             self._open_cl.pop(key, None)
+        elif typ == _EV_TAIL:  # the socket of a connection closed by the app ended
+            st = self._ending.pop(key, None)
+            if st is not None:
+                for ex in st.held:
+                    ex.end_tcp(*tcp)
+                self._release(st)
         elif typ == _EV_TLS:  # once per connection, before its first plaintext
             if st is None:
                 if len(self.conns) >= MAX_CONNS:
-                    old, _ = self.conns.popitem(last=False)
-                    self._open_cl.pop(old, None)
-                    self.n_evicted += 1
+                    self._evict()
                 proto = PROTOCOLS[0]
-                st = self.conns[key] = ConnState(self._new_parser(proto), proto, tgid)
+                st = self.conns[key] = ConnState(self._new_parser(proto), proto, tgid, key=key)
             st.tls = True
             st.pid = tgid
             st.lport = st.lport or _TLS(raw, _HDR_SIZE)[0]
@@ -294,17 +343,66 @@ class Connections:
         for ex in out:
             if not ex.t2 and not ex.ws_seq:
                 continue
-            info = st.info or self._info(st)
-            rec = build(ex, info, self.clock)
-            if ex.traceparent_missed:
-                self._on_traceparent_missed()
-            self.out.put(rec, info.service)
+            if ex.tcp_hold and ex.tcp_end is None and not ex.partial and self.hold_s > 0:
+                # its share of the connection's retransmits is still open: the record waits
+                if not st.held:
+                    st.hold_until = time.monotonic() + self.hold_s
+                    self._holding[st.key] = st
+                    self._holding.move_to_end(st.key)
+                st.held.append(ex)
+                continue
+            self._build(st, ex)
+
+    def _release(self, st: ConnState, force: bool = False) -> None:
+        """The held records whose share of retransmits has ended (all of them, ``force``:
+        with the connection's counts as the kernel has them now, or as last seen)."""
+        if force:
+            now = self._tcp_now(st.key[0], st.key[1])
+            p = st.parser
+            for ex in st.held:
+                ex.end_tcp(*(now or (p.retrans, p.rtx_wait_us, p.rtx_timed)))
+        keep: list[Exchange] = []
+        for ex in st.held:
+            if ex.tcp_end is None:
+                keep.append(ex)
+            else:
+                self._build(st, ex)
+        st.held = keep
+        if not keep:
+            self._holding.pop(st.key, None)
+            self._ending.pop(st.key, None)
+
+    def _build(self, st: ConnState, ex: Exchange) -> None:
+        info = st.info or self._info(st)
+        rec = build(ex, info, self.clock)
+        if ex.traceparent_missed:
+            self._on_traceparent_missed()
+        self.out.put(rec, info.service)
+
+    def sweep_holds(self) -> None:
+        """Records that waited TCP_HOLD_S for the end of their share of retransmits: out,
+        with the connection's counts as the kernel has them now."""
+        if not self._holding:
+            return
+        now = time.monotonic()
+        while self._holding:
+            st = next(iter(self._holding.values()))
+            if st.hold_until > now:
+                break
+            try:
+                self._release(st, force=True)
+            except Exception as e:  # noqa: BLE001  (as for a ring event: on_event)
+                st.held = []
+                self.conn_error(e, st.key, closing=False)
+            self._holding.pop(st.key, None)
+            self._ending.pop(st.key, None)
 
     # -- body writes still in the kernel aggregate (HTTP/1) ---------------------------
     def sweep(self, aggs: Any) -> None:
         """A Content-Length response whose body writes sit in the kernel aggregate
         (``aggs``: px_aggs, flushed only at the next boundary) is finished from a snapshot
-        of the map."""
+        of the map; records that waited long enough for their retransmits go out."""
+        self.sweep_holds()
         if not self._open_cl:
             return
         now = time.monotonic_ns()
@@ -369,8 +467,15 @@ class Connections:
                 self._flush_conn(aggs, key[0], st)
             except Exception as e:  # noqa: BLE001  (the other connections are still flushed)
                 self.conn_error(e, key, closing=True)
+        for st in list(self._holding.values()):
+            try:
+                self._release(st, force=True)
+            except Exception as e:  # noqa: BLE001
+                self.conn_error(e, st.key, closing=True)
         self.conns.clear()
         self._open_cl.clear()
+        self._holding.clear()
+        self._ending.clear()
 
     def _flush_conn(self, aggs: Any, sk: int, st: ConnState) -> None:
         p = st.parser

@@ -84,6 +84,8 @@ class Agent:
             on_unparsed=lambda lport: self.m.unparsed.labels(self.procs.port_label(lport)).inc(),
             on_traceparent_missed=self.m.traceparent_missed.inc,
             on_tls=self._on_tls,
+            on_plain=self._on_plain,
+            tcp_now=self._tcp_now,
         )
         self.exporters: list[Exporter] = []
         self.gpu = GpuSide(cfg.gpu)
@@ -270,6 +272,20 @@ class Agent:
                 why,
             )
         self.m.tls_unprobed.labels(label).inc()
+
+    def _on_plain(self, pid: int) -> None:
+        """A plaintext connection of ``pid``: TLS probes it got before any TLS connection
+        (agent.kernel.tls_probes: at start) come off if it serves none."""
+        tls = self.procs.tls_probes
+        if tls is not None:
+            tls.on_plain(pid)
+
+    def _tcp_now(self, sk: int, ident: int) -> tuple[int, int, int] | None:
+        """A connection's retransmit counts in the kernel now (agent.connections: a record
+        that waited long enough for its own)."""
+        if self.bpf is None:
+            return None
+        return loader.conn_tcp(self.bpf, sk, ident)
 
     # -- the main loop ----------------------------------------------------------------
     def _main_loop(self) -> None:

@@ -7,9 +7,10 @@ nginx (``return 200``; OpenSSL's socket BIO: SSL_read reads the socket itself) a
 connections paced with Lua ``delay()`` as in bench.agent, fresh TLS handshakes at its
 start. For each of the four (server, scheme), ``--repeats`` rounds of an untraced run then
 a traced one (an agent started for it, ``--cpu-budget 0`` so every request is traced; over
-TLS one request first, so that the probes are on the server before the load: they are
-attached at a process's first TLS connection), rounds of the four interleaved so that the
-VM's drifting speed hits all alike. Per request, medians over the rounds:
+TLS one request first, so that the probes are on the server before the load: they go on
+at the agent's start on a server that maps OpenSSL, else at its first TLS connection),
+rounds of the four interleaved so that the VM's drifting speed hits all alike. Per request,
+medians over the rounds:
 
 * BPF ns/request (``kernel.bpf_stats_enabled``: the agent's programs, the six TLS uprobe
   programs included) — the run time of the programs only;
@@ -171,8 +172,8 @@ def _tls_request(port: int, path: str) -> None:
 
 def trap_cost(cert: Path, key: Path, rounds: int = 5) -> tuple[list[float], list[float]]:
     """µs per SSL_write + SSL_read pair in a process of its own, without and then with the
-    agent's TLS probes on it (agent.kernel.tls_probes, as a server gets them at its first TLS
-    connection): what each probed SSL call costs the process, apart from any socket."""
+    agent's TLS probes on it (agent.kernel.tls_probes, as a server gets them): what each
+    probed SSL call costs the process, apart from any socket."""
     p = subprocess.Popen(
         [sys.executable, "-c", SSL_PAIRS, str(cert), str(key), "20000"],
         stdin=subprocess.PIPE,
@@ -210,7 +211,7 @@ def traced_run(case: Case, tmp: Path, seconds: float, lua: Path, idle_cores: flo
     agent = AgentProc(case.port, tmp, ("--cpu-budget", "0"))
     try:
         time.sleep(1.5)  # the first rescan has found the server
-        if case.tls:  # the probes go on at the server's first TLS connection
+        if case.tls:  # the probes are on (at start, or at the server's first TLS connection)
             _tls_request(case.port, PATHS[case.server])
             deadline = time.monotonic() + 10
             while "TLS: probes on pid" not in agent.err.read_text():
@@ -346,8 +347,9 @@ def summary(
         f" paced to {RATES['nginx']} (nginx) and {RATES['uvicorn']} (uvicorn) req/s,"
         f" {a.seconds:g} s a run. {a.repeats} rounds; in each, every case untraced then"
         " traced (a fresh agent, `--cpu-budget 0`: every request traced; over TLS one"
-        " request first, so that the probes are on — they go on at a process's first TLS"
-        " connection). Medians over the rounds, ranges min–max. *Server CPU added* is the"
+        " request first, so that the probes are on — at the agent's start on a server that"
+        " maps OpenSSL, else at its first TLS connection). Medians over the rounds, ranges"
+        " min–max. *Server CPU added* is the"
         " server's own run time per request, traced − untraced of the same round: the BPF"
         " programs run in its context, and over TLS each probed SSL call also traps.",
         "",

@@ -12,6 +12,9 @@
 //   PX_OFF_TCP_SRTT, PX_OFF_SKC_NUM  tcp_sock.srtt_us, sock_common.skc_num (from BTF)
 //   PX_OFF_TASK_TGID, PX_OFF_TASK_PID  task_struct.tgid, .pid (from BTF; direct loads)
 //   PX_HOLDS         write-to-wire holdback (hold.h), with its PX_OFF_TCP_*, PX_OFF_SKB_*
+//   PX_RTX_SEGS, PX_RTX_DATA_WAIT, PX_RTX_SYN_WAIT  retransmits (tcp.h): segments per skb,
+//                    the waits of data and SYN-ACKs, with their PX_OFF_RTX_* (from BTF)
+//   PX_HAVE_RETRANSMIT_ERR  tcp_retransmit_skb has its err field (6.12+)
 //   PX_SDR_BTF       compile px_sdr_btf, sk_data_ready as a BTF tracepoint (agent/tpbtf.py)
 //   C_<COUNTER>      the px_counters indices (agent/loader.py COUNTERS)
 //

@@ -120,7 +120,23 @@ DURATION_US = Attr("parallax.duration_us", "int", "us", "t_end − t1: read → 
 BYTES_IN = Attr("parallax.bytes_in", "int", "By", "Request bytes read by the app.")
 BYTES_OUT = Attr("parallax.bytes_out", "int", "By", "Response bytes written by the app.")
 SRTT_US = Attr("parallax.srtt_us", "int", "us", "TCP smoothed RTT of the connection (tcp_probe).")
-RETRANSMITS = Attr("parallax.retransmits", "int", "", "TCP retransmits during the request.")
+RETRANSMITS = Attr(
+    "parallax.retransmits",
+    "int",
+    "",
+    "TCP segments the server's kernel sent again for the request: from its read to the next"
+    " request's on the connection, or to the socket's end (the first request's from the"
+    " SYN-ACK on).",
+)
+RETRANSMIT_WAIT_US = Attr(
+    "parallax.retransmit_wait_us",
+    "int",
+    "us",
+    "The time the request's connection had bytes waiting to be sent again: for each"
+    " retransmission timed, from the start of the write that queued its bytes (the first"
+    " SYN-ACK's send, for a SYN-ACK), or from the previous retransmission if later, to the"
+    " retransmission. Absent when none of the request's retransmits could be timed.",
+)
 WS_SEQ = Attr(
     "parallax.ws_seq",
     "int",
@@ -372,6 +388,7 @@ ALL: tuple[Attr, ...] = (
     BYTES_OUT,
     SRTT_US,
     RETRANSMITS,
+    RETRANSMIT_WAIT_US,
     WS_SEQ,
     PARTIAL,
     CLIENT_ABORTED,

@@ -14,7 +14,9 @@ ARCH=$(dpkg --print-architecture)
 # prometheus (promtool) and prometheus-alertmanager: the real tools the tests check the
 # /metrics, the rules (deploy/prometheus) and the alert lifecycle with (tests/prom_tools.py).
 DAEMONS="prometheus prometheus-alertmanager"
-PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates openssl gcc libc6-dev systemd iproute2 util-linux $DAEMONS"
+# iproute2 (ip netns, nstat) and nftables (nft): the real packet loss between two network
+# namespaces that tests/agent/netloss.py sets up for the retransmit counts.
+PKGS="python3-bpfcc bpftool chromium nginx faketime wrk python3-venv ca-certificates openssl gcc libc6-dev systemd iproute2 nftables util-linux $DAEMONS"
 # Kernel headers: bcc compiles against the running kernel's headers when it has them;
 # otherwise Debian's generic linux-headers package feeds the fallback tree built below.
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then

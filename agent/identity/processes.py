@@ -78,9 +78,9 @@ class Processes:
 
     def attach(self, bpf: Any, socket_hooks: bool, tls: str = "auto") -> None:
         """The programs are loaded: seed the kernel's per-port listener counts, attach the
-        accept probes (socket hooks), set up the TLS probes (``tls``: auto | off; each
-        process gets them at its first TLS connection), seed the connections older than
-        the agent."""
+        accept probes (socket hooks), set up the TLS probes (``tls``: auto | off; on each
+        server that maps OpenSSL now, on others at their first TLS connection), seed the
+        connections older than the agent."""
         self.bpf = bpf
         # the kernel counts listeners per port over every namespace: seeded the same way
         listen = procinfo.listen_counts(procinfo.all_pids())
@@ -91,6 +91,8 @@ class Processes:
             self.accept_probes = uprobes.AcceptProbes(bpf)
             self.accept_probes.add(servers)
         self.tls_probes = TlsProbes(bpf, tls)
+        # TLS from a server's first byte: probes now on those that map OpenSSL
+        self.tls_probes.preattach(servers)
         self._seed(servers)
 
     def _track(self, pids: set[int]) -> None:
@@ -120,7 +122,7 @@ class Processes:
                 self.pids.discard(p)
                 del self._pid_start[p]
                 self._svc.pop(p, None)
-        if not self.ports and (self.accept_probes is None or self.explicit_pids):
+        if not self.ports and self.explicit_pids:
             return
         # The owners of the listeners: a walk of /proc/net/tcp (the kernel walks its whole
         # connection hash for it: milliseconds) and of every process's fds, when a listening
@@ -129,11 +131,17 @@ class Processes:
         changes = counters["listen_changes"]
         now = time.monotonic()
         if not self.ports:
-            # Every process is traced: a new server's libc gets the accept probe. Only on a
-            # listener change (a forked worker maps its parent's libc, already probed).
-            if changes != self._listen_changes and self.accept_probes is not None:
+            # Every process is traced: a new server's libc gets the accept probe, and its
+            # OpenSSL the TLS probes. Only on a listener change (a forked worker maps its
+            # parent's libc, already probed).
+            tls_on = self.tls_probes is not None and self.tls_probes.enabled
+            if changes != self._listen_changes and (self.accept_probes is not None or tls_on):
                 self._listen_changes = changes
-                self.accept_probes.add(procinfo.listeners(None))  # one read of the tables
+                servers = set(procinfo.listeners(None))  # one read of the tables
+                if self.accept_probes is not None:
+                    self.accept_probes.add(servers)
+                if self.tls_probes is not None:
+                    self.tls_probes.preattach(servers)
             return
         if changes != self._listen_changes or now - self._last_full_scan >= FULL_SCAN_S:
             self._listen_changes, self._last_full_scan = changes, now
@@ -158,6 +166,8 @@ class Processes:
         new = found - self.pids
         if new and self.accept_probes is not None:
             self.accept_probes.add(new)
+        if new and self.tls_probes is not None:
+            self.tls_probes.preattach(new)
         if new:
             self._track(new)
             loader.set_pids(self.bpf, sorted(new))

@@ -128,6 +128,13 @@ def macros(have: list[Tracepoint], missing: list[Tracepoint]) -> tuple[set[str],
         exit_fields = tracefs.fields(tfs, "sched", "sched_process_exit") if tfs else None
         if exit_fields and "group_dead" in exit_fields:
             macros.add("PX_HAVE_EXIT_GROUP_DEAD")
+    if "tcp:tcp_retransmit_skb" in have_ids:
+        # Linux 6.12+: the tracepoint also fires for a retransmission that was not sent
+        # (err): only those sent are counted, as before, when it fired for those alone
+        tfs, _ = tracefs.ensure_mounted()
+        rtx_fields = tracefs.fields(tfs, "tcp", "tcp_retransmit_skb") if tfs else None
+        if rtx_fields and "err" in rtx_fields:
+            macros.add("PX_HAVE_RETRANSMIT_ERR")
     return macros, degraded
 
 

@@ -19,6 +19,7 @@ EV_SOCK_CLOSE = 6  # the socket closed without a close() of the app (killed, exi
 EV_TLS = 7  # the connection carries TLS: its plaintext comes from the SSL uprobes
 EV_H2 = 8  # a read or write of an HTTP/2 connection (READ's layout; skipped = direction)
 EV_BODY = 9  # a body write of an LLM stream: its first bytes and its last (proto/stream.h)
+EV_TAIL = 10  # a closed connection's socket ended: its final TCP counts (tcp.h)
 
 WAGG_END = 1
 WAGG_PARTIAL = 2
@@ -30,7 +31,7 @@ _hdr, _read, _resp = layout("px_hdr"), layout("px_ev_read"), layout("px_ev_resp"
 _agg, _h2, _body = layout("px_agg"), layout("px_ev_h2"), layout("px_ev_body")
 CHUNKS = constant("PX_CHUNKS")
 H2_HDRS = constant("PX_H2_HDRS")
-# type tgid pid fd sk ident t srtt_us retrans lost sample_th
+# type tgid pid fd sk ident t srtt_us retrans lost sample_th rtx_wait_us rtx_timed
 HDR = _hdr.fmt("type")
 # t_est t_acc t_arr n caplen lport rport family skipped laddr raddr
 READ = _read.fmt("t_est", "data")
@@ -85,6 +86,8 @@ class Header:
     retrans: int
     lost: int = 0  # events of this connection were lost before this one (ring full)
     sample_th: int = 0  # READ: the sampling threshold its request was kept under
+    rtx_wait_us: int = 0  # the connection's timed retransmits: their summed wait (mod 2^32)
+    rtx_timed: int = 0  # ... and how many
 
     @property
     def conn(self) -> tuple[int, int]:
@@ -225,7 +228,7 @@ def decode(buf: bytes) -> Event | None:
         t_first, t_last, nbytes, gap, n, flags = AGG.unpack_from(buf, off)
         offs = list(offsets(buf, OFFS_AT, n))
         return WaggEv(h, t_first, t_last, nbytes, gap, n, flags, offs, hold_at(buf))
-    if h.type in (EV_CLOSE, EV_PEER_FIN, EV_SOCK_CLOSE):
+    if h.type in (EV_CLOSE, EV_PEER_FIN, EV_SOCK_CLOSE, EV_TAIL):
         return CloseEv(h)
     if h.type == EV_TLS and len(buf) >= off + TLS.size:
         return TlsEv(h, TLS.unpack_from(buf, off)[0])

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.kernel import btf, build, headers, holdback, ringbuf, tpbtf
+from agent.kernel import btf, build, headers, holdback, retransmits, ringbuf, tpbtf
 
 # the build's names the loader's callers use (re-exported)
 from agent.kernel.build import BPF_DIR as BPF_DIR  # noqa: PLC0414
@@ -82,7 +82,9 @@ def load(opts: Options) -> Loaded:
     except ImportError as e:
         raise LoadError(f"cannot import bcc ({e}): install python3-bpfcc") from e
     macros, degraded = build.macros(have, missing)
-    cflags = build.cflags(opts, macros)
+    # (one parse of the kernel's BTF serves the three readers below: dropped after compiling)
+    # retransmits per request: the BTF fields their programs read (bpf/agent/tcp.h)
+    cflags = build.cflags(opts, macros) + retransmits.cflags(degraded)
     text = program_text(BPF_SOURCE)
     have_ids = {tp.id for tp in have}
     sock, raw, sdr_btf_id, variants = build.variants(opts, macros, have_ids, degraded)
@@ -337,6 +339,21 @@ def map_fill(c: dict[str, int], max_conns: int) -> dict[str, int]:
 
 def synack_retransmits(b: Any) -> dict[int, int]:
     return {int(k.value): int(v.value) for k, v in b["px_synack"].items()}
+
+
+def conn_tcp(b: Any, sk: int, ident: int) -> tuple[int, int, int] | None:
+    """A followed connection's retransmit counts now (retransmitted segments, the summed
+    wait of those timed, how many were: bpf/agent/tcp.h), open (px_conns) or closed by its
+    app with its socket not ended yet (px_tails); None when the kernel no longer has it."""
+    for name in ("px_conns", "px_tails"):
+        t = b[name]
+        try:
+            v = t[t.Key(sk)]
+        except KeyError:
+            continue
+        if int(v.ident) == ident:
+            return int(v.retrans), int(v.rtx_wait_us), int(v.rtx_timed)
+    return None
 
 
 class Ring:

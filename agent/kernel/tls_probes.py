@@ -16,21 +16,24 @@ bytes (bpf/agent/tls_uprobes.h). Where the probes go, per traced process:
 * else nothing: Go's crypto/tls, rustls, a stripped static OpenSSL or BoringSSL. Their TLS
   connections are counted per executable (``parallax_agent_tls_unprobed_total{comm}``).
 
-When: at a process's first TLS connection, not when it is first traced. The kernel marks a
-connection TLS at its first bytes and tells user space (EV_TLS, at the next drain); the
-probes are attached then, synchronously. Most Python processes map libssl whether or not
-they serve TLS (http.server imports http.client, which imports ssl; uvicorn, requests and
-the LLM SDKs do too), and a probe hit costs the process a trap — measured here, on this
-Firecracker VM, ~13 µs per probed call (bench.tls; ~38 on a loaded machine), most of it
-the single-step of the probed instruction (a probe on an emulated instruction costs
-~1-3 µs; docs/benchmarks.md). An
-app behind a TLS-terminating ingress whose own HTTPS calls to its model API read a
-streamed answer in hundreds of SSL_read calls must not pay that. The price: the requests of
-a process's first TLS connection that arrive before its probes are attached (tens to a few
-hundred ms after the agent saw the connection) are not recorded; that connection's later
-requests are (the SSL object is linked to its socket at its next read). A process without
-probes is looked at again at a later TLS connection, at most every RECHECK_S (a Python app
-may import ssl late).
+When: from the agent's start, on every traced server that maps OpenSSL (:meth:`preattach`:
+the servers found at start, each server found later, and every RECHECK_S a server without
+probes is looked at again — a library mapped later, an exec), so that a server's very first
+TLS connection is read; and at a process's first TLS connection for a process that has none
+(the kernel marks a connection TLS at its first bytes and tells user space: EV_TLS).
+Most Python processes map libssl whether or not they serve TLS (http.server imports
+http.client, which imports ssl; uvicorn, requests and the LLM SDKs do too), and a probe hit
+costs the process a trap — measured here, on this Firecracker VM, ~13 µs per probed call
+(bench.tls; ~38 on a loaded machine), most of it the single-step of the probed instruction
+(a probe on an emulated instruction costs ~1-3 µs; docs/benchmarks.md). An app behind a
+TLS-terminating ingress whose own HTTPS calls to its model API read a streamed answer in
+hundreds of SSL_read calls must not pay that for long: a process probed before any TLS
+connection loses its probes at its first plaintext connection (:meth:`on_plain`) unless it
+has served TLS by then (a server with a plaintext and a TLS port that gets a plaintext
+connection first is probed again at its first TLS connection; that connection's requests
+read before the probes are there are lost, as they were for every server before probes
+went on at start). A process without probes is looked at again at a later TLS connection,
+at most every RECHECK_S (a Python app may import ssl late).
 
 Unlike libc's accept probe (agent.kernel.uprobes, one probe per library *file*), these probes are
 per *process* (a pid-filtered perf event): SSL_read runs for every request of every TLS
@@ -52,6 +55,7 @@ import platform
 import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +88,10 @@ class _Proc:
     key: FileKey | None = None
     name: str = ""  # the probed file's name, for the attach line
     perf_fds: list[int] = field(default_factory=list)
+    server: bool = False  # a traced server (preattach): looked at again every RECHECK_S
+    tls_seen: bool = False  # the kernel saw a TLS connection of it
+    plain: bool = False  # its first connection was plaintext, before any TLS one
+    exe: tuple[int, int] | None = None  # its executable (st_dev, st_ino): an exec changes it
 
 
 class TlsProbes:
@@ -96,6 +104,7 @@ class TlsProbes:
         self._offsets: dict[FileKey, dict[str, int]] = {}  # file → symbol → file offset
         self._prog_fds: dict[str, int] = {}
         self._closing: list[threading.Thread] = []
+        self._warned: set[int] = set()  # pids whose probes failed, said once each
         self.why = ""  # why there are no probes at all (the attach line)
         if mode == "off":
             self.why = "off (--tls off)"
@@ -128,26 +137,59 @@ class TlsProbes:
         p = self._procs.get(pid)
         return p is not None and bool(p.perf_fds)
 
+    def preattach(self, pids: Iterable[int]) -> None:
+        """Traced servers (at start, and each found later): probes now on those that map
+        OpenSSL, before their first TLS connection — its requests are read from its first
+        byte. Those without are looked at again every RECHECK_S (:meth:`sweep`)."""
+        if not self.enabled:
+            return
+        for pid in pids:
+            if pid not in self._procs:
+                self._look(pid, server=True)
+
     def on_tls(self, pid: int) -> bool:
         """The kernel saw a TLS connection of ``pid``: probe the process now if it has no
-        probes (looked at again at most every RECHECK_S). Whether it carries them now."""
+        probes (looked at again at most every RECHECK_S, at once when its probes came off
+        at a plaintext connection). Whether it carries them now."""
         if not self.enabled:
             return False
         p = self._procs.get(pid)
         if p is not None and p.perf_fds:
+            p.tls_seen = True
             return True
-        if p is None or time.monotonic() - p.looked >= RECHECK_S:
+        if p is None or p.plain or time.monotonic() - p.looked >= RECHECK_S:
             self._procs.pop(pid, None)
-            self._look(pid)
+            self._look(pid, server=p is not None and p.server)
+        self._procs[pid].tls_seen = True
         return self.probed(pid)
 
-    def _look(self, pid: int) -> None:
-        proc = self._procs[pid] = _Proc(procinfo.start_time(pid), time.monotonic())
+    def on_plain(self, pid: int) -> None:
+        """A plaintext connection of ``pid`` (its first bytes were no TLS record): a process
+        probed before serving any TLS loses its probes (each of its own HTTPS calls would
+        trap); a later TLS connection probes it again (:meth:`on_tls`)."""
+        p = self._procs.get(pid)
+        if p is None or p.tls_seen or p.plain:
+            return
+        p.plain = True
+        if p.perf_fds:
+            log.info(
+                "TLS: probes off pid %d (%s): its first connection is plaintext, no TLS served",
+                pid,
+                p.name,
+            )
+            self._release(p)
+            _set_pid_tls(self._b, pid, on=False)
+
+    def _look(self, pid: int, server: bool = False) -> None:
+        proc = self._procs[pid] = _Proc(procinfo.start_time(pid), time.monotonic(), server=server)
+        proc.exe = _exe_id(pid)
         for path in self._candidates(pid):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
-                log.warning("no TLS probes for pid %d: cannot open %s (%s)", pid, path, e)
+                if pid not in self._warned:  # (a server is looked at again every RECHECK_S)
+                    self._warned.add(pid)
+                    log.warning("no TLS probes for pid %d: cannot open %s (%s)", pid, path, e)
                 continue
             st = os.fstat(fd)
             key = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -159,7 +201,13 @@ class TlsProbes:
             proc.perf_fds = self._attach(pid, fd, offsets)
             if proc.perf_fds:
                 _set_pid_tls(self._b, pid)
-                log.info("TLS: probes on pid %d in %s (%s)", pid, proc.name, path)
+                log.info(
+                    "TLS: probes on pid %d in %s (%s)%s",
+                    pid,
+                    proc.name,
+                    path,
+                    ", before its first TLS connection" if server else "",
+                )
                 return
             os.close(fd)
             proc.fd, proc.key = -1, None
@@ -225,19 +273,38 @@ class TlsProbes:
                 continue
             self._close_later(pair)
             if required:
-                log.warning("no TLS probes for pid %d: %s did not attach", pid, sym)
+                if pid not in self._warned:
+                    self._warned.add(pid)
+                    log.warning("no TLS probes for pid %d: %s did not attach", pid, sym)
                 self._close_later(fds)
                 return []
         return fds
 
     # -- lifecycle -------------------------------------------------------------------
     def sweep(self) -> None:
-        """Forget exited processes (or reused pids); their probes closed off the loop."""
+        """Forget exited processes (or reused pids); their probes closed off the loop.
+        Every RECHECK_S a traced server is looked at again: one without probes may map
+        OpenSSL now (a library loaded late, an exec), one with them may have exec'd (the
+        probes then name a file it no longer maps)."""
+        now = time.monotonic()
         for pid, p in list(self._procs.items()):
-            if p.start is not None and procinfo.start_time(pid) == p.start:
+            if p.start is None or procinfo.start_time(pid) != p.start:
+                del self._procs[pid]
+                self._warned.discard(pid)
+                self._release(p)
                 continue
+            if not p.server or p.plain or now - p.looked < RECHECK_S:
+                continue
+            p.looked = now
+            exe = _exe_id(pid)
+            if p.perf_fds and exe == p.exe:
+                continue
+            if p.perf_fds:  # exec'd: another program in the same process
+                self._release(p)
+                _set_pid_tls(self._b, pid, on=False)
             del self._procs[pid]
-            self._release(p)
+            self._look(pid, server=True)
+            self._procs[pid].tls_seen = p.tls_seen and exe == p.exe
 
     def _release(self, p: _Proc) -> None:
         self._close_later(p.perf_fds, p.fd)
@@ -280,8 +347,9 @@ class TlsProbes:
         if not self.enabled:
             return f"TLS: {self.why}"
         return (
-            "TLS: SSL_read/SSL_write probes on each traced process at its first TLS"
-            " connection (the libssl it maps, or its executable's OpenSSL symbols)"
+            "TLS: SSL_read/SSL_write probes on each traced server that maps OpenSSL, from"
+            " start, and on each process at its first TLS connection (off again at a first"
+            " plaintext connection before any TLS one)"
         )
 
     def summary(self) -> str:
@@ -295,11 +363,22 @@ class TlsProbes:
         )
 
 
-def _set_pid_tls(b: Any, pid: int) -> None:
+def _set_pid_tls(b: Any, pid: int, on: bool = True) -> None:
     """The px_pids bit the socket hooks read: from now on the process's socket reads and
     writes are noted for its SSL calls (bpf/agent/tls.h px_tls_note). Cleared with the pid
-    (agent.kernel.loader.remove_pids) when the process is gone."""
+    (agent.kernel.loader.remove_pids) when the process is gone, or here (``on`` False) when
+    its probes come off."""
     t = b["px_pids"]
     if 0 <= pid < len(t):
         k = t.Key(pid)
-        t[k] = t.Leaf(int(t[k].value) | PID_TLS)
+        v = int(t[k].value)
+        t[k] = t.Leaf(v | PID_TLS if on else v & ~PID_TLS)
+
+
+def _exe_id(pid: int) -> tuple[int, int] | None:
+    """The process's executable (device, inode); None when it cannot be read."""
+    try:
+        st = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

@@ -23,7 +23,9 @@ class ConnParser(Protocol):
     # request alone carries the connection's accept-queue time)
     requests: int
     srtt_us: int  # the connection's TCP figures, refreshed by the table from each event
-    retrans: int
+    retrans: int  # retransmitted segments (bpf/agent/tcp.h)
+    rtx_wait_us: int  # ... the summed wait of those timed, and how many were
+    rtx_timed: int
     # the protocol the connection switched to (WebSocket after a 101): the table replaces
     # the parser with it
     upgraded: ConnParser | None

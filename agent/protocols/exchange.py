@@ -60,8 +60,18 @@ class Exchange:
     t_peer_fin: int = 0  # when the client's FIN arrived, if it came before the end
     # -- the connection --
     srtt_us: int = 0
+    # Its share of the connection's retransmits (bpf/agent/tcp.h counts them per connection,
+    # with the SYN-ACK's, and the summed wait of those it could time): the counts where the
+    # share starts and, once known, where it ends (``tcp_end``). ``tcp_hold``: the share ends
+    # at the connection's next exchange, or at the socket's end — its record waits for that
+    # (agent.connections); otherwise it ends where the exchange does.
     retrans_start: int = 0
+    rtx_wait_start: int = 0
+    rtx_timed_start: int = 0
+    tcp_hold: bool = False
+    tcp_end: tuple[int, int, int] | None = None
     retransmits: int = 0
+    retransmit_wait_us: int | None = None  # None: no retransmit of its share was timed
     sample_th: int = 0  # the kernel's sampling threshold it was kept under (0: all kept)
     # -- protocol specifics --
     ws_seq: int = 0  # WebSocket: the turn's client message number
@@ -108,10 +118,28 @@ class Exchange:
         self.bytes_out += nbytes
         self.t_end = max(self.t_end, t_last)
 
-    def finish_tcp(self, srtt_us: int, retrans: int) -> Exchange:
-        """The connection's TCP figures at the exchange's end."""
+    def finish_tcp(self, srtt_us: int, retrans: int, wait_us: int = 0, timed: int = 0) -> Exchange:
+        """The connection's TCP figures at the exchange's end: its srtt, and its
+        retransmits so far (final unless its share ends later: ``tcp_hold``)."""
         if srtt_us:
             self.srtt_us = srtt_us
-        d = retrans - self.retrans_start
-        self.retransmits = d if d > 0 else 0
+        if self.tcp_end is None:
+            self._count(retrans, wait_us, timed)
         return self
+
+    def end_tcp(self, retrans: int, wait_us: int, timed: int) -> None:
+        """Where its share of the connection's retransmits ends (the connection's counts
+        then): the next exchange's start, the socket's end, or as far as the wait for them
+        went (agent.connections)."""
+        if self.tcp_end is None:
+            self.tcp_end = (retrans, wait_us, timed)
+            self._count(retrans, wait_us, timed)
+
+    def _count(self, retrans: int, wait_us: int, timed: int) -> None:
+        d = (retrans - self.retrans_start) & 0xFFFFFFFF  # u32 counters in the kernel
+        self.retransmits = d if d < 0x80000000 else 0
+        n = (timed - self.rtx_timed_start) & 0xFFFFFFFF
+        if self.retransmits and 0 < n < 0x80000000:
+            self.retransmit_wait_us = (wait_us - self.rtx_wait_start) & 0xFFFFFFFF
+        else:
+            self.retransmit_wait_us = None

@@ -73,6 +73,9 @@ class Conn:
         self.t_peer_fin = 0
         self.srtt_us = 0
         self.retrans = 0
+        self.rtx_wait_us = 0
+        self.rtx_timed = 0
+        self.last: Exchange | None = None  # the last exchange begun (its retransmits end here)
         self.t_last_event = 0
         self.upgraded: ConnParser | None = None
         self.engine: Engine | None = None
@@ -243,6 +246,12 @@ class Conn:
 
     def _new_exchange(self, req: http1_head.RequestHead, t: int, missed: bool) -> Exchange:
         self.requests += 1
+        # The connection's retransmits are shared out by request: the previous one's share
+        # ends where this one begins; the first one's begins with the connection (its
+        # SYN-ACK retransmits included: bpf/agent/tcp.h).
+        tcp = (self.retrans, self.rtx_wait_us, self.rtx_timed) if self.requests > 1 else (0, 0, 0)
+        if self.last is not None:
+            self.last.end_tcp(self.retrans, self.rtx_wait_us, self.rtx_timed)
         ex = Exchange(
             req.method,
             req.path,
@@ -252,7 +261,10 @@ class Conn:
             t1=t,
             t_arr=self.cur_t_arr,
             srtt_us=self.srtt_us,
-            retrans_start=self.retrans,
+            retrans_start=tcp[0],
+            rtx_wait_start=tcp[1],
+            rtx_timed_start=tcp[2],
+            tcp_hold=True,
             upgrade=req.upgrade_websocket,
             head_request=req.method == "HEAD",
             sample_th=self.sample_th,
@@ -260,6 +272,7 @@ class Conn:
         if self.requests == 1:
             ex.t_acc, ex.t_est = self.t_acc, self.t_est
         self.cur_t_arr = 0
+        self.last = ex
         return ex
 
     def _queue(self, ex: Exchange) -> None:
@@ -432,6 +445,7 @@ class Conn:
         fresh.mode = "resync"  # from the next read that starts a request
         fresh.requests = self.requests  # not a first request: no accept-queue time
         fresh.srtt_us, fresh.retrans = self.srtt_us, self.retrans
+        fresh.rtx_wait_us, fresh.rtx_timed = self.rtx_wait_us, self.rtx_timed
         return fresh
 
     def update_tcp(self, srtt_us: int, retrans: int) -> None:
@@ -440,7 +454,7 @@ class Conn:
         self.retrans = retrans
 
     def _finish(self, ex: Exchange) -> Exchange:
-        return ex.finish_tcp(self.srtt_us, self.retrans)
+        return ex.finish_tcp(self.srtt_us, self.retrans, self.rtx_wait_us, self.rtx_timed)
 
     # -- the sweep: a Content-Length response whose last writes sit in the kernel -------
     def open_content_length(self) -> tuple[int, int] | None:

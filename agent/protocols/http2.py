@@ -142,6 +142,8 @@ class H2Conn:
         self.t_arr = 0  # the arrival of the read being framed
         self.srtt_us = 0
         self.retrans = 0
+        self.rtx_wait_us = 0
+        self.rtx_timed = 0
         self.peer_fin = False
         self._out: list[Exchange] = []
 
@@ -456,9 +458,11 @@ class H2Conn:
             t1=t,
             t_arr=self.t_arr,
             srtt_us=self.srtt_us,
-            retrans_start=self.retrans,
             bytes_in=size,
         )
+        if self.requests > 1:  # (the first stream's count begins with the connection's)
+            ex.retrans_start, ex.rtx_wait_start = self.retrans, self.rtx_wait_us
+            ex.rtx_timed_start = self.rtx_timed
         self.t_arr = 0  # one arrival per read: the next stream of the read has none
         if ctype is not None and ctype.startswith(b"application/grpc"):
             ex.rpc_system = "grpc"
@@ -516,4 +520,4 @@ class H2Conn:
 
     def _finish(self, ex: Exchange) -> Exchange:
         self.stats.streams += 1
-        return ex.finish_tcp(self.srtt_us, self.retrans)
+        return ex.finish_tcp(self.srtt_us, self.retrans, self.rtx_wait_us, self.rtx_timed)

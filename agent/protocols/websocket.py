@@ -49,6 +49,8 @@ class WsConn:
         self.requests = requests
         self.srtt_us = upgrade.srtt_us
         self.retrans = 0
+        self.rtx_wait_us = 0
+        self.rtx_timed = 0
         self.cur: Exchange | None = None
         self.seq = 0  # client data frames so far
         self.skip = 0  # bytes of a client frame still to come in later reads
@@ -149,8 +151,13 @@ class WsConn:
         if frames == 0:
             return []
         out: list[Exchange] = []
+        # the connection's retransmits, shared out by turn: the previous turn's (or the
+        # upgrade request's) share ends where this one begins
+        tcp = (self.retrans, self.rtx_wait_us, self.rtx_timed)
+        self.up.end_tcp(*tcp)
         if self.cur is not None and self.cur.t2:
-            out.append(self.cur.finish_tcp(self.srtt_us, self.retrans))
+            self.cur.end_tcp(*tcp)
+            out.append(self.cur.finish_tcp(self.srtt_us, *tcp))
         up = self.up
         self.seq += frames
         self.cur = Exchange(
@@ -164,7 +171,10 @@ class WsConn:
             status=101,
             bytes_in=n,
             srtt_us=self.srtt_us,
-            retrans_start=self.retrans,
+            retrans_start=tcp[0],
+            rtx_wait_start=tcp[1],
+            rtx_timed_start=tcp[2],
+            tcp_hold=True,
             ws_seq=self.seq,
             sample_th=up.sample_th,
         )
@@ -205,7 +215,9 @@ class WsConn:
         out: list[Exchange] = []
         if self.cur is not None and self.cur.t2:
             self.cur.partial = partial
-            out.append(self.cur.finish_tcp(self.srtt_us, self.retrans))
+            out.append(
+                self.cur.finish_tcp(self.srtt_us, self.retrans, self.rtx_wait_us, self.rtx_timed)
+            )
         self.cur = None
         self.closed = True
         return out

@@ -15,6 +15,7 @@
 #define EV_TLS 7  // the connection carries TLS records (tls.h): its bytes come from uprobes
 #define EV_H2 8   // a read or write of an HTTP/2 connection (proto/http2.h)
 #define EV_BODY 9  // a body write of an LLM token stream, with its bytes (proto/stream.h)
+#define EV_TAIL 10  // a closed connection's socket reached its end: its last TCP counts (tcp.h)
 
 #define KIND_READ 1
 #define KIND_WRITE 2
@@ -31,6 +32,8 @@
 #define PX_H2_SEEN 1  // px_conn.h2: its first read with data was looked at for the preface
 #define PX_H2_ON 2    // ... and was HTTP/2's client preface: reads and writes take proto/http2.h
 #define PX_H2_DEAD 4  // ... and tracing paused since: user space gave it up, nothing is sent
+#define PX_MARKS 8  // writes whose sequence ranges a connection keeps (tcp.h, retransmit waits)
+#define PX_TAILS 4096  // closed connections whose sockets may still retransmit (px_tails)
 #define PX_PID_TLS 2   // px_pids bit: the process carries the TLS probes (agent/tls.py)
 
 #define WAGG_END 1      // chunked terminator seen: the response is complete

@@ -14,6 +14,8 @@ struct px_hdr {
     u32 retrans;
     u32 lost;  // events of this connection were lost before this one: user space resyncs
     u32 sample_th;  // READ: the sampling threshold its request was kept under (0: all)
+    u32 rtx_wait_us;  // the connection's timed retransmits: their summed wait (tcp.h)
+    u32 rtx_timed;    // ... and how many there were
 };
 
 struct px_ev_read {
@@ -62,6 +64,8 @@ static __always_inline void px_hdr_fill(struct px_hdr *h, u32 type, u64 id, u32 
     h->retrans = c ? c->retrans : 0;
     h->lost = 0;
     h->sample_th = c ? c->sample_th : 0;
+    h->rtx_wait_us = c ? c->rtx_wait_us : 0;
+    h->rtx_timed = c ? c->rtx_timed : 0;
     if (c) {
         h->lost = c->lost;
         c->lost = 0;  // set again by px_lost if this event fails too
@@ -143,6 +147,7 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
         px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     }
+    px_tail_keep(sk, c, t);  // (close(): the socket sends its FIN after this)
     if (px_conns.delete(&sk) == 0)
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)

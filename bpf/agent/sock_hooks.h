@@ -93,6 +93,10 @@ static __always_inline void px_sock_io(u64 sk, long ret, int is_read) {
     struct px_conn *c = px_conn_for(id, a.fd, sk);
     if (!c)
         return;
+    // the bytes TCP sends and may send again (TLS: the ciphertext), from the write's start
+    if (ret > 0)
+        px_rtx_mark(c, sk, (u32)ret, 0,
+                    c->t_send && c->send_epoch == px_epoch() ? c->t_send : t);
     if (c->tls & PX_TLS_ON) {
         // ciphertext: SSL_write's entry gives the plaintext and the write's start
         c->t_send = 0;

@@ -72,6 +72,18 @@ struct px_conn {
     // HTTP/2 (proto/http2.h): per direction (0 read, 1 write), the bytes of the current frame
     // still to come at the next event (PX_H2_LOST: the kernel's walk gave up)
     u32 h2_left[2];
+    // Retransmits (tcp.h; `retrans` above counts the segments): the summed wait of those
+    // that could be timed (µs; mod 2^32, user space takes differences), how many were, the
+    // last one's time (µs, mod 2^32; 0: none yet), and the sequence ranges of the last
+    // PX_MARKS writes with their start times (µs, mod 2^32): what a retransmitted byte's
+    // first send cannot precede.
+    u32 rtx_wait_us;
+    u32 rtx_timed;
+    u32 rtx_last_us;
+    u32 mk_i;
+    u32 mk_start[PX_MARKS];
+    u32 mk_end[PX_MARKS];
+    u32 mk_us[PX_MARKS];
 };
 
 struct px_agg {
@@ -104,6 +116,10 @@ BPF_HASH(px_active, u64, struct px_active, 16384);
 #endif
 BPF_TABLE("lru_hash", u64, struct px_fd, px_fds, PX_MAX_CONNS);
 BPF_TABLE("lru_hash", u64, struct px_conn, px_conns, PX_MAX_CONNS);
+// A connection its app has closed whose socket can still retransmit (FIN_WAIT1, LAST_ACK,
+// CLOSING): its retransmits go on being counted here until the socket's end (tcp.h
+// px_tail_end: EV_TAIL).
+BPF_TABLE("lru_hash", u64, struct px_conn, px_tails, PX_TAILS);
 BPF_TABLE("lru_hash", u64, struct px_agg, px_aggs, PX_MAX_CONNS);
 BPF_PERCPU_ARRAY(px_agg_zero, struct px_agg, 1);  // never written: the zero value for inits
 
@@ -167,6 +183,32 @@ static __always_inline void px_conn_epoch(struct px_conn *c) {
         if (c->h2 & PX_H2_ON)
             c->h2 |= PX_H2_DEAD;
     }
+}
+
+// A write of ``len`` bytes to a followed socket, started at ``t``: the sequence range it
+// queued (tcp_sock.write_seq after it, less its length), kept among the connection's last
+// PX_MARKS for the wait of a retransmission of those bytes (tcp.h px_rtx_wait). ``fin``:
+// the close, whose FIN takes one sequence number at write_seq (marked before tcp_send_fin
+// queues it).
+static __always_inline void px_rtx_mark(struct px_conn *c, u64 sk, u32 len, u32 fin, u64 t) {
+#ifdef PX_RTX_DATA_WAIT
+    u32 end = 0;
+    if (bpf_probe_read_kernel(&end, sizeof(end), (void *)(sk + PX_OFF_RTX_WRITE_SEQ)))
+        return;
+    u32 i = c->mk_i & (PX_MARKS - 1);
+    c->mk_start[i] = end - len;
+    c->mk_end[i] = end + fin;
+    c->mk_us[i] = (u32)(t / 1000);
+    c->mk_i = i + 1;
+#endif
+}
+
+// The app closed a followed connection (its entry is about to be deleted): the socket may
+// still retransmit its last bytes and its FIN, so the entry is kept in px_tails until the
+// socket's end (tcp.h px_tail_end), where EV_TAIL gives user space the final counts.
+static __always_inline void px_tail_keep(u64 sk, struct px_conn *c, u64 t) {
+    px_rtx_mark(c, sk, 0, 1, t);
+    px_tails.update(&sk, c);
 }
 
 static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {

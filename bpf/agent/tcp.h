@@ -6,6 +6,62 @@
 // SYN-ACK retransmits per listening port
 BPF_HASH(px_synack, u16, u64, 256);
 
+// SYN-ACK retransmits of a connection not yet established, by its peer and local port (the
+// request sock that sends them is not the socket the connection gets): moved into the
+// connection at its handshake's end, so that its first request carries them.
+struct px_synkey {
+    u8 raddr[16];
+    u16 rport;
+    u16 lport;
+    u32 family;
+};
+struct px_synval {
+    u32 n;        // SYN-ACKs sent again
+    u32 wait_us;  // their summed wait (px_rtx_add)
+    u32 timed;    // how many were timed
+    u32 last_us;  // the last one's time (µs, mod 2^32)
+};
+BPF_TABLE("lru_hash", struct px_synkey, struct px_synval, px_synq, 4096);
+
+static __always_inline void px_synkey_of(struct px_synkey *k, u16 family, const u8 *d4,
+                                         const u8 *d6, u16 rport, u16 lport) {
+    if (family != PX_AF_INET) {
+        __builtin_memcpy(k->raddr, d6, 16);
+        u64 hi = 0;
+        u32 mid = 0;
+        __builtin_memcpy(&hi, k->raddr, 8);
+        __builtin_memcpy(&mid, k->raddr + 8, 4);
+        if (hi == 0 && (mid == 0 || mid == 0xffff0000)) {
+            // An IPv4 peer of a dual-stack listener (v4-mapped, or an IPv6 address left
+            // unset): keyed by its IPv4 address, which both tracepoints give, whichever
+            // form each has (checked: --dual-stack in tests/agent/netloss.py).
+            __builtin_memset(k->raddr, 0, 16);
+            family = PX_AF_INET;
+        }
+    }
+    if (family == PX_AF_INET)
+        __builtin_memcpy(k->raddr, d4, 4);
+    k->rport = rport;
+    k->lport = lport;
+    k->family = family;
+}
+
+// One retransmission's wait: from ``t0_us`` (when the bytes were first sent, at the
+// earliest) to now, or from the connection's previous retransmission if that came later —
+// so that a segment sent again twice counts the time since its first send once, and
+// segments resent together count it once: the wait is the time the connection spent with
+// bytes waiting to be sent again.
+static __always_inline void px_rtx_add(u32 *wait_us, u32 *timed, u32 last_us, u32 t0_us,
+                                       u32 now_us) {
+    if (last_us && (s32)(last_us - t0_us) > 0)
+        t0_us = last_us;
+    s32 d = (s32)(now_us - t0_us);
+    *wait_us += d > 0 ? (u32)d : 0;
+    *timed += 1;
+}
+
+#define TCP_FIN_WAIT2 5
+
 // ---- softirq side: keyed by socket address ----------------------------------------
 
 #define TCP_ESTABLISHED 1
@@ -40,6 +96,25 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 }
 #endif
 
+// A closed connection's socket reached a state where it sends nothing again (FIN_WAIT2:
+// our FIN and everything before it acknowledged; CLOSE): its final counts to user space
+// (EV_TAIL), which holds the connection's last records for them.
+static __always_inline void px_tail_end(u64 sk, int ns, u16 lport) {
+    if ((ns != TCP_FIN_WAIT2 && ns != TCP_CLOSE) || !px_port_ok(lport))
+        return;
+    struct px_conn *c = px_tails.lookup(&sk);
+    if (!c)
+        return;
+    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
+    if (e) {
+        px_hdr_fill(e, EV_TAIL, ((u64)c->tgid) << 32, 0, sk, c, bpf_ktime_get_ns());
+        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    } else {
+        px_lost(0);  // (user space stops waiting for it after a while)
+    }
+    px_tails.delete(&sk);
+}
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     if (args->protocol != PX_IPPROTO_TCP)
         return 0;
@@ -64,6 +139,21 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
             __builtin_memcpy(c.laddr, args->saddr_v6, 16);
             __builtin_memcpy(c.raddr, args->daddr_v6, 16);
         }
+#ifdef PX_HAVE_TCP_RETRANSMIT_SYNACK
+        struct px_synkey sk_key = {};
+        px_synkey_of(&sk_key, args->family, args->daddr, args->daddr_v6, args->dport,
+                     args->sport);
+        struct px_synval *sv = px_synq.lookup(&sk_key);
+        if (sv) {
+            // its SYN-ACKs sent again: the connection's first retransmits (its first
+            // request's, in user space)
+            c.retrans = sv->n;
+            c.rtx_wait_us = sv->wait_us;
+            c.rtx_timed = sv->timed;
+            c.rtx_last_us = sv->last_us;
+            px_synq.delete(&sk_key);
+        }
+#endif
         px_conns.update(&sk, &c);
         px_count(C_CONNS);
 #ifdef PX_LINK_BY_TUPLE
@@ -93,11 +183,15 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     // or exiting mid-request, or a close by a path we do not trace.
     int closing = (os == TCP_ESTABLISHED && ns == TCP_FIN_WAIT1) ||
                   (os == TCP_CLOSE_WAIT && ns == TCP_LAST_ACK) || ns == TCP_CLOSE;
-    if (!peer_fin && !closing)
+    if (!peer_fin && !closing) {
+        px_tail_end(sk, ns, args->sport);
         return 0;
+    }
     struct px_conn *c = px_conns.lookup(&sk);
-    if (!c)
+    if (!c) {
+        px_tail_end(sk, ns, args->sport);
         return 0;
+    }
     u64 t = bpf_ktime_get_ns();
     u64 owner = ((u64)c->tgid) << 32;
     if (ns == TCP_CLOSE && os == TCP_ESTABLISHED) {
@@ -145,6 +239,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     struct px_fd *f = px_fds.lookup(&fdkey);
     if (f && f->sk == sk)
         px_fds.delete(&fdkey);
+    px_tail_keep(sk, c, t);
     if (px_conns.delete(&sk) == 0)
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)
@@ -152,6 +247,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 #ifdef PX_HOLDS
     px_hold_forget(sk);
 #endif
+    px_tail_end(sk, ns, args->sport);  // (a reset: the socket ended with the close)
     return 0;
 }
 
@@ -260,11 +356,77 @@ TRACEPOINT_PROBE(tcp, tcp_receive_reset) {
 #endif
 
 #ifdef PX_HAVE_TCP_RETRANSMIT_SKB
+// The segments a retransmitted skb carries, as the kernel's TcpRetransSegs counts them
+// (tcp_skb_pcount: skb_shinfo(skb)->gso_segs, the shared info at skb->head + skb->end).
+static __always_inline u32 px_rtx_segs(u64 skb) {
+#ifdef PX_RTX_SEGS
+    u64 head = 0;
+    u32 end = 0;
+    u16 segs = 0;
+    if (bpf_probe_read_kernel(&head, sizeof(head), (void *)(skb + PX_OFF_RTX_SKB_HEAD)) ||
+        !head ||
+        bpf_probe_read_kernel(&end, sizeof(end), (void *)(skb + PX_OFF_RTX_SKB_END)) ||
+        bpf_probe_read_kernel(&segs, sizeof(segs), (void *)(head + end + PX_OFF_RTX_GSO_SEGS)) ||
+        !segs)
+        return 1;
+    return segs;
+#else
+    return 1;
+#endif
+}
+
+// The retransmitted bytes' first send cannot precede the start of the write that queued
+// them: the connection's marks (state.h px_rtx_mark) give it for its last writes and its
+// FIN; bytes older than those are counted, not timed.
+static __always_inline void px_rtx_wait(struct px_conn *c, u64 skb, u32 now_us) {
+#ifdef PX_RTX_DATA_WAIT
+    u32 seq = 0;  // TCP_SKB_CB(skb)->seq: the first member of the skb's control block
+    if (bpf_probe_read_kernel(&seq, sizeof(seq), (void *)(skb + PX_OFF_RTX_SKB_CB)))
+        return;
+    u32 t0 = 0;
+    int found = 0;
+#pragma unroll
+    for (int i = 0; i < PX_MARKS; i++) {
+        u32 st = c->mk_start[i], en = c->mk_end[i];
+        if (st != en && (s32)(seq - st) >= 0 && (s32)(en - seq) > 0) {
+            t0 = c->mk_us[i];
+            found = 1;
+        }
+    }
+    // Bytes of a write still in progress (resent while the app's send call runs: the ACKs
+    // it processes trigger a fast retransmit): that write's start, where it was stamped
+    // (tcp_sendmsg_locked, a blocking socket: sock_hooks.h); else not timed (its wait is
+    // within the send call's duration, which nothing here knows).
+    u32 newest = c->mk_end[(c->mk_i - 1) & (PX_MARKS - 1)];
+    if (!found && c->t_send && c->send_epoch == px_epoch() &&
+        (c->mk_i == 0 || (s32)(seq - newest) >= 0)) {
+        t0 = (u32)(c->t_send / 1000);
+        found = 1;
+    }
+    if (found)
+        px_rtx_add(&c->rtx_wait_us, &c->rtx_timed, c->rtx_last_us, t0, now_us);
+#endif
+}
+
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
+#ifdef PX_HAVE_RETRANSMIT_ERR
+    if (args->err)
+        return 0;  // not sent (still in the host's queue, no memory, no route): no resend
+#endif
+    if (!px_port_ok(args->sport))
+        return 0;
     u64 sk = (u64)args->skaddr;
     struct px_conn *c = px_conns.lookup(&sk);
-    if (c)
-        c->retrans += 1;
+    if (!c) {
+        c = px_tails.lookup(&sk);  // closed by the app, its last bytes or FIN resent
+        if (!c)
+            return 0;
+    }
+    u64 skb = (u64)args->skbaddr;
+    u32 now_us = (u32)(bpf_ktime_get_ns() / 1000);
+    c->retrans += px_rtx_segs(skb);
+    px_rtx_wait(c, skb, now_us);
+    c->rtx_last_us = now_us ? now_us : 1;
     return 0;
 }
 #endif
@@ -280,6 +442,25 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_synack) {
         __sync_fetch_and_add(v, 1);
     else
         px_synack.update(&port, &one);
+    // ... and per connection to come (its first request carries them)
+    struct px_synkey k = {};
+    px_synkey_of(&k, args->family, args->daddr, args->daddr_v6, args->dport, port);
+    struct px_synval zero = {};
+    struct px_synval *sv = px_synq.lookup_or_try_init(&k, &zero);
+    if (!sv)
+        return 0;
+    u32 now_us = (u32)(bpf_ktime_get_ns() / 1000);
+    sv->n += 1;
+#ifdef PX_RTX_SYN_WAIT
+    // tcp_request_sock.snt_synack: the first SYN-ACK's send time (tcp_clock_us, the same
+    // CLOCK_MONOTONIC as bpf_ktime_get_ns)
+    u64 first = 0;
+    if (bpf_probe_read_kernel(&first, sizeof(first),
+                              (void *)((u64)args->req + PX_OFF_RTX_SNT_SYNACK)) == 0 &&
+        first)
+        px_rtx_add(&sv->wait_us, &sv->timed, sv->last_us, (u32)first, now_us);
+#endif
+    sv->last_us = now_us ? now_us : 1;
     return 0;
 }
 #endif

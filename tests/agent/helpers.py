@@ -182,6 +182,17 @@ def agent_progs(agent: Agent) -> list[dict[str, Any]]:
     return [p for p in json.loads(out) if p.get("id") in ids]
 
 
+def uprobes(agent: Agent) -> list[tuple[str, str]]:
+    """The agent's uprobes and uretprobes: (kind, its program's name as bpftool gives it,
+    15 characters at most) — libc's accept probes are px_uret_accept, the TLS ones px_ssl_*."""
+    names = {p["id"]: p.get("name", "") for p in agent_progs(agent)}
+    return [
+        (e["fd_type"], names.get(e.get("prog_id"), ""))
+        for e in perf_links(agent)
+        if e["fd_type"] in ("uprobe", "uretprobe")
+    ]
+
+
 def tracepoints(agent: Agent) -> set[str]:
     """Names of the tracepoints (classic and raw) the agent has attached."""
     return {str(e.get("tracepoint", "")) for e in perf_links(agent) if "tracepoint" in e["fd_type"]}

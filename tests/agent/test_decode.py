@@ -23,7 +23,7 @@ SK, IDENT, TGID = 0xFFFF_8880_1234_5678, 7, 4_194_000  # a pid no process has he
 
 
 def _hdr(typ: int, t: int, lost: int = 0) -> bytes:
-    return events.HDR.pack(typ, TGID, TGID + 1, 5, SK, IDENT, t, 55, 0, lost, 0)
+    return events.HDR.pack(typ, TGID, TGID + 1, 5, SK, IDENT, t, 55, 0, lost, 0, 0, 0)
 
 
 def _read(t: int, data: bytes, t_arr: int = 0, t_acc: int = 0, t_est: int = 0) -> bytes:
@@ -64,6 +64,7 @@ def test_a_streamed_response_from_packed_records() -> None:
         _resp(15 * ms, head),
         _wagg(20 * ms, 24 * ms, [0, 1000, 4000], 300, 3 * ms),
         _hdr(events.EV_CLOSE, 30 * ms),
+        _hdr(events.EV_TAIL, 31 * ms),  # its socket's end: the record's retransmits final
     ]
     # what the reference decoder reads from the same bytes
     rd, rs, wg = (events.decode(r) for r in recs[:3])
@@ -72,8 +73,10 @@ def test_a_streamed_response_from_packed_records() -> None:
     assert isinstance(wg, events.WaggEv) and wg.times_ns() == [20 * ms, 21 * ms, 24 * ms]
     a = _table()
     a.clock.offset_ns = 0
-    for r in recs:
+    for r in recs[:-1]:
         a.on_event(r)
+    assert not a.out.q  # closed by the app: its socket may still send its last bytes again
+    a.on_event(recs[-1])
     [rec] = list(a.out.q)
     want: dict[str, Any] = {
         "method": "GET",
@@ -99,10 +102,12 @@ def test_a_streamed_response_from_packed_records() -> None:
         "bytes_in": len(req),
         "bytes_out": len(head) + 300,
         "srtt_us": 55,
+        "retransmits": 0,
+        "retransmit_wait_us": None,
         "partial": False,
     }
     assert {k: rec[k] for k in want} == want
-    assert a.n_events == 4 and not a.conns
+    assert a.n_events == 5 and not a.conns
 
 
 def test_unknown_short_and_lost_records() -> None:

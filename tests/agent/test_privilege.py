@@ -180,7 +180,7 @@ def test_tls_probes_with_the_daemonsets_capabilities(tmp_path: Path) -> None:
     port = srv.port()
     agent = Agent(tmp_path, [port], wrapper=_daemonset_caps())
     try:
-        with tls_connect(port) as c:  # the first TLS connection: the probes go on now
+        with tls_connect(port) as c:  # (the probes went on at the agent's start)
             http_request(0, b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n", sock=c)
         wait_log(agent, f"TLS: probes on pid {srv.p.pid} in libssl.so.3")
         ctx = trace_context.generate()

@@ -8,7 +8,10 @@ timed against their own CLOCK_MONOTONIC as the HTTP/1 tests do (tests/agent/test
 * Python's http.server over ``ssl`` (a socket BIO: SSL_read_ex reads the socket itself),
   and a raw TLS server that waits before reading (the receive-queue wait).
 
-One agent for the module, with an OTLP receiver (the privacy test reads every exit).
+One agent for the module, with an OTLP receiver (the privacy test reads every exit),
+started after the servers: the probes go on at its start, on every server that maps
+OpenSSL. Two of them (``first_uv``, ``first_py``) get no connection before their test,
+which checks that their very first one is read.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from tests.agent.helpers import (
     http_request,
     leaks,
     one_record,
-    perf_links,
     server_record,
     timing_log,
     tls_connect,
+    uprobes,
     wait_log,
 )
 
@@ -58,6 +61,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSet]:
         e.start("rcv", [PY, "-m", "tests.agent.servers.raw_server", "--read-delay-ms", "300", *tls])
         if shutil.which("node"):
             e.start("node", ["node", "tests/agent/servers/node_server.mjs", "0", "@LOG", cert, key])
+        # no connection before their test: their first one must be read (probes at start)
+        e.start("first_uv", [PY, "-m", "tests.agent.servers.tls_app", *uv])
+        e.start("first_py", [PY, "-m", "tests.agent.servers.py_server", *tls])
         # not traced: the upstream of the servers' own HTTPS calls
         e.start("up", [PY, "-m", "tests.agent.servers.py_server", *tls])
         traced = [p for n, p in e.ports.items() if n != "up"]
@@ -90,35 +96,71 @@ def warm_up(e: ServerSet, agent: Agent, name: str) -> None:
 
 def test_probes_where_the_process_has_openssl(env: ServerSet) -> None:
     """Python maps the system's libssl.so.3; NodeSource's node links OpenSSL statically and
-    exports its symbols: probed in the executable. The attach line says when probes go."""
+    exports its symbols: probed in the executable. The attach line says when probes go:
+    from the agent's start, on every traced server that maps OpenSSL."""
     line = next(ln for ln in env.agent.err.read_text().splitlines() if "attached" in ln)
-    assert "TLS: SSL_read/SSL_write probes on each traced process at its first TLS" in line
+    assert "TLS: SSL_read/SSL_write probes on each traced server that maps OpenSSL, from" in line
     err = env.agent.err.read_text()
+    before = ", before its first TLS connection"
     assert f"TLS: probes on pid {env.procs['uv'].p.pid} in libssl.so.3 " in err
+    for name in ("uv", "py", "first_uv", "first_py"):
+        pid = env.procs[name].p.pid
+        assert any(f"TLS: probes on pid {pid} " in ln and before in ln for ln in err.splitlines())
     if "node" in env.ports:
         assert f"TLS: probes on pid {env.procs['node'].p.pid} in node " in err
 
 
-def test_a_process_serving_no_tls_gets_no_probes(env: ServerSet, tmp_path: Path) -> None:
+def test_a_server_started_before_the_agent_is_read_from_its_first_connection(
+    env: ServerSet,
+) -> None:
+    """Issue 29: a TLS server running before the agent starts, ten requests each on a new
+    connection, the very first of the server's life included: ten records with their trace
+    ids — asyncio's memory BIO (uvicorn) and a socket BIO (http.server)."""
+    for name, path in (
+        ("first_uv", "/v1/complete?first_token_ms=1&tokens=1"),
+        ("first_py", "/plain"),
+    ):
+        port = env.ports[name]
+        ctxs = [trace_context.generate() for _ in range(10)]
+        for ctx in ctxs:
+            with tls_connect(port) as c:
+                resp = http_request(0, get_head(path, ctx.header()), sock=c)
+            assert resp.startswith(b"HTTP/1.1 200"), resp[:100]
+        ids = {c.trace_id for c in ctxs}
+        recs = env.agent.wait_for(lambda r, ids=ids: r["trace_id"] in ids, count=10)  # type: ignore[misc]
+        assert sorted(r["trace_id"] for r in recs) == sorted(ids), (name, len(recs))
+        for r in recs:
+            assert r["tls"] is True and r["local_port"] == port and r["status"] == 200, r
+            assert r["path"] == path.partition("?")[0] and r["bytes_in"] > 0, r
+
+
+def test_a_process_serving_no_tls_loses_its_probes(env: ServerSet, tmp_path: Path) -> None:
     """A plain-HTTP server that maps libssl and makes HTTPS calls of its own (an app behind
-    a TLS-terminating ingress calling its model API) gets no TLS probes: each probe hit
-    would cost it a trap. Its request is recorded; only libc's accept probes are attached."""
+    a TLS-terminating ingress calling its model API) gets the TLS probes at the agent's start
+    (it may serve TLS: nothing tells before its first connection) and loses them at its
+    first connection, plaintext: each probe hit would cost it a trap. Its requests are
+    recorded; then only libc's accept probes are attached."""
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
     port = srv.port()
     agent = Agent(tmp_path, [port], NO_BUDGET)
     try:
-        ctx = trace_context.generate()
-        req = get_head(
-            f"/fetch?port={env.ports['up']}&tls=1", ctx.header(), "Connection: close\r\n"
-        )
-        assert http_request(port, req).startswith(b"HTTP/1.1 200")
-        r = one_record(agent, ctx)
-        assert r["path"] == "/fetch" and r["tls"] is False and r["bytes_in"] == len(req)
         maps = Path(f"/proc/{srv.p.pid}/maps").read_text()
         assert "libssl.so.3" in maps  # it does map libssl
-        probes = [e for e in perf_links(agent) if e["fd_type"] in ("uprobe", "uretprobe")]
-        assert len(probes) == 2, probes  # accept, accept4 (libc)
-        assert "TLS: probes on pid" not in agent.err.read_text()
+        wait_log(agent, f"TLS: probes on pid {srv.p.pid} in libssl.so.3 ")
+        for _ in range(2):
+            ctx = trace_context.generate()
+            req = get_head(
+                f"/fetch?port={env.ports['up']}&tls=1", ctx.header(), "Connection: close\r\n"
+            )
+            assert http_request(port, req).startswith(b"HTTP/1.1 200")
+            r = one_record(agent, ctx)
+            assert r["path"] == "/fetch" and r["tls"] is False and r["bytes_in"] == len(req)
+            wait_log(agent, f"TLS: probes off pid {srv.p.pid} (libssl.so.3): its first connection")
+        deadline = time.monotonic() + 10  # (a probe's close waits for an RCU grace period)
+        while [p for p in uprobes(agent) if p[1] != "px_uret_accept"]:
+            assert time.monotonic() < deadline, uprobes(agent)
+            time.sleep(0.1)
+        assert uprobes(agent) == [("uretprobe", "px_uret_accept")] * 2  # accept, accept4
     finally:
         assert agent.stop() == 0
         srv.stop()

@@ -1,6 +1,9 @@
 """The TLS event in user space (no kernel): EV_TLS records packed as bpf/agent/tls.h lays
 them out mark their connection — its records say ``tls``, its process is reported once —
-and a TLS connection whose plaintext never showed a request counts as unparsed, once."""
+and a TLS connection whose plaintext never showed a request counts as unparsed, once. A
+plaintext connection's process is reported too (its TLS probes, put on at the agent's
+start, come off: agent.kernel.tls_probes). Records come out at the socket's end (EV_TAIL:
+their retransmits are final)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ class Table:
     def __init__(self) -> None:
         self.tls: list[tuple[int, int]] = []
         self.unparsed: list[int] = []
+        self.plain: list[int] = []
         self.c = Connections(
             4096,
             MonoClock(),
@@ -29,6 +33,7 @@ class Table:
             on_unparsed=self.unparsed.append,
             on_traceparent_missed=lambda: None,
             on_tls=lambda pid, lport: self.tls.append((pid, lport)),
+            on_plain=self.plain.append,
         )
 
 
@@ -45,7 +50,9 @@ def test_a_tls_connections_records_say_so() -> None:
     t.c.on_event(_read(10 * MS, req, 9 * MS))
     t.c.on_event(_resp(12 * MS, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
     t.c.on_event(_hdr(events.EV_CLOSE, 20 * MS))
+    t.c.on_event(_hdr(events.EV_TAIL, 21 * MS))
     [rec] = list(t.c.out.q)
+    assert t.plain == []  # (its plaintext came after EV_TLS)
     assert rec["tls"] is True and rec["path"] == "/v1/x" and rec["local_port"] == 8080
     assert rec["local_addr"] == "127.0.0.1"  # (the READ's addresses, though EV_TLS came first)
     assert rec["ttfb_us"] == 2000 and rec["recv_queue_us"] == 1000
@@ -57,8 +64,9 @@ def test_a_plain_connections_records_do_not() -> None:
     t.c.on_event(_read(10 * MS, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
     t.c.on_event(_resp(12 * MS, b"HTTP/1.1 204 No Content\r\n\r\n"))
     t.c.on_event(_hdr(events.EV_CLOSE, 20 * MS))
+    t.c.on_event(_hdr(events.EV_TAIL, 21 * MS))
     [rec] = list(t.c.out.q)
-    assert rec["tls"] is False and t.tls == []
+    assert rec["tls"] is False and t.tls == [] and t.plain == [TGID]
 
 
 def test_tls_without_a_request_is_unparsed_at_close() -> None:

@@ -242,6 +242,9 @@ static __always_inline void px_on_write(struct px_active *a, u64 id, long ret, u
     if (ret <= 0)
         return;
     struct px_conn *c = px_conn_for(id, a->fd, a->sk);
-    if (c && !(c->tls & PX_TLS_ON))  // (TLS: ciphertext; SSL_write gives the plaintext)
+    if (!c)
+        return;
+    px_rtx_mark(c, a->sk, (u32)ret, 0, t);  // (tcp.h: a retransmission's wait)
+    if (!(c->tls & PX_TLS_ON))  // (TLS: ciphertext; SSL_write gives the plaintext)
         px_on_write_conn(a, c, id, ret, t, t_done);
 }
