@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.protocols.streams import framing as fr
+from agent.protocols.streams import gaps
 from agent.protocols.streams.body import BodyReader, framing_of, open_body
 from agent.protocols.streams.dialect import NDJSON, SSE, WS
 from agent.protocols.streams.dialects import BY_FRAMING
@@ -288,3 +289,7 @@ def test_fuzzed_json_events_in_every_dialect() -> None:
             d.parse(s, b"", json.dumps(b).encode())
             d.partial(s, b"", json.dumps(b).encode()[:5])
         assert s.error_type is None or isinstance(s.error_type, str)
+
+
+def test_the_gap_bucket_table_is_bucket_of() -> None:
+    assert all(gaps._SMALL_BUCKET[us] == gaps.bucket_of(us) for us in range(gaps.SMALL_US))
