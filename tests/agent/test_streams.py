@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.protocols.streams import framing as fr
+from agent.protocols.streams import gaps
 from agent.protocols.streams.body import BodyReader, framing_of, open_body
 from agent.protocols.streams.dialect import NDJSON, SSE, WS
 from agent.protocols.streams.dialects import BY_FRAMING
@@ -288,3 +289,137 @@ def test_fuzzed_json_events_in_every_dialect() -> None:
             d.parse(s, b"", json.dumps(b).encode())
             d.partial(s, b"", json.dumps(b).encode()[:5])
         assert s.error_type is None or isinstance(s.error_type, str)
+
+
+def test_the_gap_bucket_table_is_bucket_of() -> None:
+    assert all(gaps._SMALL_BUCKET[us] == gaps.bucket_of(us) for us in range(gaps.SMALL_US))
+
+
+def _outcome(r: BodyReader) -> tuple[Any, ...]:
+    """All a stream reports."""
+    s, g = r.stream, r.stream.gaps
+    return (
+        s.dialect.name if s.dialect else None,
+        (s.events, s.n_content, s.n_reasoning, s.offsets, s.tokens, s.input_tokens),
+        (s.t_first_out, s.t_first_answer, s.t_last_out, s.t_final, s.ending()),
+        (s.model, s.finish_reasons, s.error_type, sorted(s.problems.items())),
+        (list(g.exact), g.hist, g.max_us, g.max_at, sorted(g.stalls)),
+    )
+
+
+_SSE_RUNS = [
+    ev.openai_chat(3, True, reasoning=1),
+    ev.anthropic(1, 2),
+    ev.anthropic(0, 1, "overloaded_error"),
+    ev.responses(1, 2),
+    ev.tgi(2),
+]
+_SSE_ODD = [
+    b": ping\n\n",
+    b"data: [DONE]\n\n",
+    b"data: {garbage\n\n",
+    b"event: deflate_lost\ndata: x\n\n",
+    b"event: ping\rx\ndata: {}\n\n",  # a CR in the name: the layers cut it there
+    b"data: {}\revent: ping\n\n",  # ... in the data line
+    b'data: {"choices":[{"delta":{"content":"x\r"}}]}\n\n',
+    b"data:{}\n\n",
+    b"event:\ndata:\n\n",
+    b"event:  a\ndata:  {}\n\n",
+    b"data: a\ndata: b\n\n",
+    b"\n\n",
+    b"data: {}\n\n\n",
+    b'data: {"choices":[{"delta":{"content":"x"}}]}\r\n\r\n',
+]
+_NDJSON_RUNS = [[x + b"\n" for x in ev.ollama(4)], [x + b"\n" for x in ev.ollama(2, chat=False)]]
+_NDJSON_ODD = [
+    b"\n",
+    b"  \n",
+    b"{garbage\n",
+    b'{"model":"m","done":false,"response":"a\rb"}\n',
+    b"{}\n{}\n",
+]
+
+
+def _whole_and_layered(framing: str, chunked: bool, events: list[bytes], size: bytes) -> None:
+    """The one-event fast path of BodyReader.write against the same bytes through the
+    layers (each write cut in two: its first byte, then the rest at the same time)."""
+    whole, layered = open_body(framing, chunked, 0, None), open_body(framing, chunked, 0, None)
+    t = 100 * MS
+    for i, e in enumerate(events):
+        w = size % len(e) + b"\r\n" + e + b"\r\n" if chunked else e
+        t += (150 if i % 5 == 4 else 7) * MS
+        whole.write(t, len(w), w)
+        layered.write(t, 1, w[:1])
+        layered.write(t, len(w) - 1, w[1:])
+    assert _outcome(whole) == _outcome(layered), (framing, chunked, events, size)
+
+
+def test_a_write_taken_whole_gives_what_the_layers_give() -> None:
+    """Each odd event first (detection), inside and last, in each dialect's run."""
+    for framing, runs, odds in ((SSE, _SSE_RUNS, _SSE_ODD), (NDJSON, _NDJSON_RUNS, _NDJSON_ODD)):
+        for run in runs:
+            for odd in odds:
+                for at in (0, 2, len(run)):
+                    for chunked, size in ((False, b""), (True, b"%x"), (True, b"%X")):
+                        _whole_and_layered(framing, chunked, [*run[:at], odd, *run[at:]], size)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from([SSE, NDJSON]),
+    st.booleans(),
+    st.integers(min_value=0, max_value=4),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=20), st.integers(0, 13)), max_size=6),
+    st.sampled_from([b"%x", b"%X", b"%04x", b"%x;a=b", b" %x", b"%x\r", b"0x%x"]),
+)
+def test_odd_events_anywhere_taken_whole_or_by_the_layers_alike(
+    framing: str, chunked: bool, run: int, odd: list[tuple[int, int]], size: bytes
+) -> None:
+    runs, odds = (_SSE_RUNS, _SSE_ODD) if framing == SSE else (_NDJSON_RUNS, _NDJSON_ODD)
+    events = list(runs[run % len(runs)])
+    for at, k in odd:
+        events.insert(at, odds[k % len(odds)])
+    _whole_and_layered(framing, chunked, events, size)
+
+
+def test_a_chunk_of_another_size_or_a_cut_pending_goes_to_the_layers() -> None:
+    """A write whose size line is not its length, writes that look whole while an event or a
+    chunk is begun, and an NDJSON line after a gap that ended on a line's end (the layers
+    mark it truncated): whole or cut in two, the same stream."""
+    content = ev.sse(ev.content_chunk("x"))
+    pending = [
+        [chunk(content[:-2]), chunk(content)],  # an event begun: its blank line still to come
+        # a chunk begun: the next write is the rest of its data (looking like a chunk)
+        [b"%x\r\n%s" % (len(content) + len(chunk(content)) - 2, content), chunk(content)],
+    ]
+    for begun in pending:
+        # (then two events in a chunk: the layers' turn, in the state the others left)
+        writes = [chunk(content), *begun, chunk(content), chunk(content * 2), chunk(content)]
+        whole, layered = open_body(SSE, True, 0, None), open_body(SSE, True, 0, None)
+        for i, w in enumerate(writes):
+            whole.write(i * MS, len(w), w)
+            layered.write(i * MS, 1, w[:1])
+            layered.write(i * MS, len(w) - 1, w[1:])
+        assert _outcome(whole) == _outcome(layered)
+    events = ev.openai_chat(4, True)
+    for delta in (-2, -1, 1, 2):
+        whole, layered = open_body(SSE, True, 0, None), open_body(SSE, True, 0, None)
+        for i, e in enumerate(events):
+            w = (b"%x" % (len(e) + (delta if i == 2 else 0))) + b"\r\n" + e + b"\r\n"
+            whole.write(i * MS, len(w), w)
+            layered.write(i * MS, 1, w[:1])
+            layered.write(i * MS, len(w) - 1, w[1:])
+        assert _outcome(whole) == _outcome(layered)
+    lines = [x + b"\n" for x in ev.ollama(4)]
+    two = chunk(lines[0] + lines[1])
+    readers = open_body(NDJSON, True, 0, None), open_body(NDJSON, True, 0, None)
+    for r in readers:  # the second line not copied, the chunk's CRLF in the tail
+        r.write(MS, len(two), two[: two.index(b"\n") + 1 + len(lines[0])], two[-2:])
+    whole, layered = readers
+    for i, line in enumerate(lines[2:]):
+        w = chunk(line)
+        whole.write((2 + i) * MS, len(w), w)
+        layered.write((2 + i) * MS, 1, w[:1])
+        layered.write((2 + i) * MS, len(w) - 1, w[1:])
+    assert whole.stream.problems["truncated"] == 1
+    assert _outcome(whole) == _outcome(layered)

@@ -142,17 +142,18 @@ def _next_sep(buf: bytearray | bytes, start: int) -> tuple[int, int]:
 
 def sse_event(block: bytes) -> tuple[bytes, bytes] | None:
     """The common SSE event without the general parse: one ``data:`` line, or an
-    ``event:`` line then one ``data:`` line, LF-separated. None: anything else."""
-    if b"\r" in block:
+    ``event:`` line then one ``data:`` line, LF-separated. None: anything else. (``13 in``:
+    an int is looked for with memchr, several times faster than ``b"\\r" in``.)"""
+    if 13 in block:
         return None
     name = b""
-    if block[:6] == b"event:":
+    if block.startswith(b"event:"):
         nl = block.find(b"\n")
         if nl < 0:
             return None
         name = block[7:nl] if block[6:7] == b" " else block[6:nl]
         block = block[nl + 1 :]
-    if block[:5] != b"data:" or b"\n" in block:
+    if not block.startswith(b"data:") or 10 in block:
         return None
     return name, block[6:] if block[5:6] == b" " else block[5:]
 

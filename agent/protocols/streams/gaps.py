@@ -31,6 +31,24 @@ def bucket_of(us: int) -> int:
     return b if b < BUCKETS else BUCKETS - 1
 
 
+def _bucket_start(b: int) -> int:
+    """The least gap in bucket ``b`` ≥ 1: 2^k for b = 2k, the first us with us² ≥ 2^(2k+1)
+    for b = 2k + 1 (bucket_of's rule)."""
+    return 1 << b // 2 if b % 2 == 0 else math.isqrt((1 << b) - 1) + 1
+
+
+def _bucket_table(n: int) -> bytes:
+    """bucket_of(us) for every us < n, one byte each."""
+    starts = [0, *(min(_bucket_start(b), n) for b in range(1, BUCKETS)), n]
+    return b"".join(bytes([b]) * (starts[b + 1] - starts[b]) for b in range(BUCKETS))
+
+
+# bucket_of of every gap under SMALL_US, looked up (a token's gap is almost always there):
+# 128 KiB per process, an index instead of a call and its arithmetic per token
+SMALL_US = 1 << 17  # ~131 ms
+_SMALL_BUCKET = _bucket_table(SMALL_US)
+
+
 def bucket_mid_us(i: int) -> int:
     """A bucket's representative value (its geometric middle)."""
     return round(2 ** ((i + 0.5) / 2))
@@ -48,12 +66,13 @@ class Gaps:
         self.stalls: list[tuple[int, int]] = []  # a min-heap of (gap µs, token index)
 
     def add(self, us: int) -> None:
-        self.n += 1
-        if len(self.exact) < EXACT:
+        """One gap, ``us`` ≥ 0 (per output token: kept lean)."""
+        n = self.n = self.n + 1
+        if n <= EXACT:  # (the first EXACT gaps are the ones kept)
             self.exact.append(us if us < 0xFFFFFFFF else 0xFFFFFFFF)
-        self.hist[bucket_of(us)] += 1
+        self.hist[_SMALL_BUCKET[us] if us < SMALL_US else bucket_of(us)] += 1
         if us > self.max_us:
-            self.max_us, self.max_at = us, self.n
+            self.max_us, self.max_at = us, n
         if us >= STALL_MIN_US:
             if len(self.stalls) < MAX_STALLS:
                 heapq.heappush(self.stalls, (us, self.n))

@@ -9,37 +9,36 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import decode, partial_by_keys, type_of
+from agent.protocols.streams.dialects.common import partial_by_keys, type_of
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     input_tokens: int | None = None
     output_tokens: int | None = None
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     model: str | None = None
     usage: _Usage | None = None
 
 
-class _Delta(msgspec.Struct):
-    type: str | None = None
+class _Delta(msgspec.Struct, gc=False):  # (its type is not read: the fields say it)
     text: str | None = None
     thinking: str | None = None
     partial_json: str | None = None
     stop_reason: str | None = None
 
 
-class _Block(msgspec.Struct):
+class _Block(msgspec.Struct, gc=False):
     type: str | None = None
 
 
-class _Error(msgspec.Struct):
+class _Error(msgspec.Struct, gc=False):
     type: str | None = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     type: str | None = None
     message: _Message | None = None
     delta: _Delta | None = None
@@ -58,8 +57,10 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    e = decode(_DEC, s, data)
-    if e is None:
+    try:
+        e = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
     typ = e.type
     if typ == "content_block_delta" and e.delta is not None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import WS, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, Stream
 
 _TEXT = ("token", "delta", "content", "text")
 _END = frozenset(("done", "end", "complete", "completed", "finished", "stop"))
 
 
-class _Frame(msgspec.Struct):
+class _Frame(msgspec.Struct, gc=False):
     type: str | None = None
     token: str | None = None
     delta: str | None = None
@@ -41,13 +41,15 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    f = decode(_DEC, s, data)
-    if f is None:
+    try:
+        f = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
-    if present(f.error):
+    if f.error and present(f.error):  # (absent: an empty Raw, falsy: no call)
         s.fail(f.type if f.type and f.type != "error" else "error")
         return
-    if f.model:
+    if f.model and s.model is None:  # (the first one is kept: no call per event)
         s.set_model(f.model)
     if f.token or f.delta or f.content or f.text:
         s.token(CONTENT)

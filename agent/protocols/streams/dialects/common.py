@@ -1,26 +1,15 @@
-"""What the dialect modules share: decoding an event's JSON into a typed view (msgspec:
-only the fields a dialect reads are built; text is never kept), and the classification of
-an event seen only in part."""
+"""What the dialect modules share: optional raw fields, the ``type`` of a first event, and
+the classification of an event seen only in part. Each dialect decodes its events into its
+own typed view (msgspec: only the fields it reads are built; text is never kept), in its
+``parse`` itself as it runs per event: a ``msgspec.DecodeError`` (a ValidationError is one)
+is counted as ``garbage``. The views are ``gc=False`` structs: they hold no cycles, and
+untracked objects are cheaper to make and drop."""
 
 from __future__ import annotations
-
-from typing import TypeVar
 
 import msgspec
 
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
-
-T = TypeVar("T")
-
-
-def decode(dec: msgspec.json.Decoder[T], s: Stream, data: bytes) -> T | None:
-    """``data`` as the dialect's typed view, or None (counted: ``garbage``)."""
-    try:
-        return dec.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        s.problem("garbage")
-        return None
-
 
 ABSENT = msgspec.Raw()  # the default of an optional raw field: absent
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import NDJSON, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     content: str | None = None
     thinking: str | None = None
     tool_calls: msgspec.Raw = ABSENT
 
 
-class _Line(msgspec.Struct):
+class _Line(msgspec.Struct, gc=False):
     model: str | None = None
     message: _Message | None = None
     response: str | None = None
@@ -42,13 +42,15 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    ln = decode(_DEC, s, data)
-    if ln is None:
+    try:
+        ln = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
-    if present(ln.error):
+    if ln.error and present(ln.error):  # (absent: an empty Raw, falsy: no call)
         s.fail("error")  # (Ollama's errors are free text: only the fact leaves)
         return
-    if ln.model:
+    if ln.model and s.model is None:  # (the first one is kept: no call per event)
         s.set_model(ln.model)
     m = ln.message
     if m is not None:

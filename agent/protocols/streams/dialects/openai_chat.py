@@ -12,11 +12,11 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
@@ -25,33 +25,32 @@ class _Delta(msgspec.Struct):
     refusal: str | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     text: str | None = None  # the legacy Completions stream
     finish_reason: str | None = None
 
 
-class _Details(msgspec.Struct):
+class _Details(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     completion_tokens_details: _Details | None = None
 
 
-class _Error(msgspec.Struct):
+class _Error(msgspec.Struct, gc=False):
     type: str | None = None
     code: msgspec.Raw = ABSENT
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):  # (only what parse reads: each field decoded costs)
     choices: list[_Choice] | None = None
     model: str | None = None
     usage: _Usage | None = None
     error: _Error | str | None = None
-    object: str | None = None
 
 
 _DEC = msgspec.json.Decoder(_Chunk)
@@ -67,14 +66,16 @@ def parse(s: Stream, name: bytes, data: bytes) -> None:
     if data == b"[DONE]":
         s.final()
         return
-    c = decode(_DEC, s, data)
-    if c is None:
+    try:
+        c = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
     if c.error is not None:
         e = c.error
         s.fail(e if isinstance(e, str) else e.type or _code(e.code) or "error")
         return
-    if c.model:
+    if c.model and s.model is None:  # (the first one is kept: no call per event)
         s.set_model(c.model)
     for ch in c.choices or ():
         d = ch.delta

@@ -9,30 +9,30 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import decode, partial_by_keys, type_of
+from agent.protocols.streams.dialects.common import partial_by_keys, type_of
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
-class _Details(msgspec.Struct):
+class _Details(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     input_tokens: int | None = None
     output_tokens: int | None = None
     output_tokens_details: _Details | None = None
 
 
-class _Incomplete(msgspec.Struct):
+class _Incomplete(msgspec.Struct, gc=False):
     reason: str | None = None
 
 
-class _Error(msgspec.Struct):
+class _Error(msgspec.Struct, gc=False):
     code: str | None = None
     type: str | None = None
 
 
-class _Response(msgspec.Struct):
+class _Response(msgspec.Struct, gc=False):
     model: str | None = None
     status: str | None = None
     usage: _Usage | None = None
@@ -40,7 +40,7 @@ class _Response(msgspec.Struct):
     error: _Error | None = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     type: str = ""
     delta: str | None = None
     response: _Response | None = None
@@ -66,15 +66,18 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    e = decode(_DEC, s, data)
-    if e is None:
+    try:
+        e = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
     typ = e.type
+    if typ in _ANSWER:  # (the common event first: one set lookup)
+        if e.delta:
+            s.token(CONTENT)
+        return
     if typ.endswith(".delta"):
-        if typ in _ANSWER:
-            if e.delta:
-                s.token(CONTENT)
-        elif typ.startswith("response.reasoning") and e.delta:
+        if typ.startswith("response.reasoning") and e.delta:
             s.token(REASONING)
         return
     r = e.response

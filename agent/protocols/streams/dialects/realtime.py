@@ -9,25 +9,25 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import WS, Dialect
-from agent.protocols.streams.dialects.common import decode, partial_by_keys, type_of
+from agent.protocols.streams.dialects.common import partial_by_keys, type_of
 from agent.protocols.streams.stream import CONTENT, Stream
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     input_tokens: int | None = None
     output_tokens: int | None = None
 
 
-class _Response(msgspec.Struct):
+class _Response(msgspec.Struct, gc=False):
     status: str | None = None
     usage: _Usage | None = None
 
 
-class _Error(msgspec.Struct):
+class _Error(msgspec.Struct, gc=False):
     type: str | None = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     type: str = ""
     delta: str | None = None
     response: _Response | None = None
@@ -52,8 +52,10 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    e = decode(_DEC, s, data)
-    if e is None:
+    try:
+        e = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
     typ = e.type
     if typ in _OUTPUT:

@@ -8,21 +8,21 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, Stream
 
 
-class _Token(msgspec.Struct):
+class _Token(msgspec.Struct, gc=False):
     text: str | None = None
     special: bool = False
 
 
-class _Details(msgspec.Struct):
+class _Details(msgspec.Struct, gc=False):
     finish_reason: str | None = None
     generated_tokens: int | None = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     token: _Token | None = None
     generated_text: msgspec.Raw = ABSENT
     details: _Details | None = None
@@ -38,10 +38,12 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    e = decode(_DEC, s, data)
-    if e is None:
+    try:
+        e = _DEC.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
         return
-    if present(e.error):
+    if e.error and present(e.error):  # (absent: an empty Raw, falsy: no call)
         s.fail(e.error_type or "error")
         return
     if e.token is not None and not e.token.special and e.token.text:
