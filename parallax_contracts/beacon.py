@@ -13,9 +13,10 @@
   hot path); ``convert`` checks a parsed document's envelope and then each entry on its
   own, so the valid entries of a partly invalid beacon are still kept.
 - ``docs/contracts/beacon.v1.schema.json`` and ``beacon.v2.schema.json`` (v2: what the
-  probe's TypeScript tests validate against) are generated from them by ``json_schema()``:
-  ``python -m parallax_contracts.beacon`` rewrites the files, ``--check`` compares them, and
-  tests/test_contracts_docs.py fails when they differ.
+  probe's TypeScript tests validate against) are generated from them
+  (parallax_contracts/beacon_schema.py: ``python -m parallax_contracts.beacon_schema``
+  rewrites the files, ``--check`` compares them, and tests/test_contracts_docs.py fails when
+  they differ).
 
 A new field is added here and nowhere else (then the file is regenerated). Where msgspec's
 strict decoding and JSON Schema read a document differently, the difference is closed in
@@ -25,10 +26,6 @@ place for the collector's edge rules on values (what a beacon may carry beyond i
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from functools import cache
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
@@ -426,7 +423,7 @@ def _under(prefix: str, message: str) -> str:
 
 
 # --- What the Structs cannot say --------------------------------------------------------
-# (json_schema() below closes the other direction: `\Z` published as `$`, no null defaults.)
+# (beacon_schema.json_schema() closes the other direction: `\Z` published as `$`, no null defaults.)
 # JSON Schema reads a number with no fractional part as an integer (1.0 is the integer 1,
 # as in JavaScript, where the two are one value); msgspec's strict decoding refuses a float
 # for an int field. convert() hands such values to msgspec as ints, for the integer fields
@@ -507,7 +504,7 @@ def _as_json_schema_reads(obj: Any, int_fields: frozenset[str]) -> Any:
 # surrogate that ECMA-262 or Rust validators would read as one.
 _NUL_ESCAPE = b"\\u0000"  # a NUL can only be written so in JSON (raw control characters
 # are invalid); an escaped backslash before "u0000" also matches: convert() then decides.
-_NO_NUL = "^[^\\u0000]*$"
+NO_NUL_PATTERN = "^[^\\u0000]*$"
 
 
 def _string_fault(value: Any, path: str) -> str | None:
@@ -533,81 +530,3 @@ def _string_fault(value: Any, path: str) -> str | None:
             if fault:
                 return fault
     return None
-
-
-def json_schema(version: int = VERSION) -> dict[str, Any]:
-    """The JSON Schema (2020-12) of a beacon of ``version``, as published in docs/contracts:
-    msgspec's, with the root inlined, the anchors written for ECMA-262, descriptions on one
-    line and no `default: null` (an absent field is not a null one: null is refused). v1 is
-    generated from EntryV1: v2's Entry without ``llm`` and ``reason``."""
-    generated = msgspec.json.schema(BeaconV1[EntryV1] if version == 1 else BeaconV2[Entry])
-    defs: dict[str, Any] = generated["$defs"]
-    root = defs.pop(generated["$ref"].rsplit("/", 1)[1])
-    out: dict[str, Any] = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://parallax.dev/schemas/beacon.v{version}.json",
-        **root,
-        "title": f"Parallax browser beacon, version {version}",
-        "$defs": defs,
-    }
-    published: dict[str, Any] = _published(out)
-    return published
-
-
-def _published(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_published(x) for x in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for k, v in node.items():
-        if k == "default" and v is None:
-            continue
-        if k == "description":  # docstrings wrap
-            out[k] = " ".join(v.split())
-        elif k == "pattern":
-            assert v.startswith("^") and v.endswith(r"\Z") and v.count("\\Z") == 1, v
-            out[k] = v[:-2] + "$"
-        else:
-            out[k] = _published(v)
-    if out.get("type") == "string" and "pattern" not in out:
-        out["pattern"] = _NO_NUL  # the string rule (above); patterned fields exclude NUL
-    return out
-
-
-def schema_text(version: int = VERSION) -> str:
-    return json.dumps(json_schema(version), indent=2, ensure_ascii=False) + "\n"
-
-
-@cache
-def schema(version: int = VERSION) -> dict[str, Any]:
-    """The published schema file of ``version``, as the probe's tests read it (v2)."""
-    loaded: dict[str, Any] = json.loads(SCHEMA_FILES[version].read_text())
-    return loaded
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m parallax_contracts.beacon",
-        description="Write beacon.v1.schema.json and beacon.v2.schema.json from the Structs "
-        "(the beacon's one definition).",
-    )
-    p.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
-    args = p.parse_args(argv)
-    stale = 0
-    for version, file in SCHEMA_FILES.items():
-        text = schema_text(version)
-        current = file.read_text() if file.exists() else ""
-        if current == text:
-            continue
-        if args.check:
-            print(f"{file} is out of date: run python -m parallax_contracts.beacon")
-            stale = 1
-        else:
-            file.write_text(text)
-            print(f"wrote {file}")
-    return stale
-
-
-if __name__ == "__main__":
-    sys.exit(main())

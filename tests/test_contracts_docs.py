@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 
-from parallax_contracts import CONTRACTS_DIR, beacon, span_attributes
+from parallax_contracts import CONTRACTS_DIR, beacon, beacon_schema, span_attributes
 
 
 def test_span_attribute_table_is_current() -> None:
@@ -83,9 +83,9 @@ def test_beacon_v2_reason_says_why_an_llm_stream_has_no_llm() -> None:
         with pytest.raises(msgspec.ValidationError, match="`reason`"):
             beacon.decode(json.dumps(v1).encode())
     assert beacon.errors({**_beacon(reason="tired"), "v": 2})
-    props = beacon.schema(2)["$defs"]["Entry"]["properties"]
+    props = beacon_schema.schema(2)["$defs"]["Entry"]["properties"]
     assert set(props["reason"]["enum"]) == {"llm_unread", "llm_overflow"}
-    assert "reason" not in beacon.schema(1)["$defs"]["EntryV1"]["properties"]
+    assert "reason" not in beacon_schema.schema(1)["$defs"]["EntryV1"]["properties"]
 
 
 def test_beacon_schema_is_valid_json_schema() -> None:
@@ -100,7 +100,7 @@ def test_beacon_schema_file_is_generated_from_the_structs() -> None:
     tests read) are exactly what the Structs generate; the command that rewrites them says
     so too."""
     for version, file in beacon.SCHEMA_FILES.items():
-        assert file.read_text() == beacon.schema_text(version), (
-            f"{file} is stale: regenerate it with python -m parallax_contracts.beacon"
+        assert file.read_text() == beacon_schema.schema_text(version), (
+            f"{file} is stale: regenerate it with python -m parallax_contracts.beacon_schema"
         )
-    assert beacon.main(["--check"]) == 0
+    assert beacon_schema.main(["--check"]) == 0

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from collector.ingest import beacons
 from collector.ingest.common import BadRequestError
 from collector.store import schema
-from parallax_contracts import beacon
+from parallax_contracts import beacon, beacon_schema
 from parallax_contracts.beacon import Beacon, Entry
 
 
@@ -32,7 +32,9 @@ class _EitherVersion:
     """Valid as beacon v1 or as beacon v2 (what the collector reads)."""
 
     def __init__(self) -> None:
-        self.by_version = [jsonschema_rs.validator_for(beacon.schema(v)) for v in beacon.VERSIONS]
+        self.by_version = [
+            jsonschema_rs.validator_for(beacon_schema.schema(v)) for v in beacon.VERSIONS
+        ]
 
     def is_valid(self, doc: Any) -> bool:
         return any(rs.is_valid(doc) for rs in self.by_version)
@@ -85,7 +87,7 @@ _llm = st.fixed_dictionaries(
         "bad_events": st.integers(0, 3),
     },
 )
-_LLM_KEYS = [*sorted(beacon.schema(2)["$defs"]["Llm"]["properties"]), "extra"]
+_LLM_KEYS = [*sorted(beacon_schema.schema(2)["$defs"]["Llm"]["properties"]), "extra"]
 
 
 def _valid_entry() -> st.SearchStrategy[dict[str, Any]]:
@@ -131,9 +133,9 @@ def _valid_entry() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-_ENTRY_SCHEMA = beacon.schema(2)["$defs"]["Entry"]
+_ENTRY_SCHEMA = beacon_schema.schema(2)["$defs"]["Entry"]
 _ENTRY_KEYS = [*sorted(_ENTRY_SCHEMA["properties"]), "extra"]
-_ENVELOPE_KEYS = [*sorted(beacon.schema(2)["properties"]), "extra"]
+_ENVELOPE_KEYS = [*sorted(beacon_schema.schema(2)["properties"]), "extra"]
 
 
 @st.composite
@@ -417,7 +419,7 @@ def test_every_integer_of_the_schema_is_read_as_json_schema_reads_it() -> None:
                 out |= integers(x, path)
         return out
 
-    schema = beacon.schema(2)
+    schema = beacon_schema.schema(2)
     found = {p.rsplit("/", 1)[1] for p in integers(schema, "")}
     in_envelope = integers(schema["properties"], "")
     in_entry = integers(_ENTRY_SCHEMA["properties"], "")
@@ -527,7 +529,9 @@ _INT_KEYS = {k for k, v in _ENTRY_SCHEMA["properties"].items() if v.get("type") 
 
 
 _LLM_INT_KEYS = {
-    k for k, v in beacon.schema(2)["$defs"]["Llm"]["properties"].items() if "integer" in str(v)
+    k
+    for k, v in beacon_schema.schema(2)["$defs"]["Llm"]["properties"].items()
+    if "integer" in str(v)
 }
 
 
