@@ -31,7 +31,6 @@ every column of ``pairs``.
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
 
 from collector.store.column import Column as Column  # noqa: PLC0414  (re-exported)
 from collector.store.column import col as _c
@@ -39,6 +38,7 @@ from collector.store.layout import Layout
 from collector.store.llm_columns import ENTRY_LLM_COLUMNS as ENTRY_LLM_COLUMNS  # noqa: PLC0414
 from collector.store.llm_columns import PAIR_LLM_COLUMNS as PAIR_LLM_COLUMNS  # noqa: PLC0414
 from collector.store.llm_columns import SPAN_LLM_COLUMNS as SPAN_LLM_COLUMNS  # noqa: PLC0414
+from collector.store.upkeep import Executor, align_ttl, scalar_rows, tune_merges
 
 DEFAULT_DATABASE = "parallax"
 DEFAULT_RETENTION_DAYS = 7
@@ -59,19 +59,6 @@ SPAN_TRACES = "span_traces"
 ENTRY_TRACES = "entry_traces"
 GPU_SAMPLES = "gpu_samples"
 REQUEST_COUNTS = "request_counts"
-
-
-class _Result(Protocol):
-    @property
-    def result_rows(self) -> list[Any]: ...
-
-
-class Executor(Protocol):
-    """What migrate() needs from a store client (clickhouse-connect's Client has it)."""
-
-    def command(self, cmd: str) -> object: ...
-
-    def query(self, query: str) -> _Result: ...
 
 
 # Time columns: Delta before ZSTD (monotone-ish within a part); small ints: T64.
@@ -498,12 +485,8 @@ def check_database_name(db: str) -> str:
     return db
 
 
-def _scalar_rows(client: Executor, sql: str) -> list[Any]:
-    return list(client.query(sql).result_rows)
-
-
 def applied_versions(client: Executor, db: str) -> set[int]:
-    rows = _scalar_rows(client, f"SELECT DISTINCT version FROM {db}.{MIGRATIONS}")  # noqa: S608
+    rows = scalar_rows(client, f"SELECT DISTINCT version FROM {db}.{MIGRATIONS}")  # noqa: S608
     return {int(str(r[0])) for r in rows}
 
 
@@ -535,60 +518,11 @@ def migrate(
             f"INSERT INTO {db}.{MIGRATIONS} (version, name) VALUES ({version}, '{name}')"  # noqa: S608
         )
         applied.append(version)
-    _align_ttl(client, db, retention_days, lay)
-    _tune_merges(client, db, lay)
+    # then the data tables' settings (collector/store/upkeep.py)
+    tables = [lay.local(name, SHARD_BY[name]) for name in DATA_TABLES]
+    align_ttl(client, db, retention_days, lay.on, tables)
+    tune_merges(client, db, lay.on, tables)
     return applied
-
-
-MERGE_SELECTOR_BASE = 10
-
-
-def _tune_merges(client: Executor, db: str, lay: Layout) -> None:
-    """Fewer, wider background merges: ``merge_selector_base`` 10 (ClickHouse's default 5).
-
-    Every row is rewritten once per merge level; a wider base means fewer levels, so about
-    half the merge CPU per row (measured on the embedded store, where merges run in the
-    collector's process: docs/store.md), for a few more parts alive between merges. Which
-    parts merge when changes nothing a query sees (ReplacingMergeTree collapses at merge or
-    under FINAL either way; insert deduplication tokens are kept per table, not per part).
-    A server too old to know the setting keeps its default.
-    """
-    known = _scalar_rows(
-        client, "SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'"
-    )
-    if not known or not int(str(known[0][0])):
-        return
-    want = f"merge_selector_base = {MERGE_SELECTOR_BASE}"
-    for table, ddl in _data_table_ddl(client, db, lay).items():
-        if want not in ddl:
-            client.command(f"ALTER TABLE {db}.{table}{lay.on} MODIFY SETTING {want}")
-
-
-def _data_table_ddl(client: Executor, db: str, lay: Layout) -> dict[str, str]:
-    """The CREATE statement of each table holding data that exists (on a cluster: the local
-    table, as the node the client reached shows it), by that table's name."""
-    out: dict[str, str] = {}
-    for name in DATA_TABLES:
-        table = lay.local(name, SHARD_BY[name])
-        rows = _scalar_rows(
-            client,
-            f"SELECT create_table_query FROM system.tables "  # noqa: S608
-            f"WHERE database = '{db}' AND name = '{table}'",
-        )
-        if rows:
-            out[table] = str(rows[0][0])
-    return out
-
-
-def _align_ttl(client: Executor, db: str, days: int, lay: Layout) -> None:
-    """A changed retention setting rewrites the TTL; old parts are not rewritten (cheap)."""
-    want = f"toIntervalDay({days})"
-    for table, ddl in _data_table_ddl(client, db, lay).items():
-        if want not in ddl:
-            client.command(
-                f"ALTER TABLE {db}.{table}{lay.on} MODIFY TTL toDateTime(time) + {want} "
-                "SETTINGS materialize_ttl_after_modify = 0"
-            )
 
 
 def column_names(cols: tuple[Column, ...]) -> list[str]:
