@@ -31,6 +31,7 @@ every column of ``pairs``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from collector.store.column import Column as Column  # noqa: PLC0414  (re-exported)
 from collector.store.column import col as _c
@@ -363,10 +364,21 @@ def migrations(
 ) -> list[tuple[int, str, list[str]]]:
     """(version, name, statements) in order. Never edit a shipped version: add a new one.
     ``cluster``: the same versions rendered ON CLUSTER (collector/store/layout.py)."""
-    r = retention_days
     lay = Layout(cluster)
-    daily = "\nPARTITION BY toDate(time)"
-    v1 = [
+    return [(version, name, ddl(lay, db, retention_days)) for version, name, ddl in _VERSIONS]
+
+
+_DAILY = "\nPARTITION BY toDate(time)"
+
+
+def _daily(lay: Layout, days: int, order_by: str) -> str:
+    """What follows a data table's engine: a partition a day, the sort key, the TTL, the
+    settings."""
+    return f"{_DAILY}\nORDER BY ({order_by})\n{_ttl(days)}\n{_settings(lay)}"
+
+
+def _v1_spans_entries_pairs(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         lay.database(db),
         *lay.table(
             db,
@@ -383,8 +395,7 @@ def migrations(
             _SPAN_COLUMNS_V1,
             "ReplacingMergeTree",
             _TRACE_INDEX,
-            f"{daily}\nORDER BY (service, route, toDateTime(time), trace_id, span_id)"
-            f"\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "service, route, toDateTime(time), trace_id, span_id"),
         ),
         *_table(
             lay,
@@ -393,8 +404,7 @@ def migrations(
             _ENTRY_COLUMNS_V1,
             "ReplacingMergeTree",
             _TRACE_INDEX,
-            f"{daily}\nORDER BY (site, route, toDateTime(time), trace_id, span_id, seq)"
-            f"\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "site, route, toDateTime(time), trace_id, span_id, seq"),
         ),
         *_table(
             lay,
@@ -403,11 +413,14 @@ def migrations(
             _PAIR_COLUMNS_V1,
             "ReplacingMergeTree(version)",
             _TRACE_INDEX + ",\n    INDEX idx_route route TYPE set(1000) GRANULARITY 4",
-            f"{daily}\nORDER BY (site, time, trace_id, span_id, seq)\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "site, time, trace_id, span_id, seq"),
         ),
         lay.view(db, "pairs_final", f"SELECT * FROM {db}.{PAIRS} FINAL"),  # noqa: S608
     ]
-    v2 = [
+
+
+def _v2_trace_lookups(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         stmt
         for name, source in ((SPAN_TRACES, SPANS), (ENTRY_TRACES, ENTRIES))
         for stmt in (
@@ -417,7 +430,7 @@ def migrations(
                 "    `trace_id` String CODEC(ZSTD(1)),\n"
                 "    `time` DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))",
                 "MergeTree",
-                f"{daily}\nORDER BY trace_id\n{_ttl(r)}"
+                f"{_DAILY}\nORDER BY trace_id\n{_ttl(days)}"
                 "\nSETTINGS index_granularity = 8192, ttl_only_drop_parts = 1",
                 SHARD_BY[name],
             ),
@@ -431,10 +444,13 @@ def migrations(
             # Rows written before this version (a repeat after a crash only adds duplicates,
             # harmless for an existence lookup).
             f"INSERT INTO {db}.{name} SELECT trace_id, time FROM {db}.{source} "  # noqa: S608
-            f"WHERE time >= now64() - toIntervalDay({r})",
+            f"WHERE time >= now64() - toIntervalDay({days})",
         )
     ]
-    v3 = [
+
+
+def _v3_gpu(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         *_add_columns(lay, db, (SPANS, SPAN_GPU_COLUMNS)),
         # The clock join (collector/sla/gpu_source.py) reads one GPU's clock series over a
         # time range: (hw_id, metric) first. The key ends with the point's identity, so an
@@ -446,10 +462,13 @@ def migrations(
             GPU_SAMPLE_COLUMNS,
             "ReplacingMergeTree",
             "",
-            f"{daily}\nORDER BY (hw_id, metric, host, pid, time)\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "hw_id, metric, host, pid, time"),
         ),
     ]
-    v4 = [
+
+
+def _v4_sampling(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         *_add_columns(lay, db, (SPANS, SPAN_SAMPLING_COLUMNS), (PAIRS, PAIR_SAMPLING_COLUMNS)),
         # "Traced X % of a service's requests": one service's ports over a time range, so
         # (service, port) first; the key ends with the point's identity (host, metric, time),
@@ -461,19 +480,28 @@ def migrations(
             REQUEST_COUNT_COLUMNS,
             "ReplacingMergeTree",
             "",
-            f"{daily}\nORDER BY (service, port, host, metric, time)\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "service, port, host, metric, time"),
         ),
     ]
-    v5 = _add_columns(lay, db, (SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
-    v6 = _add_columns_at_once(lay, db, *_LLM_TABLES)
-    return [
-        (1, "spans, browser entries, pairs", v1),
-        (2, "trace id lookup tables", v2),
-        (3, "GPU span columns, gpu_samples", v3),
-        (4, "sampling thresholds of spans and pairs, request_counts", v4),
-        (5, "write-to-wire holdback of spans and pairs", v5),
-        (6, "LLM streams of spans, browser entries and pairs", v6),
-    ]
+
+
+def _v5_holdback(lay: Layout, db: str, days: int) -> list[str]:
+    return _add_columns(lay, db, (SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
+
+
+def _v6_llm(lay: Layout, db: str, days: int) -> list[str]:
+    return _add_columns_at_once(lay, db, *_LLM_TABLES)
+
+
+# Every version: (number, name as recorded in schema_migrations, its statements).
+_VERSIONS: tuple[tuple[int, str, Callable[[Layout, str, int], list[str]]], ...] = (
+    (1, "spans, browser entries, pairs", _v1_spans_entries_pairs),
+    (2, "trace id lookup tables", _v2_trace_lookups),
+    (3, "GPU span columns, gpu_samples", _v3_gpu),
+    (4, "sampling thresholds of spans and pairs, request_counts", _v4_sampling),
+    (5, "write-to-wire holdback of spans and pairs", _v5_holdback),
+    (6, "LLM streams of spans, browser entries and pairs", _v6_llm),
+)
 
 
 _DB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
