@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from agent import metrics
@@ -123,7 +124,6 @@ class Agent:
         return None
 
     def run(self) -> int:
-        cfg = self.cfg
         # SIGTERM/SIGINT from here on: the ~1 s compile below must not end in a traceback.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
@@ -133,16 +133,43 @@ class Agent:
             return 1
         # host, container, pod of each record; in Kubernetes its pod watch starts listing
         # now, during the compile below
-        res = self.resource = resource.start(cfg.k8s_api)
+        res = self.resource = resource.start(self.cfg.k8s_api)
+        srv = self._serve_metrics()
+        if srv is None:
+            return 1
+        loaded = self._load()
+        if loaded is None:
+            srv.shutdown()
+            return 1
+        if self.stop.is_set():  # signalled while compiling: detach and leave quietly
+            loader.detach(self.bpf)
+            srv.shutdown()
+            return 0
+        gpu_line = self._start_tracing(loaded)
+        self._start_export(res)
+        # Everything loaded so far (bcc, the OpenTelemetry SDK, compiled tables) lives for
+        # the whole run: out of the collector's generations, full collections stay cheap.
+        gc.freeze()
+        self._live = True
+        self.m.before_scrape = self._scrape
+        self.m.ready = True
+        self._attach_line(loaded, gpu_line)
+        return self._run_until_stopped(srv)
+
+    def _serve_metrics(self) -> ThreadingHTTPServer | None:
+        """The /metrics server, or None when it cannot listen (said in one line)."""
+        addr = self.cfg.metrics_addr
         try:
-            srv = metrics.serve(self.m, cfg.metrics_addr)
+            return metrics.serve(self.m, addr)
         except (OSError, ValueError) as e:
             why = "expected HOST:PORT" if isinstance(e, ValueError) else str(e)
-            print(
-                f"parallax-agent: cannot serve metrics on {cfg.metrics_addr}: {why}",
-                file=sys.stderr,
-            )
-            return 1
+            print(f"parallax-agent: cannot serve metrics on {addr}: {why}", file=sys.stderr)
+            return None
+
+    def _load(self) -> loader.Loaded | None:
+        """The kernel programs compiled and attached, or None when they cannot be (said in
+        one line)."""
+        cfg = self.cfg
         # with only --port, pid filtering follows the owners of those listening ports
         opts = loader.Options(
             ports=cfg.ports,
@@ -159,14 +186,15 @@ class Agent:
             loaded = loader.load(opts)
         except loader.LoadError as e:
             print(f"parallax-agent: {e}", file=sys.stderr)
-            srv.shutdown()
-            return 1
+            return None
         self.bpf = loaded.bpf
         self._send_start_lazy = loaded.send_start_lazy
-        if self.stop.is_set():  # signalled while compiling: detach and leave quietly
-            loader.detach(self.bpf)
-            srv.shutdown()
-            return 0
+        return loaded
+
+    def _start_tracing(self, loaded: loader.Loaded) -> str:
+        """Events flowing: the ring buffer read, the traced processes' probes attached, the
+        GPU side and load shedding started. Returns the GPU side's start-up line."""
+        cfg = self.cfg
         self.ring = loader.Ring(loaded, self.conns.on_event)
         if cfg.nice:
             # After the compile (start-up stays fast): under CPU contention the traced apps
@@ -181,6 +209,12 @@ class Agent:
         self.shedding = Shedding(
             self.bpf, cfg.cpu_budget, self.m, self.conns.resync_all, cfg.sample_fixed
         )
+        return gpu_line
+
+    def _start_export(self, res: ResourceStage) -> None:
+        """The records' way out: the OTLP metrics exporter, the stages a record passes
+        (GPU, then resource), the export thread; and the GPU side's sampling."""
+        cfg = self.cfg
         if cfg.otlp:  # after the GPU side: its series are registered with the meter
             from agent.export.otlp_metrics import OtlpMetricsExporter  # noqa: PLC0415
 
@@ -202,13 +236,11 @@ class Agent:
         self.export = ExportThread(self.records, self.exporters, stages)
         self.export.start()
         self.gpu.run(self.stop, lambda: set(self.procs.pids))
-        # Everything loaded so far (bcc, the OpenTelemetry SDK, compiled tables) lives for
-        # the whole run: out of the collector's generations, full collections stay cheap.
-        gc.freeze()
-        self._live = True
-        self.m.before_scrape = self._scrape
-        self.m.ready = True
-        self._attach_line(loaded, gpu_line)
+
+    def _run_until_stopped(self, srv: Any) -> int:
+        """The main loop until a signal, then the stop; an internal error in either is one
+        line and exit 1."""
+        assert self.shedding is not None
         error: str | None = None
         stop_error: str | None = None
         self.shedding.sampler.start()  # the start-up's CPU is not the requests'

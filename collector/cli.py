@@ -7,7 +7,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collector.config import Settings
 
 DESCRIPTION = """\
 Parallax collector: receives both lines of sight on one request — server spans over
@@ -46,6 +49,21 @@ def _add_serve(sub: Any) -> None:
         description="Ingest: POST /v1/traces (OTLP/HTTP), POST /v1/beacons, /healthz. "
         "Query: /v1/requests, /metrics, /readyz, /openapi.json (+ plugin routes).",
     )
+    # in this order: the order of --help
+    _add_places(p, d)
+    _add_access(p)
+    _add_ingest_limits(p, d)
+    _add_writes(p, d)
+    _add_pairing(p, d)
+    p.add_argument(
+        "--no-plugins", action="store_true", help="serve without plugins (e.g. the SLA checker)"
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_serve)
+
+
+def _add_places(p: argparse.ArgumentParser, d: Settings) -> None:
+    """Where it listens and where it keeps data: the two ports, the store, the data dir."""
     p.add_argument("--listen", default=d.listen, help="ingest address (public) [%(default)s]")
     p.add_argument(
         "--admin-listen", default=d.admin_listen, help="query address (private) [%(default)s]"
@@ -67,6 +85,10 @@ def _add_serve(sub: Any) -> None:
         help="spool and embedded store directory [%(default)s]",
     )
     p.add_argument("--retention-days", type=int, default=d.retention_days)
+
+
+def _add_access(p: argparse.ArgumentParser) -> None:
+    """Who may send and read: the bearer tokens of the two ports, the beacon sites."""
     p.add_argument(
         "--otlp-token",
         default=os.environ.get("PARALLAX_OTLP_TOKEN"),
@@ -85,6 +107,11 @@ def _add_serve(sub: Any) -> None:
         metavar="KEY=ORIGIN[,ORIGIN]",
         help="a site key and its allowed origins (repeat); none = accept any",
     )
+
+
+def _add_ingest_limits(p: argparse.ArgumentParser, d: Settings) -> None:
+    """What one request and one client may cost the ingest port: sizes, times, connections,
+    rate."""
     p.add_argument("--max-otlp-bytes", type=int, default=d.max_otlp_bytes)
     p.add_argument("--max-beacon-bytes", type=int, default=d.max_beacon_bytes)
     p.add_argument(
@@ -114,12 +141,20 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--rate", type=float, default=d.rate_per_s, help="requests/s per client IP")
     p.add_argument("--burst", type=int, default=d.rate_burst)
+
+
+def _add_writes(p: argparse.ArgumentParser, d: Settings) -> None:
+    """How accepted rows reach the store: batches, and the spool that holds them until then."""
     p.add_argument("--batch-rows", type=int, default=d.batch_rows)
     p.add_argument("--flush-interval", type=float, default=d.flush_interval_s, help="seconds")
     p.add_argument("--spool-max-mb", type=int, default=d.spool_max_bytes >> 20)
     p.add_argument(
         "--spool-fsync", action="store_true", help="fsync every accepted request (power-loss safe)"
     )
+
+
+def _add_pairing(p: argparse.ArgumentParser, d: Settings) -> None:
+    """How often and how far back spans and browser entries are paired."""
     p.add_argument("--pairing-lookback", type=int, default=d.pairing_lookback_s, help="seconds")
     p.add_argument(
         "--pairing-interval",
@@ -134,11 +169,6 @@ def _add_serve(sub: Any) -> None:
         default=d.coverage_interval_s,
         help="seconds between pairing-coverage updates [%(default)s]",
     )
-    p.add_argument(
-        "--no-plugins", action="store_true", help="serve without plugins (e.g. the SLA checker)"
-    )
-    p.add_argument("--log-level", default="INFO")
-    p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -21,6 +21,16 @@ _P = "parallax_collector_"
 class Metrics(Hooks):
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._add_rows(r)
+        self._add_store_writes(r)
+        self._add_spool(r)
+        self._add_ingest_connections(r)
+        self._add_pairing(r)
+        self.genai_client = GenAiClient(r)  # the browsers' LLM streams (below)
+
+    def _add_rows(self, r: CollectorRegistry) -> None:
+        """What came in: rows received, written, rejected or ignored, and whole requests
+        refused."""
         self.received = Counter(
             _P + "rows_received", "Records received, before validation", ["source"], registry=r
         )
@@ -45,6 +55,10 @@ class Metrics(Hooks):
             ["endpoint", "code"],
             registry=r,
         )
+
+    def _add_store_writes(self, r: CollectorRegistry) -> None:
+        """The inserts into the store: their size, latency, failures, and the rows it
+        refused for good."""
         self.batch_rows = Histogram(
             _P + "batch_rows",
             "Rows per insert",
@@ -66,6 +80,9 @@ class Metrics(Hooks):
             ["source"],
             registry=r,
         )
+
+    def _add_spool(self, r: CollectorRegistry) -> None:
+        """What waits in the on-disk spool for the store, and the spool's own failures."""
         self.queue_rows = Gauge(_P + "queue_rows", "Accepted rows not yet written", registry=r)
         self.queue_segments = Gauge(
             _P + "queue_segments", "Spool segments not yet written", registry=r
@@ -87,6 +104,9 @@ class Metrics(Hooks):
             "Bytes of torn or damaged records skipped when a segment was replayed",
             registry=r,
         )
+
+    def _add_ingest_connections(self, r: CollectorRegistry) -> None:
+        """The ingest port's connections: open, waiting, and the limit."""
         self.ingest_connections = Gauge(
             _P + "ingest_connections",
             "Connections on the ingest port: open (accepted by the server) and waiting "
@@ -100,6 +120,9 @@ class Metrics(Hooks):
             "the file-descriptor limit)",
             registry=r,
         )
+
+    def _add_pairing(self, r: CollectorRegistry) -> None:
+        """Pairing: its rounds, the pairs written, and the coverage of each route."""
         self.pairs_written = Counter(
             _P + "pairs_written", "Pair rows written (new or updated)", registry=r
         )
@@ -114,7 +137,6 @@ class Metrics(Hooks):
             ["route", "side"],
             registry=r,
         )
-        self.genai_client = GenAiClient(r)
         self.pairing_entries = Gauge(
             _P + "pairing_entries",
             "Browser entries per route over the coverage window by state: paired, "

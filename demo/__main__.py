@@ -32,6 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -329,50 +330,93 @@ def _stop(stack: Stack) -> int:
 
 def run(stack: Stack, seconds: float, exit_after: bool) -> int:
     try:
-        engine_proc, engine = start_engine(stack)
-        # it loads and warms up while the rest starts (a daemon thread: Ctrl-C waits for none)
-        engine_ready = background(stack.wait_engine, engine_proc, engine)
-        ingest, query = stack.collector(DEMO_DIR)
-        print(f"  collector   ingest {ingest}  ·  query {query}")
-        os.environ["OTEL_SERVICE_NAME"] = SERVICE
-        app = stack.llm_app(*PACING, *STALL, "--engine", engine)
-        app_port = int(app.rsplit(":", 1)[1])
-        print(
-            f"  app         {app}  ({SERVICE}: Anthropic Messages over fetch, OpenAI chat over SSE,"
-            " token frames over WebSocket; event loop stalls 60 ms every 200 ms)"
-        )
-        os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE
-        try:
-            nagle = stack.llm_app(*NAGLE, name="nagle_app")
-        finally:
-            os.environ["OTEL_SERVICE_NAME"] = SERVICE
-        nagle_port = int(nagle.rsplit(":", 1)[1])
-        print(
-            f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 10 ms,"
-            " TCP_NODELAY off)"
-        )
-        gpu_env, infer = start_infer(stack)
-        infer_port = int(infer.rsplit(":", 1)[1])
-        print(
-            f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
-            " stand-in GPU, power-capped)"
-        )
-        engine_ready()
-        engine_port = int(engine.rsplit(":", 1)[1])
-        print(
-            f"  engine      {engine}  (llama_cpp.server: llama.cpp on a tiny random-weight"
-            f" model, one request at a time; the pages reach it through {app}/v1/engine/…)"
-        )
-        ports = [app_port, nagle_port, infer_port, engine_port]
-        agent = stack.agent(ports, ingest, env=gpu_env)
-        print(
-            f"  agent       tracing ports {', '.join(map(str, ports))}, exporting"
-            f" OTLP to {ingest}  ·  metrics {agent}/metrics"
-        )
+        up = _start_pieces(stack)
     except StartError as e:
         print(f"demo: {e}")
         return 1
+    url = chat_url(
+        up.app,
+        up.ingest,
+        gen=up.infer,
+        nagle=up.nagle,
+        dialects=DIALECTS,
+        engine_tokens=ENGINE_TOKENS,
+    )
+    done = drive(url, seconds, _progress_line(seconds))
+    print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
+    try:
+        report = wait_for_evaluation(up.query, after=time.time() + 2.0)
+    except (urllib.error.URLError, OSError, ValueError, TimeoutError) as e:
+        print(f"demo: could not read the SLA report from {up.query}/v1/sla: {e}")
+        return 1
+    _print_report(report, up.query, up.agent)
+    if exit_after:
+        return 0
+    print("Serving until Ctrl-C …", flush=True)
+    while all(p.alive() for p in stack.procs):
+        time.sleep(1.0)
+    print("demo: a piece stopped; see its log in " + _shown(DEMO_DIR / "logs"))
+    return 1
 
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The running pieces' base URLs."""
+
+    ingest: str  # the collector's ports
+    query: str
+    app: str  # the LLM app, its Nagle twin, the inference service
+    nagle: str
+    infer: str
+    agent: str  # the agent's /metrics
+
+
+def _start_pieces(stack: Stack) -> _Pieces:
+    """Every piece started, each said in a line (StartError: one did not start)."""
+    engine_proc, engine = start_engine(stack)
+    # it loads and warms up while the rest starts (a daemon thread: Ctrl-C waits for none)
+    engine_ready = background(stack.wait_engine, engine_proc, engine)
+    ingest, query = stack.collector(DEMO_DIR)
+    print(f"  collector   ingest {ingest}  ·  query {query}")
+    os.environ["OTEL_SERVICE_NAME"] = SERVICE
+    app = stack.llm_app(*PACING, *STALL, "--engine", engine)
+    app_port = int(app.rsplit(":", 1)[1])
+    print(
+        f"  app         {app}  ({SERVICE}: Anthropic Messages over fetch, OpenAI chat over SSE,"
+        " token frames over WebSocket; event loop stalls 60 ms every 200 ms)"
+    )
+    os.environ["OTEL_SERVICE_NAME"] = NAGLE_SERVICE
+    try:
+        nagle = stack.llm_app(*NAGLE, name="nagle_app")
+    finally:
+        os.environ["OTEL_SERVICE_NAME"] = SERVICE
+    nagle_port = int(nagle.rsplit(":", 1)[1])
+    print(
+        f"  nagle app   {nagle}  ({NAGLE_SERVICE}: WebSocket, a token every 10 ms, TCP_NODELAY off)"
+    )
+    gpu_env, infer = start_infer(stack)
+    infer_port = int(infer.rsplit(":", 1)[1])
+    print(
+        f"  inference   {infer}  ({INFER_SERVICE}: SSE from a batching engine on a"
+        " stand-in GPU, power-capped)"
+    )
+    engine_ready()
+    engine_port = int(engine.rsplit(":", 1)[1])
+    print(
+        f"  engine      {engine}  (llama_cpp.server: llama.cpp on a tiny random-weight"
+        f" model, one request at a time; the pages reach it through {app}/v1/engine/…)"
+    )
+    ports = [app_port, nagle_port, infer_port, engine_port]
+    agent = stack.agent(ports, ingest, env=gpu_env)
+    print(
+        f"  agent       tracing ports {', '.join(map(str, ports))}, exporting"
+        f" OTLP to {ingest}  ·  metrics {agent}/metrics"
+    )
+    return _Pieces(ingest, query, app, nagle, infer, agent)
+
+
+def _progress_line(seconds: float) -> Callable[[float, int, int], None]:
+    """drive()'s progress callback: the browser's line."""
     tty = sys.stdout.isatty()
     last_line = [-10.0]
 
@@ -389,16 +433,11 @@ def run(stack: Stack, seconds: float, exit_after: bool) -> int:
             last_line[0] = elapsed
             print(text, flush=True)
 
-    url = chat_url(
-        app, ingest, gen=infer, nagle=nagle, dialects=DIALECTS, engine_tokens=ENGINE_TOKENS
-    )
-    done = drive(url, seconds, progress)
-    print(f"\n  {done} chats done; waiting for the collector to pair and judge them …")
-    try:
-        report = wait_for_evaluation(query, after=time.time() + 2.0)
-    except (urllib.error.URLError, OSError, ValueError, TimeoutError) as e:
-        print(f"demo: could not read the SLA report from {query}/v1/sla: {e}")
-        return 1
+    return progress
+
+
+def _print_report(report: dict[str, Any], query: str, agent: str) -> None:
+    """The SLA table and where to look next."""
     print("\nSLA: user P95 vs server P95 per route (each metric's band in its row)\n")
     print(sla_table(report))
     print(f"\nSLA page: {query}/ui   ·   API: {query}/v1/sla, {query}/v1/requests")
@@ -407,13 +446,6 @@ def run(stack: Stack, seconds: float, exit_after: bool) -> int:
         "Afterwards, from the stored data: .venv/bin/parallax-collector sla --once --json "
         f"--data-dir {_shown(DEMO_DIR)}"
     )
-    if exit_after:
-        return 0
-    print("Serving until Ctrl-C …", flush=True)
-    while all(p.alive() for p in stack.procs):
-        time.sleep(1.0)
-    print("demo: a piece stopped; see its log in " + _shown(DEMO_DIR / "logs"))
-    return 1
 
 
 if __name__ == "__main__":

@@ -338,20 +338,49 @@ class IngestApp:
 
 
 def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> IngestApp:
-    metrics = ingest.metrics
-    limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
-    allowed_origins = {o for origins in settings.sites.values() for o in origins}
-    received_entries = metrics.received.labels(ENTRIES)
+    """The ingest port's routes: /healthz, the two OTLP signals and the beacons, all under
+    one rate limit per client IP."""
+    shared = _Shared(settings, ingest, pipeline)
+    beacon_routes = _Beacons(shared)
+    return IngestApp(
+        {
+            ("GET", "/healthz"): _healthz,
+            ("POST", "/v1/traces"): _traces(shared),
+            ("POST", "/v1/metrics"): _metric_points(shared),
+            ("OPTIONS", "/v1/beacons"): beacon_routes.preflight,
+            ("POST", "/v1/beacons"): beacon_routes.post,
+        },
+        linger_s=min(LINGER_S, settings.body_timeout_s),
+    )
+
+
+async def _healthz(request: _Request) -> _Response:
+    return _Response("ok\n", media_type="text/plain")
+
+
+class _Shared:
+    """What every ingest endpoint uses: the settings, the parser and its recent ids, the
+    spool pipeline, one rate limit per client IP across the endpoints, and the refusal."""
+
+    def __init__(self, settings: Settings, ingest: Ingest, pipeline: Pipeline):
+        self.settings = settings
+        self.ingest = ingest
+        self.pipeline = pipeline
+        self.metrics = ingest.metrics
+        self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
 
     def refuse(
+        self,
         endpoint: str,
         code: int,
         reason: str,
         headers: Headers | None = None,
         otlp_json: bool | None = None,
     ) -> _Response:
-        metrics.requests_refused.labels(endpoint, str(code)).inc()
-        if otlp_json is not None:  # OTLP wants a google.rpc.Status body
+        """A refused request, counted; an OTLP one (``otlp_json`` not None) answered with a
+        google.rpc.Status body in the request's encoding, any other in plain text."""
+        self.metrics.requests_refused.labels(endpoint, str(code)).inc()
+        if otlp_json is not None:
             st = status_pb2.Status(code=_RPC_CODE.get(code, 13), message=reason)
             if otlp_json:
                 body = json.dumps({"code": st.code, "message": reason}).encode()
@@ -361,84 +390,38 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             )
         return _Response(reason + "\n", code, headers, media_type="text/plain")
 
-    async def healthz(request: _Request) -> _Response:
-        return _Response("ok\n", media_type="text/plain")
 
-    def otlp_endpoint(sig: _Signal) -> Handler:
-        """POST /v1/traces and /v1/metrics: the same auth, limits, spooling and answers."""
-        received_rows = metrics.received.labels(sig.source)
-        name = sig.endpoint
-
-        async def handle(request: _Request) -> _Response:
-            ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            is_json = ctype == "application/json"
-            if settings.otlp_token and request.headers.get("authorization") != (
-                f"Bearer {settings.otlp_token}"
-            ):
-                return refuse(
-                    name,
-                    401,
-                    "missing or wrong bearer token",
-                    {"WWW-Authenticate": "Bearer"},
-                    is_json,
-                )
-            wait = limiter.take(request.client_ip)
-            if wait:
-                return refuse(
-                    name, 429, "rate limit exceeded", {"Retry-After": retry_after(wait)}, is_json
-                )
-            if ctype not in ("application/x-protobuf", "application/json"):
-                return refuse(
-                    name, 415, "Content-Type must be application/x-protobuf or application/json"
-                )
-            received = time.time_ns()
-            try:
-                body = await _read_body(request, settings.max_otlp_bytes, settings.body_timeout_s)
-                parsed = sig.parse(body, is_json, received, *ingest._window())
-            except TooLargeError:
-                return refuse(
-                    name, 413, f"body over {settings.max_otlp_bytes} bytes", None, is_json
-                )
-            except BodyTimeoutError:
-                return refuse(name, 408, _SLOW_BODY, {"Connection": "close"}, is_json)
-            except BadRequestError as e:
-                return refuse(name, 400, str(e), None, is_json)
-            received_rows.inc(parsed.row_count + parsed.rejected_total)
-            if sig.dedup is not None:
-                sig.dedup(parsed)
-            try:
-                pipeline.accept(sig.kinds[is_json], body, received, parsed)
-            except SpoolFullError as e:
-                return refuse(name, 503, str(e), {"Retry-After": RETRY_AFTER_S}, is_json)
-            for reason, n in parsed.rejected.items():
-                metrics.rejected.labels(sig.source, reason).inc(n)
-            sig.count_ignored(parsed)
-            msg = ", ".join(f"{n} {r}" for r, n in sorted(parsed.rejected.items()))
-            content, media = sig.response(parsed.rejected_total, msg, is_json)
-            return _Response(content, 200, media_type=media)
-
-        return handle
+# --- OTLP: POST /v1/traces, /v1/metrics -------------------------------------------------
+def _traces(shared: _Shared) -> Handler:
+    metrics, recent = shared.metrics, shared.ingest.recent_spans
 
     def spans_ignored(parsed: Parsed) -> None:
         if parsed.ignored:
             metrics.ignored.inc(parsed.ignored)
 
-    def points_ignored(parsed: Parsed) -> None:
-        for reason, n in parsed.ignored_reasons.items():
-            metrics.points_ignored.labels(reason).inc(n)
-
-    traces = otlp_endpoint(
+    return _otlp_endpoint(
+        shared,
         _Signal(
             "traces",
             SPANS,
             (KIND_OTLP_PROTO, KIND_OTLP_JSON),
             otlp.parse,
             otlp.response,
-            lambda p: _dedup_spans(p, ingest.recent_spans),
+            lambda p: _dedup_spans(p, recent),
             spans_ignored,
-        )
+        ),
     )
-    metric_points = otlp_endpoint(
+
+
+def _metric_points(shared: _Shared) -> Handler:
+    metrics = shared.metrics
+
+    def points_ignored(parsed: Parsed) -> None:
+        for reason, n in parsed.ignored_reasons.items():
+            metrics.points_ignored.labels(reason).inc(n)
+
+    return _otlp_endpoint(
+        shared,
         _Signal(
             "metrics",
             GPU_SAMPLES,
@@ -447,44 +430,115 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             otlp_metrics.response,
             None,  # a retried export collapses in gpu_samples' sort key (ReplacingMergeTree)
             points_ignored,
-        )
+        ),
     )
 
-    def cors_headers(origin: str | None) -> Headers:
-        if not origin:
-            return {}
-        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
 
-    def origin_allowed(origin: str | None, site: str | None = None) -> bool:
-        if not settings.sites or origin is None:
+def _otlp_endpoint(shared: _Shared, sig: _Signal) -> Handler:
+    """POST /v1/traces and /v1/metrics: the same auth, limits, spooling and answers."""
+    settings, ingest, pipeline = shared.settings, shared.ingest, shared.pipeline
+    metrics, limiter, refuse = shared.metrics, shared.limiter, shared.refuse
+    received_rows = metrics.received.labels(sig.source)
+    name = sig.endpoint
+
+    async def handle(request: _Request) -> _Response:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        is_json = ctype == "application/json"
+        if settings.otlp_token and request.headers.get("authorization") != (
+            f"Bearer {settings.otlp_token}"
+        ):
+            return refuse(
+                name,
+                401,
+                "missing or wrong bearer token",
+                {"WWW-Authenticate": "Bearer"},
+                is_json,
+            )
+        wait = limiter.take(request.client_ip)
+        if wait:
+            return refuse(
+                name, 429, "rate limit exceeded", {"Retry-After": retry_after(wait)}, is_json
+            )
+        if ctype not in ("application/x-protobuf", "application/json"):
+            return refuse(
+                name, 415, "Content-Type must be application/x-protobuf or application/json"
+            )
+        received = time.time_ns()
+        try:
+            body = await _read_body(request, settings.max_otlp_bytes, settings.body_timeout_s)
+            parsed = sig.parse(body, is_json, received, *ingest._window())
+        except TooLargeError:
+            return refuse(name, 413, f"body over {settings.max_otlp_bytes} bytes", None, is_json)
+        except BodyTimeoutError:
+            return refuse(name, 408, _SLOW_BODY, {"Connection": "close"}, is_json)
+        except BadRequestError as e:
+            return refuse(name, 400, str(e), None, is_json)
+        received_rows.inc(parsed.row_count + parsed.rejected_total)
+        if sig.dedup is not None:
+            sig.dedup(parsed)
+        try:
+            pipeline.accept(sig.kinds[is_json], body, received, parsed)
+        except SpoolFullError as e:
+            return refuse(name, 503, str(e), {"Retry-After": RETRY_AFTER_S}, is_json)
+        for reason, n in parsed.rejected.items():
+            metrics.rejected.labels(sig.source, reason).inc(n)
+        sig.count_ignored(parsed)
+        msg = ", ".join(f"{n} {r}" for r, n in sorted(parsed.rejected.items()))
+        content, media = sig.response(parsed.rejected_total, msg, is_json)
+        return _Response(content, 200, media_type=media)
+
+    return handle
+
+
+# --- browser beacons: OPTIONS and POST /v1/beacons ---------------------------------------
+def _cors_headers(origin: str | None) -> Headers:
+    if not origin:
+        return {}
+    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+
+class _Beacons:
+    """The beacon endpoints: the CORS preflight and the POST, each site's origins checked
+    (--site; none given: any origin, any site)."""
+
+    def __init__(self, shared: _Shared):
+        self.settings, self.ingest, self.pipeline = shared.settings, shared.ingest, shared.pipeline
+        self.metrics, self.limiter, self.refuse = shared.metrics, shared.limiter, shared.refuse
+        self.received_entries = shared.metrics.received.labels(ENTRIES)
+        self.sites = shared.settings.sites
+        self.allowed_origins = {o for origins in self.sites.values() for o in origins}
+
+    def origin_allowed(self, origin: str | None, site: str | None = None) -> bool:
+        if not self.sites or origin is None:
             return True
         if site is not None:
-            return origin in settings.sites.get(site, [])
-        return origin in allowed_origins
+            return origin in self.sites.get(site, [])
+        return origin in self.allowed_origins
 
-    async def beacons_preflight(request: _Request) -> _Response:
+    async def preflight(self, request: _Request) -> _Response:
         origin = request.headers.get("origin")
-        if not origin_allowed(origin):
-            return refuse("beacons", 403, "origin not allowed")
+        if not self.origin_allowed(origin):
+            return self.refuse("beacons", 403, "origin not allowed")
         return _Response(
             status=204,
             headers={
-                **cors_headers(origin),
+                **_cors_headers(origin),
                 "Access-Control-Allow-Methods": "POST",
                 "Access-Control-Allow-Headers": "Content-Type",
                 "Access-Control-Max-Age": "86400",
             },
         )
 
-    async def beacons_post(request: _Request) -> _Response:
+    async def post(self, request: _Request) -> _Response:
+        settings, refuse = self.settings, self.refuse
         origin = request.headers.get("origin")
-        wait = limiter.take(request.client_ip)
+        wait = self.limiter.take(request.client_ip)
         if wait:
             return refuse(
                 "beacons",
                 429,
                 "rate limit exceeded",
-                {"Retry-After": retry_after(wait), **cors_headers(origin)},
+                {"Retry-After": retry_after(wait), **_cors_headers(origin)},
             )
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in ("text/plain", "application/json"):
@@ -496,45 +550,37 @@ def build_ingest_app(settings: Settings, ingest: Ingest, pipeline: Pipeline) -> 
             site = beacons.site_of(doc)
             if settings.sites and site not in settings.sites:
                 return refuse("beacons", 403, "unknown site key")
-            if not origin_allowed(origin, str(site)):
+            if not self.origin_allowed(origin, str(site)):
                 return refuse("beacons", 403, "origin not allowed for this site")
-            parsed = beacons.parse(doc, received, *ingest._window())
+            parsed = beacons.parse(doc, received, *self.ingest._window())
         except TooLargeError:
             return refuse(
-                "beacons", 413, f"body over {settings.max_beacon_bytes} bytes", cors_headers(origin)
+                "beacons",
+                413,
+                f"body over {settings.max_beacon_bytes} bytes",
+                _cors_headers(origin),
             )
         except BodyTimeoutError:
             return refuse(
-                "beacons", 408, _SLOW_BODY, {"Connection": "close", **cors_headers(origin)}
+                "beacons", 408, _SLOW_BODY, {"Connection": "close", **_cors_headers(origin)}
             )
         except BadRequestError as e:
-            return refuse("beacons", 400, str(e), cors_headers(origin))
+            return refuse("beacons", 400, str(e), _cors_headers(origin))
         accepted = len(parsed.rows)
-        received_entries.inc(accepted + parsed.rejected_total)
-        _dedup_entries(parsed, ingest.recent_entries)
+        self.received_entries.inc(accepted + parsed.rejected_total)
+        _dedup_entries(parsed, self.ingest.recent_entries)
         try:
-            pipeline.accept(KIND_BEACON, body, received, parsed)
+            self.pipeline.accept(KIND_BEACON, body, received, parsed)
         except SpoolFullError as e:
             return refuse(
-                "beacons", 503, str(e), {"Retry-After": RETRY_AFTER_S, **cors_headers(origin)}
+                "beacons", 503, str(e), {"Retry-After": RETRY_AFTER_S, **_cors_headers(origin)}
             )
         for reason, n in parsed.rejected.items():
-            metrics.rejected.labels(ENTRIES, reason).inc(n)
-        metrics.genai_client.observe_rows(parsed.rows)  # the LLM streams' tokens (kept rows)
+            self.metrics.rejected.labels(ENTRIES, reason).inc(n)
+        self.metrics.genai_client.observe_rows(parsed.rows)  # the LLM streams' tokens (kept rows)
         out = {
             "accepted": accepted,
             "rejected": parsed.rejected_total,
             "reasons": dict(parsed.rejected),
         }
-        return _Response(json.dumps(out), 200, cors_headers(origin), media_type="application/json")
-
-    return IngestApp(
-        {
-            ("GET", "/healthz"): healthz,
-            ("POST", "/v1/traces"): traces,
-            ("POST", "/v1/metrics"): metric_points,
-            ("OPTIONS", "/v1/beacons"): beacons_preflight,
-            ("POST", "/v1/beacons"): beacons_post,
-        },
-        linger_s=min(LINGER_S, settings.body_timeout_s),
-    )
+        return _Response(json.dumps(out), 200, _cors_headers(origin), media_type="application/json")

@@ -8,13 +8,13 @@ import asyncio
 import datetime as dt
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 
 from collector.api.llm_models import EntryLlm, HopLlm, PairLlm, entry_llm, hop_llm, pair_llm
@@ -23,6 +23,7 @@ from collector.pairing.lookups import read_traces
 from collector.pairing.rules import arrange, candidates, derive
 from collector.plugins import Context, Plugin
 from collector.store import schema
+from collector.store.client import Store
 from parallax_contracts import sampling
 from parallax_contracts.trace_context import is_valid_trace_id
 
@@ -385,8 +386,32 @@ def build_query_app(
     ready: Callable[[], tuple[bool, str]],
     refresh_metrics: Callable[[], None],
 ) -> FastAPI:
-    store = ctx.store
+    """The service routes, the request API, then the plugins' routers, in this order."""
     token = ctx.settings.api_token
+    # With --api-token every route but /readyz needs it, the OpenAPI document too; the
+    # docs pages are off then (a browser loading them cannot send the token).
+    app = FastAPI(
+        title="Parallax collector (query)",
+        version="1",
+        description="Paired server/browser timings. Durations: float ms, fields ending _ms.",
+        lifespan=_plugins_lifespan(ctx, plugins),
+        openapi_url=None if token else "/openapi.json",
+        docs_url=None if token else "/docs",
+        redoc_url=None if token else "/redoc",
+    )
+    app.state.parallax = ctx
+    protected = [Depends(_bearer_auth(token))]
+    _add_service_routes(app, protected, token, ready, refresh_metrics, ctx.registry)
+    _add_slowest_route(app, protected, ctx.store)
+    _add_request_routes(app, protected, ctx.store)
+    for p in plugins:
+        for router in p.routers:
+            app.include_router(router, dependencies=protected)
+    return app
+
+
+def _bearer_auth(token: str | None) -> Callable[..., Awaitable[None]]:
+    """The protected routes' dependency: the bearer token, when --api-token set one."""
 
     async def auth(
         creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
@@ -395,6 +420,14 @@ def build_query_app(
             raise HTTPException(
                 401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
             )
+
+    return auth
+
+
+def _plugins_lifespan(
+    ctx: Context, plugins: Sequence[Plugin]
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: it starts the plugins' own lifespans and closes them at the end."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -424,19 +457,18 @@ def build_query_app(
             await task
             await stack.aclose()
 
-    # With --api-token every route but /readyz needs it, the OpenAPI document too; the
-    # docs pages are off then (a browser loading them cannot send the token).
-    app = FastAPI(
-        title="Parallax collector (query)",
-        version="1",
-        description="Paired server/browser timings. Durations: float ms, fields ending _ms.",
-        lifespan=lifespan,
-        openapi_url=None if token else "/openapi.json",
-        docs_url=None if token else "/docs",
-        redoc_url=None if token else "/redoc",
-    )
-    app.state.parallax = ctx
-    protected = [Depends(auth)]
+    return lifespan
+
+
+def _add_service_routes(
+    app: FastAPI,
+    protected: list[Any],
+    token: str | None,
+    ready: Callable[[], tuple[bool, str]],
+    refresh_metrics: Callable[[], None],
+    registry: CollectorRegistry,
+) -> None:
+    """/openapi.json behind the token (when there is one), /readyz, /metrics."""
     if token:
 
         @app.get("/openapi.json", dependencies=protected, include_in_schema=False)
@@ -453,9 +485,12 @@ def build_query_app(
     @app.get("/metrics", dependencies=protected, response_class=Response)
     async def metrics() -> Response:
         refresh_metrics()
-        return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    # before /v1/requests/{trace_id}: routes match in order
+
+def _add_slowest_route(app: FastAPI, protected: list[Any], store: Store) -> None:
+    """GET /v1/requests/slowest (before /v1/requests/{trace_id}: routes match in order)."""
+
     @app.get("/v1/requests/slowest", dependencies=protected)
     async def slowest_requests(
         service: Annotated[str, Query(max_length=512)],
@@ -495,6 +530,10 @@ def build_query_app(
             until=dt.datetime.fromtimestamp(hi / 1e6, dt.UTC),
             requests=[_slow(r) for r in rows],
         )
+
+
+def _add_request_routes(app: FastAPI, protected: list[Any], store: Store) -> None:
+    """GET /v1/requests/{trace_id}: one request's detail; GET /v1/requests: the latest."""
 
     @app.get(
         "/v1/requests/{trace_id}",
@@ -539,8 +578,3 @@ def build_query_app(
             if r["time"].tzinfo is None:
                 r["time"] = r["time"].replace(tzinfo=dt.UTC)
         return RequestList(requests=[RequestSummary(**r) for r in rows])
-
-    for p in plugins:
-        for router in p.routers:
-            app.include_router(router, dependencies=protected)
-    return app

@@ -119,78 +119,72 @@ def _parse(
     """Rows of a checked beacon: ``entries`` are its valid entries, or for an invalid one the
     reason to count it under."""
     out = Parsed()
-    origin = b.time_origin
-    received_ms = received_ns // 1_000_000
-    drift = b.clock_drift_ms
+    origin, drift = b.time_origin, b.clock_drift_ms
     # The page's monotonic clock drifts from the wall clock across sleep/resume; the probe
     # says by how much (wall = time_origin + t + drift). time_origin_ms and the relative times
     # are kept as sent; the absolute entry time is the wall-clock one.
     wall = origin + (drift if drift is not None else 0.0)
-    site, session, page, sdk = b.site, b.session, b.page or "", b.sdk or ""
+    # the row's columns from the envelope: those after the time, those after the error
+    head, tail = (received_ns // 1_000_000, b.site, b.session, b.page or ""), (drift, b.sdk or "")
     oldest_ms, newest_ms = oldest_ns / 1e6, (now_ns + FUTURE_SLACK_NS) / 1e6
     rows, trace_ids, rejected = out.rows, out.trace_ids, out.rejected
     for e in entries:
         if isinstance(e, str):
             rejected[e] += 1
             continue
-        start, t0, t3, t_end, t_first, t_rend, chunk_ms = (
-            e.start_ms,
-            e.request_start_ms,
-            e.response_start_ms,
-            e.response_end_ms,
-            e.first_chunk_ms,
-            e.rendered_ms,
-            e.chunk_ms,
-        )
-        reason = _check(
-            e.trace_id, e.span_id, start, t0, t3, t_end, t_first, t_rend, chunk_ms, wall,
-            oldest_ms, newest_ms,
-        ) or (_check_llm(e.llm, start, t0) if e.llm is not None else "")  # fmt: skip
+        reason = _check(e, wall, oldest_ms, newest_ms)
         if reason:
             rejected[reason] += 1
             continue
-        url, seq, st = e.url or "", e.seq, e.server_timing  # the one place a row's order is:
-        rows.append(
-            (
-                round((wall + start) * 1000),  # DateTime64(6): µs ticks
-                received_ms,
-                site,
-                session,
-                page,
-                e.trace_id,
-                e.span_id,
-                e.kind,
-                seq if seq else 0,
-                e.method or "",
-                url,
-                _route_of_url(url) if url else "",
-                e.status,
-                origin,
-                start,
-                t0,
-                t3,
-                t_end,
-                e.dns_ms,
-                e.connect_ms,
-                e.tls_ms,
-                t_first,
-                chunk_ms or [],
-                e.chunks,
-                t_rend,
-                e.coarse is True,
-                e.chunks_coarse is True,
-                e.hidden is True,
-                e.transfer_size,
-                e.protocol or "",
-                _timings_json(st) if st else "",
-                e.error or "",
-                drift,
-                sdk,
-                *(_NO_LLM if e.llm is None else _llm_columns(e.llm)),
-            )
-        )
+        rows.append(_entry_row(e, wall, head, origin, tail))
         trace_ids.append(e.trace_id)
     return out
+
+
+def _entry_row(
+    e: Entry,
+    wall: float,
+    head: tuple[int, str, str, str],
+    origin: float,
+    tail: tuple[float | None, str],
+) -> tuple[Any, ...]:
+    """A checked entry's row, the one place a row's order is (schema.ENTRY_COLUMNS'), with
+    the envelope's columns: ``head`` (received_ms, site, session, page), ``origin``
+    (time_origin_ms), ``tail`` (clock_drift_ms, sdk)."""
+    url, seq, st, start = e.url or "", e.seq, e.server_timing, e.start_ms
+    return (
+        round((wall + start) * 1000),  # DateTime64(6): µs ticks
+        *head,
+        e.trace_id,
+        e.span_id,
+        e.kind,
+        seq if seq else 0,
+        e.method or "",
+        url,
+        _route_of_url(url) if url else "",
+        e.status,
+        origin,
+        start,
+        e.request_start_ms,
+        e.response_start_ms,
+        e.response_end_ms,
+        e.dns_ms,
+        e.connect_ms,
+        e.tls_ms,
+        e.first_chunk_ms,
+        e.chunk_ms or [],
+        e.chunks,
+        e.rendered_ms,
+        e.coarse is True,
+        e.chunks_coarse is True,
+        e.hidden is True,
+        e.transfer_size,
+        e.protocol or "",
+        _timings_json(st) if st else "",
+        e.error or "",
+        *tail,
+        *(_NO_LLM if e.llm is None else _llm_columns(e.llm)),
+    )
 
 
 # The LLM columns of an entry without an llm object (schema.ENTRY_LLM_COLUMNS' order):
@@ -246,31 +240,21 @@ def _route_of_url(url: str) -> str:
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
 
-def _check(
-    trace_id: str,
-    span_id: str,
-    start: float,
-    t0: float | None,
-    t3: float | None,
-    t_end: float | None,
-    t_first: float | None,
-    t_rend: float | None,
-    chunks: list[float] | None,
-    origin: float,
-    oldest_ms: float,
-    newest_ms: float,
-) -> str:
+def _check(e: Entry, origin: float, oldest_ms: float, newest_ms: float) -> str:
     """'' for a good entry, else the reject reason (one word). The ids are lowercase hex of
     their length here (the Structs' patterns matched them in full): only the all-zero ids
-    are left to refuse."""
-    if trace_id == _ZERO_TRACE:
+    are left to refuse; the llm object's times last. ``origin``: the page's wall-clock time
+    origin."""
+    if e.trace_id == _ZERO_TRACE:
         return "invalid_trace_id"
-    if span_id == _ZERO_SPAN:
+    if e.span_id == _ZERO_SPAN:
         return "invalid_span_id"
+    start, t0, chunks = e.start_ms, e.request_start_ms, e.chunk_ms
     if t0 is not None and t0 - start > _MAX_DURATION_MS:
         return "duration_over_24h"
     lo = start if t0 is None else t0
-    for v in (t3, t_end, t_first, t_rend):  # in this order: the first problem is the reason
+    # in this order: the first problem is the reason
+    for v in (e.response_start_ms, e.response_end_ms, e.first_chunk_ms, e.rendered_ms):
         if v is not None:
             if v < lo:
                 return "negative_duration"
@@ -286,4 +270,4 @@ def _check(
         return "older_than_retention"
     if abs_ms > newest_ms:
         return "in_future"
-    return ""
+    return "" if e.llm is None else _check_llm(e.llm, start, t0)

@@ -153,39 +153,17 @@ def _any(v: Any) -> Any:
 
 
 # The attributes that have a column, by slot in the list _span_attrs fills (one pass over a
-# span's attributes puts each where _span_row unpacks it; the rest go to ``attributes``).
-_SLOT_NAMES = (
-    _TTFB,
-    _RECV_Q,
-    _ACCEPT_Q,
-    _TTFT,
-    _GAP_MAX,
-    _SRTT,
-    _DURATION,
-    _CHUNKS,
-    _BYTES_IN,
-    _BYTES_OUT,
-    _RETRANS,
-    _OFFSETS,
-    _ARRIVAL,
-    _URL_PATH,
-    "http.target",
-    _HTTP_ROUTE,
-    _METHOD,
-    "http.method",
-    _STATUS,
-    "http.status_code",
-    _SOURCE,
-    _SERVER_ADDRESS,
-    _SERVER_PORT,
-    _CLIENT_ADDRESS,
-    _CLIENT_PORT,
-    _WS_SEQ,
-    _PARTIAL,
-    _CLIENT_ABORTED,
-    _TRACEPARENT_MISSED,
-    *_GPU_NAMES,
-)
+# span's attributes puts each where _span_row unpacks it; the rest go to ``attributes``), in
+# groups: the measures (_measures), the HTTP fields (_http_fields), the source, the peers and
+# the flags, then the GPU's.
+_MEASURE_NAMES = (_TTFB, _RECV_Q, _ACCEPT_Q, _TTFT, _GAP_MAX, _SRTT, _DURATION, _CHUNKS,
+                  _BYTES_IN, _BYTES_OUT, _RETRANS, _OFFSETS, _ARRIVAL)  # fmt: skip
+_HTTP_NAMES = (_URL_PATH, "http.target", _HTTP_ROUTE, _METHOD, "http.method", _STATUS,
+               "http.status_code")  # fmt: skip
+_PEER_NAMES = (_SOURCE, _SERVER_ADDRESS, _SERVER_PORT, _CLIENT_ADDRESS, _CLIENT_PORT, _WS_SEQ,
+               _PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED)  # fmt: skip
+_SLOT_NAMES = (*_MEASURE_NAMES, *_HTTP_NAMES, *_PEER_NAMES, *_GPU_NAMES)
+_S_HTTP = len(_MEASURE_NAMES)  # the first slot after the measures
 _N_SLOTS_V1 = _SLOT_NAMES.index(_GPU_NAMES[0])  # the slots before the GPU ones
 _SLOT = {name: i for i, name in enumerate(_SLOT_NAMES)}.get
 _INT_SLOT = {
@@ -316,57 +294,99 @@ def _span_row(
     now_ns: int,
     out: Parsed,
 ) -> tuple[Any, ...] | None:
+    """The span's row, or None when it is rejected (counted in ``out.rejected`` by reason).
+    Checked in this order: the span's ids and times, its measures, its strings."""
     tid, sid, pid_b = sp.trace_id, sp.span_id, sp.parent_span_id
-    if len(tid) != 16 or tid == _ZERO_TRACE:
-        out.rejected["invalid_trace_id"] += 1
-        return None
-    if len(sid) != 8 or sid == _ZERO_SPAN or (pid_b and len(pid_b) != 8):
-        out.rejected["invalid_span_id"] += 1
-        return None
     start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
-    if end < start:
-        out.rejected["negative_duration"] += 1
-        return None
-    if end - start > MAX_DURATION_NS:
-        out.rejected["duration_over_24h"] += 1
-        return None
-    why = outside_window(start, oldest_ns, now_ns)
+    why = _envelope_problem(tid, sid, pid_b, start, end, oldest_ns, now_ns)
     if why is not None:
         out.rejected[why] += 1
         return None
     vals, extra = _span_attrs(sp.attributes)
+    measures = _measures(vals, end - start)
+    if type(measures) is str:
+        out.rejected[measures] += 1
+        return None
+    (url_path, http_target, http_route, method_v, http_method, status_v, http_status, source,
+     server_address, server_port, client_address, client_port, ws_seq, partial,
+     client_aborted, traceparent_missed) = vals[_S_HTTP:_N_SLOTS_V1]  # fmt: skip
+    # A NUL in a string the row stores: the beacon contract's rule (parallax_contracts.beacon).
+    name = sp.name
+    if _has_nul(
+        name, service, host, url_path, http_target, http_route, method_v, http_method, source,
+        server_address, client_address, *(extra or {}).items(), *ident.values(),
+    ):  # fmt: skip
+        out.rejected["invalid_string"] += 1
+        return None
+    method, route, path, status = _http_fields(
+        name, url_path, http_target, http_route, method_v, http_method, status_v, http_status
+    )
+    # Attributes without a column of their own are kept as strings (few, for the agent).
+    rest = {} if extra is None else {k: _str(v) for k, v in extra.items()}
+    if ident:  # who served it (the Resource's identity): wins over a span attribute
+        rest.update(ident)
+    # The sampling the span states (tracestate ot=th:…); none or an invalid one: kept with
+    # probability 1 (threshold 0), as any span from a source that does not sample.
+    ts = sp.trace_state
+    th = sampling.th_from_tracestate(ts) if ts else None
     gpu = vals[_N_SLOTS_V1:]
-    (
-        ttfb,
-        recv_q,
-        accept_q,
-        ttft,
-        gap_max,
-        srtt,
-        dur,
-        chunks,
-        bytes_in,
-        bytes_out,
-        retrans,
-        offsets_raw,
-        arrival,
-        url_path,
-        http_target,
-        http_route,
-        method_v,
-        http_method,
-        status_v,
-        http_status,
-        source,
-        server_address,
-        server_port,
-        client_address,
-        client_port,
-        ws_seq,
-        partial,
-        client_aborted,
-        traceparent_missed,
-    ) = vals[:_N_SLOTS_V1]
+    return (  # schema.SPAN_COLUMNS' order
+        start,
+        end,
+        received_ms,
+        tid.hex(),
+        sid.hex(),
+        pid_b.hex() if pid_b else "",
+        name,
+        str(source or "sdk"),
+        service,
+        host,
+        pid,
+        method,
+        route,
+        path,
+        status,
+        str(server_address or ""),
+        server_port
+        if type(server_port) is int and 0 <= server_port < 65536
+        else _port(server_port),
+        str(client_address or ""),
+        client_port
+        if type(client_port) is int and 0 <= client_port < 65536
+        else _port(client_port),
+        *measures,
+        _u32(_int(ws_seq)) if ws_seq is not None else 0,
+        partial is True,
+        client_aborted is True,
+        traceparent_missed is True,
+        rest,
+        *(_NO_GPU if gpu == _NO_GPU_VALUES else _gpu_columns(gpu)),
+        th or 0,
+    )
+
+
+def _envelope_problem(
+    tid: bytes, sid: bytes, pid_b: bytes, start: int, end: int, oldest_ns: int, now_ns: int
+) -> str | None:
+    """Why the span's own ids or times reject it, if they do: ids of the wrong length or all
+    zero, an end before the start, a span over 24 h, a start outside the kept window."""
+    if len(tid) != 16 or tid == _ZERO_TRACE:
+        return "invalid_trace_id"
+    if len(sid) != 8 or sid == _ZERO_SPAN or (pid_b and len(pid_b) != 8):
+        return "invalid_span_id"
+    if end < start:
+        return "negative_duration"
+    if end - start > MAX_DURATION_NS:
+        return "duration_over_24h"
+    return outside_window(start, oldest_ns, now_ns)
+
+
+def _measures(vals: list[Any], span_ns: int) -> tuple[Any, ...] | str:
+    """The measure columns (arrival … retransmits, schema.SPAN_COLUMNS' order) from the
+    measure attributes (the first slots of ``vals``: _MEASURE_NAMES), or why they reject the
+    span: a negative duration, one over 24 h, a value its column cannot hold."""
+    (ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur, chunks, bytes_in, bytes_out, retrans,
+     offsets_raw, arrival) = vals[:_S_HTTP]  # fmt: skip
     # Unrolled on purpose (hot path): an int attribute (or an absent one) is taken as it
     # is, anything else through _int (a float with no fraction, a digit string; else None).
     if ttfb is not None and type(ttfb) is not int:
@@ -385,11 +405,9 @@ def _span_row(
         dur = _int(dur)
     durations = [v for v in (ttfb, recv_q, accept_q, ttft, gap_max, srtt, dur) if v is not None]
     if durations and min(durations) < 0:
-        out.rejected["negative_duration"] += 1
-        return None
+        return "negative_duration"
     if dur is not None and dur * 1000 > MAX_DURATION_NS:
-        out.rejected["duration_over_24h"] += 1
-        return None
+        return "duration_over_24h"
     if chunks is not None and type(chunks) is not int:
         chunks = _int(chunks)
     if bytes_in is not None and type(bytes_in) is not int:
@@ -417,75 +435,42 @@ def _span_row(
         or (bytes_in is not None and bytes_in >= _U64)
         or (bytes_out is not None and bytes_out >= _U64)
     ):
-        out.rejected["out_of_range"] += 1
-        return None
-    # A NUL in a string the row stores: the beacon contract's rule (parallax_contracts.beacon).
-    strs = (sp.name, service, host, url_path, http_target, http_route, method_v, http_method)
-    if _has_nul(
-        *strs, source, server_address, client_address, *(extra or {}).items(), *ident.values()
-    ):
-        out.rejected["invalid_string"] += 1
-        return None
-    path = str(url_path or http_target or "")
-    route = (
-        _route(path, str(http_route) if http_route else None) if (path or http_route) else sp.name
-    )
-    method = str(method_v or http_method or "")
-    status = status_v or http_status
-    status = status if type(status) is int and 0 <= status < 65536 else _u16(_int(status))
-    # Attributes without a column of their own are kept as strings (few, for the agent).
-    rest = {} if extra is None else {k: _str(v) for k, v in extra.items()}
-    if ident:  # who served it (the Resource's identity): wins over a span attribute
-        rest.update(ident)
-    # The sampling the span states (tracestate ot=th:…); none or an invalid one: kept with
-    # probability 1 (threshold 0), as any span from a source that does not sample.
-    ts = sp.trace_state
-    th = sampling.th_from_tracestate(ts) if ts else None
+        return "out_of_range"
     return (
-        start,
-        end,
-        received_ms,
-        tid.hex(),
-        sid.hex(),
-        pid_b.hex() if pid_b else "",
-        sp.name,
-        str(source or "sdk"),
-        service,
-        host,
-        pid,
-        method.upper()[:16],
-        route[:512],
-        path.split("?", 1)[0][:2048],
-        status,
-        str(server_address or ""),
-        server_port
-        if type(server_port) is int and 0 <= server_port < 65536
-        else _port(server_port),
-        str(client_address or ""),
-        client_port
-        if type(client_port) is int and 0 <= client_port < 65536
-        else _port(client_port),
         arrival if arrival and arrival > 0 else None,
         ttfb,
         recv_q,
         accept_q,
         ttft,
-        dur if dur is not None else (end - start) // 1000,
+        dur if dur is not None else span_ns // 1000,  # none stated: the span's own
         offsets,
-        chunks if chunks is None or chunks >= 0 else None,
+        chunks if chunks is None or chunks >= 0 else None,  # a negative count: absent
         gap_max,
         bytes_in if bytes_in is None or bytes_in >= 0 else None,
         bytes_out if bytes_out is None or bytes_out >= 0 else None,
         srtt,
         retrans if retrans is None or retrans >= 0 else None,
-        _u32(_int(ws_seq)) if ws_seq is not None else 0,
-        partial is True,
-        client_aborted is True,
-        traceparent_missed is True,
-        rest,
-        *(_NO_GPU if gpu == _NO_GPU_VALUES else _gpu_columns(gpu)),
-        th or 0,
     )
+
+
+def _http_fields(
+    name: str,
+    url_path: Any,
+    http_target: Any,
+    http_route: Any,
+    method_v: Any,
+    http_method: Any,
+    status_v: Any,
+    http_status: Any,
+) -> tuple[str, str, str, int]:
+    """(method, route, path, status) as stored: the stable attributes, else the old ones
+    (http.target, http.method, http.status_code); no path and no route: the span's name."""
+    path = str(url_path or http_target or "")
+    route = _route(path, str(http_route) if http_route else None) if (path or http_route) else name
+    method = str(method_v or http_method or "")
+    status = status_v or http_status
+    status = status if type(status) is int and 0 <= status < 65536 else _u16(_int(status))
+    return method.upper()[:16], route[:512], path.split("?", 1)[0][:2048], status
 
 
 _NO_GPU_VALUES = [None] * len(_GPU_NAMES)
@@ -562,7 +547,13 @@ def _port(v: Any) -> int:
 
 
 def _has_nul(*values: Any) -> bool:  # a (key, value) pair: either of them
-    return any("\x00" in v if type(v) is str else type(v) is tuple and _has_nul(*v) for v in values)
+    for v in values:  # a loop, not any() over a generator: a third of the time
+        if type(v) is str:
+            if "\x00" in v:
+                return True
+        elif type(v) is tuple and _has_nul(*v):
+            return True
+    return False
 
 
 def _u16(v: int | None) -> int:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import UTC, datetime, timedelta
 from math import ceil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.sla.config import ConfigError, SlaConfig, load, locate, parse_duration
+
+if TYPE_CHECKING:
+    from collector.store.client import Store
 
 
 def add_cli(subparsers: Any) -> None:
@@ -119,24 +123,32 @@ def _store_pairs(store: Any, db: str) -> tuple[int, datetime | None]:
     return n, newest
 
 
-def run(args: argparse.Namespace) -> int:
-    # imported here: the store stack is heavy and `--help` should stay fast
-    from collector.sla import alerts as alerts_mod  # noqa: PLC0415
-    from collector.sla.evaluate import evaluate  # noqa: PLC0415
-    from collector.sla.service import utcnow  # noqa: PLC0415
-    from collector.sla.source import SlaSource  # noqa: PLC0415
-    from collector.store.client import (  # noqa: PLC0415
-        CLUSTER_ENV,
-        DSN_ENV,
-        Store,
-        StoreInUseError,
-        chdb_dsn,
-        check_embedded_free,
-    )
+class _RefusedError(Exception):
+    """Why the evaluation cannot run: one line on stderr after ``sla: ``, exit 2."""
 
+
+def run(args: argparse.Namespace) -> int:
     if not args.once:
         print("sla: only --once is supported here; `serve` runs the evaluator", file=sys.stderr)
         return 2
+    try:
+        cfg, window = _config(args)
+        dsn = _dsn(args)
+        doc, hint, out_of_band = _evaluate(dsn, args.cluster, cfg, window)
+    except _RefusedError as e:
+        print(f"sla: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        if hint:  # stdout stays the document
+            print(f"sla: {hint}", file=sys.stderr)
+    else:
+        print(_text(doc) + (f"\n{hint}" if hint else ""))
+    return 1 if out_of_band else 0
+
+
+def _config(args: argparse.Namespace) -> tuple[SlaConfig, timedelta]:
+    """The SLA config (--config, else found beside the data) and the window to evaluate."""
     try:
         path = locate(args.config, args.data_dir)
         cfg = load(path) if path else SlaConfig()
@@ -146,53 +158,53 @@ def run(args: argparse.Namespace) -> int:
             else timedelta(seconds=cfg.window_s)
         )
     except ConfigError as e:
-        print(f"sla: {e}", file=sys.stderr)
-        return 2
-    import os  # noqa: PLC0415
+        raise _RefusedError(str(e)) from None
+    return cfg, window
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    """The store: --store, else --data-dir's embedded one, else $PARALLAX_STORE, else
+    ./.parallax/data's; an embedded store a running collector holds is refused."""
+    # imported here: the store stack is heavy and `--help` should stay fast
+    from collector.store.client import (  # noqa: PLC0415
+        DSN_ENV,
+        StoreInUseError,
+        chdb_dsn,
+        check_embedded_free,
+    )
 
     if args.store:
-        dsn = args.store
+        dsn: str = args.store
     elif args.data_dir:
         d = Path(args.data_dir)
         if not d.is_dir():
-            print(f"sla: {d}: no such directory", file=sys.stderr)
-            return 2
+            raise _RefusedError(f"{d}: no such directory")
         dsn = chdb_dsn(d)
     else:
         dsn = os.environ.get(DSN_ENV) or chdb_dsn(Path("./.parallax/data"))
     try:
         check_embedded_free(dsn)
     except StoreInUseError as e:
-        print(
-            f"sla: {e}: read the running collector's GET /v1/sla (its query port), or stop it "
-            "and run this again",
-            file=sys.stderr,
-        )
-        return 2
+        raise _RefusedError(
+            f"{e}: read the running collector's GET /v1/sla (its query port), or stop it "
+            "and run this again"
+        ) from None
+    return dsn
+
+
+def _evaluate(
+    dsn: str, cluster: str | None, cfg: SlaConfig, window: timedelta
+) -> tuple[dict[str, Any], str | None, bool]:
+    """(the evaluation's document, a hint when it found no route, whether any route is
+    out of band); any failure is one line."""
+    from collector.sla import alerts as alerts_mod  # noqa: PLC0415
+    from collector.sla.evaluate import evaluate  # noqa: PLC0415
+    from collector.sla.service import utcnow  # noqa: PLC0415
+    from collector.sla.source import SlaSource  # noqa: PLC0415
+
     try:
-        store = Store(dsn, cluster=args.cluster or os.environ.get(CLUSTER_ENV) or None)
+        store = _open_store(dsn, cluster)
         db = store.database
-        have = store.rows(
-            "SELECT count() AS c FROM system.tables "
-            "WHERE database = {db:String} AND name = 'pairs'",
-            {"db": db},
-        )
-        if not have or not have[0]["c"]:
-            print(f"sla: {dsn}: no {db}.pairs table (not a Parallax store?)", file=sys.stderr)
-            return 2
-        weighted = store.rows(
-            "SELECT count() AS c FROM system.columns WHERE database = {db:String} "
-            "AND table = 'pairs' AND name = 'sample_th'",
-            {"db": db},
-        )
-        if not weighted or not weighted[0]["c"]:
-            # migrating here would also reset the retention the collector was started with
-            print(
-                f"sla: {dsn}: the store was made by an earlier version; start "
-                "`parallax-collector serve` on it once to migrate it",
-                file=sys.stderr,
-            )
-            return 2
         source = SlaSource(store.client, db, cluster=store.cluster)
         source.ensure_schema()
         states = alerts_mod.Alerts(cfg)
@@ -204,14 +216,35 @@ def run(args: argparse.Namespace) -> int:
             w = doc["window"]
             start, end = datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"])
             hint = quiet_hint(window, start, end, *_store_pairs(store, db))
+    except _RefusedError:
+        raise
     except Exception as e:  # noqa: BLE001 — one clear line, no traceback
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"sla: {msg}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
-        if hint:  # stdout stays the document
-            print(f"sla: {hint}", file=sys.stderr)
-    else:
-        print(_text(doc) + (f"\n{hint}" if hint else ""))
-    return 1 if ev.any_out_of_band else 0
+        raise _RefusedError(msg) from None
+    return doc, hint, ev.any_out_of_band
+
+
+def _open_store(dsn: str, cluster: str | None) -> Store:
+    """The store, when it is a Parallax store this version can read without migrating it."""
+    from collector.store.client import CLUSTER_ENV, Store  # noqa: PLC0415
+
+    store = Store(dsn, cluster=cluster or os.environ.get(CLUSTER_ENV) or None)
+    db = store.database
+    have = store.rows(
+        "SELECT count() AS c FROM system.tables WHERE database = {db:String} AND name = 'pairs'",
+        {"db": db},
+    )
+    if not have or not have[0]["c"]:
+        raise _RefusedError(f"{dsn}: no {db}.pairs table (not a Parallax store?)")
+    weighted = store.rows(
+        "SELECT count() AS c FROM system.columns WHERE database = {db:String} "
+        "AND table = 'pairs' AND name = 'sample_th'",
+        {"db": db},
+    )
+    if not weighted or not weighted[0]["c"]:
+        # migrating here would also reset the retention the collector was started with
+        raise _RefusedError(
+            f"{dsn}: the store was made by an earlier version; start "
+            "`parallax-collector serve` on it once to migrate it"
+        )
+    return store

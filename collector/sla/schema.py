@@ -26,7 +26,7 @@ them (no sampling then) read weight 1 per pair.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from collector.store.layout import Layout
 
@@ -70,17 +70,18 @@ SHARD_BY: dict[str, str | None] = {
 }
 
 
-def statements(db: str, cluster: str | None = None) -> list[str]:
-    lay = Layout(cluster)
+class _Table(NamedTuple):
+    """One table's CREATE statement, in the parts Layout.table takes."""
 
-    def table(name: str, body: str, engine: str, rest: str) -> list[str]:
-        return lay.table(db, name, body, engine, rest, SHARD_BY[name])
+    columns: str
+    engine: str
+    rest: str  # after the engine: partitioning, key, TTL, settings
 
-    return [
-        lay.database(db),
-        *table(
-            MINUTES,
-            f"""    minute DateTime('UTC'),
+
+# Each table as a new store creates it (the columns added since to older stores: _ADDED).
+_TABLES = {
+    MINUTES: _Table(
+        f"""    minute DateTime('UTC'),
     service LowCardinality(String),
     route LowCardinality(String),
     series LowCardinality(String),
@@ -88,16 +89,15 @@ def statements(db: str, cluster: str | None = None) -> list[str]:
     cells Array(Int32) CODEC(ZSTD(1)),
     counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
     version UInt64""",
-            "ReplacingMergeTree(version)",
-            f"""
+        "ReplacingMergeTree(version)",
+        f"""
 PARTITION BY toDate(minute)
 ORDER BY (minute, service, route, series)
 TTL minute + toIntervalDay({RETENTION_DAYS})
 SETTINGS ttl_only_drop_parts = 1""",
-        ),
-        *table(
-            BLOCKS,
-            f"""    start_minute DateTime('UTC'),
+    ),
+    BLOCKS: _Table(
+        f"""    start_minute DateTime('UTC'),
     end_minute DateTime('UTC'),
     service LowCardinality(String),
     route LowCardinality(String),
@@ -106,16 +106,15 @@ SETTINGS ttl_only_drop_parts = 1""",
     cells Array(Int32) CODEC(ZSTD(1)),
     counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
     version UInt64""",
-            "ReplacingMergeTree(version)",
-            f"""
+        "ReplacingMergeTree(version)",
+        f"""
 PARTITION BY toDate(end_minute)
 ORDER BY (end_minute, start_minute, service, route, series)
 TTL end_minute + toIntervalDay({BLOCK_TTL_DAYS})
 SETTINGS ttl_only_drop_parts = 1""",
-        ),
-        *table(
-            SESSIONS,
-            """    session String,
+    ),
+    SESSIONS: _Table(
+        """    session String,
     site LowCardinality(String),
     routes Array(Tuple(String, String)),
     best Array(Tuple(Float64, Float64, String)),
@@ -125,28 +124,13 @@ SETTINGS ttl_only_drop_parts = 1""",
     used UInt8,
     last_seen DateTime64(3, 'UTC'),
     version UInt64""",
-            "ReplacingMergeTree(version)",
-            f"""
+        "ReplacingMergeTree(version)",
+        f"""
 ORDER BY session
 TTL toDateTime(last_seen) + toIntervalDay({RETENTION_DAYS})""",
-        ),
-        *(
-            stmt
-            for t in (MINUTES, BLOCKS)
-            for (name, ddl), prev in zip(_WEIGHTS, ("counts", "w", "w2", "weights"), strict=True)
-            for stmt in lay.alter(
-                db, t, f"ADD COLUMN IF NOT EXISTS {name} {ddl} AFTER {prev}", SHARD_BY[t]
-            )
-        ),
-        *lay.alter(
-            db,
-            SESSIONS,
-            "ADD COLUMN IF NOT EXISTS best_ms Array(Int64) AFTER best",
-            SHARD_BY[SESSIONS],
-        ),
-        *table(
-            ALERTS,
-            """    time DateTime64(3, 'UTC'),
+    ),
+    ALERTS: _Table(
+        """    time DateTime64(3, 'UTC'),
     service LowCardinality(String),
     route LowCardinality(String),
     metric LowCardinality(String),
@@ -164,29 +148,66 @@ TTL toDateTime(last_seen) + toIntervalDay({RETENTION_DAYS})""",
     server_p95_ms Nullable(Float64),
     sentence String,
     evaluator String""",
-            "MergeTree",
-            """
+        "MergeTree",
+        """
 PARTITION BY toDate(time)
 ORDER BY (service, route, metric, time)
 TTL toDateTime(time) + toIntervalDay(30)""",
-        ),
-        *table(
-            LEASE,
-            """    name String,
+    ),
+    LEASE: _Table(
+        """    name String,
     holder String,
     expires DateTime64(3, 'UTC'),
     version UInt64""",
-            "ReplacingMergeTree(version)",
-            "\nORDER BY name",
-        ),
-        *table(
-            STATE,
-            """    key String,
+        "ReplacingMergeTree(version)",
+        "\nORDER BY name",
+    ),
+    STATE: _Table(
+        """    key String,
     value String,
     version UInt64""",
-            "ReplacingMergeTree(version)",
-            "\nORDER BY key",
-        ),
+        "ReplacingMergeTree(version)",
+        "\nORDER BY key",
+    ),
+}
+# The columns added after their table was first shipped (table, column, the column before
+# it): ALTERs that bring a store made before them up to date, nothing on a new one.
+_ADDED = (
+    *(
+        (t, f"{name} {ddl}", prev)
+        for t in (MINUTES, BLOCKS)
+        for (name, ddl), prev in zip(_WEIGHTS, ("counts", "w", "w2", "weights"), strict=True)
+    ),
+    (SESSIONS, "best_ms Array(Int64)", "best"),
+)
+
+
+def _create(lay: Layout, db: str, name: str) -> list[str]:
+    t = _TABLES[name]
+    return lay.table(db, name, t.columns, t.engine, t.rest, SHARD_BY[name])
+
+
+def _add_columns(lay: Layout, db: str) -> list[str]:
+    return [
+        stmt
+        for t, column, prev in _ADDED
+        for stmt in lay.alter(db, t, f"ADD COLUMN IF NOT EXISTS {column} AFTER {prev}", SHARD_BY[t])
+    ]
+
+
+def statements(db: str, cluster: str | None = None) -> list[str]:
+    """The database, each table, the columns added since: in this order (the ALTERs of
+    sla_minutes, sla_blocks and sla_sessions follow their CREATEs)."""
+    lay = Layout(cluster)
+    return [
+        lay.database(db),
+        *_create(lay, db, MINUTES),
+        *_create(lay, db, BLOCKS),
+        *_create(lay, db, SESSIONS),
+        *_add_columns(lay, db),
+        *_create(lay, db, ALERTS),
+        *_create(lay, db, LEASE),
+        *_create(lay, db, STATE),
     ]
 
 

@@ -31,7 +31,7 @@ every column of ``pairs``.
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from collector.store.column import Column as Column  # noqa: PLC0414  (re-exported)
 from collector.store.column import col as _c
@@ -39,6 +39,7 @@ from collector.store.layout import Layout
 from collector.store.llm_columns import ENTRY_LLM_COLUMNS as ENTRY_LLM_COLUMNS  # noqa: PLC0414
 from collector.store.llm_columns import PAIR_LLM_COLUMNS as PAIR_LLM_COLUMNS  # noqa: PLC0414
 from collector.store.llm_columns import SPAN_LLM_COLUMNS as SPAN_LLM_COLUMNS  # noqa: PLC0414
+from collector.store.upkeep import Executor, align_ttl, scalar_rows, tune_merges
 
 DEFAULT_DATABASE = "parallax"
 DEFAULT_RETENTION_DAYS = 7
@@ -59,19 +60,6 @@ SPAN_TRACES = "span_traces"
 ENTRY_TRACES = "entry_traces"
 GPU_SAMPLES = "gpu_samples"
 REQUEST_COUNTS = "request_counts"
-
-
-class _Result(Protocol):
-    @property
-    def result_rows(self) -> list[Any]: ...
-
-
-class Executor(Protocol):
-    """What migrate() needs from a store client (clickhouse-connect's Client has it)."""
-
-    def command(self, cmd: str) -> object: ...
-
-    def query(self, query: str) -> _Result: ...
 
 
 # Time columns: Delta before ZSTD (monotone-ish within a part); small ints: T64.
@@ -376,10 +364,21 @@ def migrations(
 ) -> list[tuple[int, str, list[str]]]:
     """(version, name, statements) in order. Never edit a shipped version: add a new one.
     ``cluster``: the same versions rendered ON CLUSTER (collector/store/layout.py)."""
-    r = retention_days
     lay = Layout(cluster)
-    daily = "\nPARTITION BY toDate(time)"
-    v1 = [
+    return [(version, name, ddl(lay, db, retention_days)) for version, name, ddl in _VERSIONS]
+
+
+_DAILY = "\nPARTITION BY toDate(time)"
+
+
+def _daily(lay: Layout, days: int, order_by: str) -> str:
+    """What follows a data table's engine: a partition a day, the sort key, the TTL, the
+    settings."""
+    return f"{_DAILY}\nORDER BY ({order_by})\n{_ttl(days)}\n{_settings(lay)}"
+
+
+def _v1_spans_entries_pairs(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         lay.database(db),
         *lay.table(
             db,
@@ -396,8 +395,7 @@ def migrations(
             _SPAN_COLUMNS_V1,
             "ReplacingMergeTree",
             _TRACE_INDEX,
-            f"{daily}\nORDER BY (service, route, toDateTime(time), trace_id, span_id)"
-            f"\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "service, route, toDateTime(time), trace_id, span_id"),
         ),
         *_table(
             lay,
@@ -406,8 +404,7 @@ def migrations(
             _ENTRY_COLUMNS_V1,
             "ReplacingMergeTree",
             _TRACE_INDEX,
-            f"{daily}\nORDER BY (site, route, toDateTime(time), trace_id, span_id, seq)"
-            f"\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "site, route, toDateTime(time), trace_id, span_id, seq"),
         ),
         *_table(
             lay,
@@ -416,11 +413,14 @@ def migrations(
             _PAIR_COLUMNS_V1,
             "ReplacingMergeTree(version)",
             _TRACE_INDEX + ",\n    INDEX idx_route route TYPE set(1000) GRANULARITY 4",
-            f"{daily}\nORDER BY (site, time, trace_id, span_id, seq)\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "site, time, trace_id, span_id, seq"),
         ),
         lay.view(db, "pairs_final", f"SELECT * FROM {db}.{PAIRS} FINAL"),  # noqa: S608
     ]
-    v2 = [
+
+
+def _v2_trace_lookups(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         stmt
         for name, source in ((SPAN_TRACES, SPANS), (ENTRY_TRACES, ENTRIES))
         for stmt in (
@@ -430,7 +430,7 @@ def migrations(
                 "    `trace_id` String CODEC(ZSTD(1)),\n"
                 "    `time` DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))",
                 "MergeTree",
-                f"{daily}\nORDER BY trace_id\n{_ttl(r)}"
+                f"{_DAILY}\nORDER BY trace_id\n{_ttl(days)}"
                 "\nSETTINGS index_granularity = 8192, ttl_only_drop_parts = 1",
                 SHARD_BY[name],
             ),
@@ -444,10 +444,13 @@ def migrations(
             # Rows written before this version (a repeat after a crash only adds duplicates,
             # harmless for an existence lookup).
             f"INSERT INTO {db}.{name} SELECT trace_id, time FROM {db}.{source} "  # noqa: S608
-            f"WHERE time >= now64() - toIntervalDay({r})",
+            f"WHERE time >= now64() - toIntervalDay({days})",
         )
     ]
-    v3 = [
+
+
+def _v3_gpu(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         *_add_columns(lay, db, (SPANS, SPAN_GPU_COLUMNS)),
         # The clock join (collector/sla/gpu_source.py) reads one GPU's clock series over a
         # time range: (hw_id, metric) first. The key ends with the point's identity, so an
@@ -459,10 +462,13 @@ def migrations(
             GPU_SAMPLE_COLUMNS,
             "ReplacingMergeTree",
             "",
-            f"{daily}\nORDER BY (hw_id, metric, host, pid, time)\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "hw_id, metric, host, pid, time"),
         ),
     ]
-    v4 = [
+
+
+def _v4_sampling(lay: Layout, db: str, days: int) -> list[str]:
+    return [
         *_add_columns(lay, db, (SPANS, SPAN_SAMPLING_COLUMNS), (PAIRS, PAIR_SAMPLING_COLUMNS)),
         # "Traced X % of a service's requests": one service's ports over a time range, so
         # (service, port) first; the key ends with the point's identity (host, metric, time),
@@ -474,19 +480,28 @@ def migrations(
             REQUEST_COUNT_COLUMNS,
             "ReplacingMergeTree",
             "",
-            f"{daily}\nORDER BY (service, port, host, metric, time)\n{_ttl(r)}\n{_settings(lay)}",
+            _daily(lay, days, "service, port, host, metric, time"),
         ),
     ]
-    v5 = _add_columns(lay, db, (SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
-    v6 = _add_columns_at_once(lay, db, *_LLM_TABLES)
-    return [
-        (1, "spans, browser entries, pairs", v1),
-        (2, "trace id lookup tables", v2),
-        (3, "GPU span columns, gpu_samples", v3),
-        (4, "sampling thresholds of spans and pairs, request_counts", v4),
-        (5, "write-to-wire holdback of spans and pairs", v5),
-        (6, "LLM streams of spans, browser entries and pairs", v6),
-    ]
+
+
+def _v5_holdback(lay: Layout, db: str, days: int) -> list[str]:
+    return _add_columns(lay, db, (SPANS, SPAN_HOLD_COLUMNS), (PAIRS, PAIR_HOLD_COLUMNS))
+
+
+def _v6_llm(lay: Layout, db: str, days: int) -> list[str]:
+    return _add_columns_at_once(lay, db, *_LLM_TABLES)
+
+
+# Every version: (number, name as recorded in schema_migrations, its statements).
+_VERSIONS: tuple[tuple[int, str, Callable[[Layout, str, int], list[str]]], ...] = (
+    (1, "spans, browser entries, pairs", _v1_spans_entries_pairs),
+    (2, "trace id lookup tables", _v2_trace_lookups),
+    (3, "GPU span columns, gpu_samples", _v3_gpu),
+    (4, "sampling thresholds of spans and pairs, request_counts", _v4_sampling),
+    (5, "write-to-wire holdback of spans and pairs", _v5_holdback),
+    (6, "LLM streams of spans, browser entries and pairs", _v6_llm),
+)
 
 
 _DB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -498,12 +513,8 @@ def check_database_name(db: str) -> str:
     return db
 
 
-def _scalar_rows(client: Executor, sql: str) -> list[Any]:
-    return list(client.query(sql).result_rows)
-
-
 def applied_versions(client: Executor, db: str) -> set[int]:
-    rows = _scalar_rows(client, f"SELECT DISTINCT version FROM {db}.{MIGRATIONS}")  # noqa: S608
+    rows = scalar_rows(client, f"SELECT DISTINCT version FROM {db}.{MIGRATIONS}")  # noqa: S608
     return {int(str(r[0])) for r in rows}
 
 
@@ -535,60 +546,11 @@ def migrate(
             f"INSERT INTO {db}.{MIGRATIONS} (version, name) VALUES ({version}, '{name}')"  # noqa: S608
         )
         applied.append(version)
-    _align_ttl(client, db, retention_days, lay)
-    _tune_merges(client, db, lay)
+    # then the data tables' settings (collector/store/upkeep.py)
+    tables = [lay.local(name, SHARD_BY[name]) for name in DATA_TABLES]
+    align_ttl(client, db, retention_days, lay.on, tables)
+    tune_merges(client, db, lay.on, tables)
     return applied
-
-
-MERGE_SELECTOR_BASE = 10
-
-
-def _tune_merges(client: Executor, db: str, lay: Layout) -> None:
-    """Fewer, wider background merges: ``merge_selector_base`` 10 (ClickHouse's default 5).
-
-    Every row is rewritten once per merge level; a wider base means fewer levels, so about
-    half the merge CPU per row (measured on the embedded store, where merges run in the
-    collector's process: docs/store.md), for a few more parts alive between merges. Which
-    parts merge when changes nothing a query sees (ReplacingMergeTree collapses at merge or
-    under FINAL either way; insert deduplication tokens are kept per table, not per part).
-    A server too old to know the setting keeps its default.
-    """
-    known = _scalar_rows(
-        client, "SELECT count() FROM system.merge_tree_settings WHERE name = 'merge_selector_base'"
-    )
-    if not known or not int(str(known[0][0])):
-        return
-    want = f"merge_selector_base = {MERGE_SELECTOR_BASE}"
-    for table, ddl in _data_table_ddl(client, db, lay).items():
-        if want not in ddl:
-            client.command(f"ALTER TABLE {db}.{table}{lay.on} MODIFY SETTING {want}")
-
-
-def _data_table_ddl(client: Executor, db: str, lay: Layout) -> dict[str, str]:
-    """The CREATE statement of each table holding data that exists (on a cluster: the local
-    table, as the node the client reached shows it), by that table's name."""
-    out: dict[str, str] = {}
-    for name in DATA_TABLES:
-        table = lay.local(name, SHARD_BY[name])
-        rows = _scalar_rows(
-            client,
-            f"SELECT create_table_query FROM system.tables "  # noqa: S608
-            f"WHERE database = '{db}' AND name = '{table}'",
-        )
-        if rows:
-            out[table] = str(rows[0][0])
-    return out
-
-
-def _align_ttl(client: Executor, db: str, days: int, lay: Layout) -> None:
-    """A changed retention setting rewrites the TTL; old parts are not rewritten (cheap)."""
-    want = f"toIntervalDay({days})"
-    for table, ddl in _data_table_ddl(client, db, lay).items():
-        if want not in ddl:
-            client.command(
-                f"ALTER TABLE {db}.{table}{lay.on} MODIFY TTL toDateTime(time) + {want} "
-                "SETTINGS materialize_ttl_after_modify = 0"
-            )
 
 
 def column_names(cols: tuple[Column, ...]) -> list[str]:
