@@ -315,9 +315,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
         if (!ln || *ln == 0)
             return 0;
         struct px_conn nc = {};
-        nc.ident = bpf_ktime_get_ns();
-        nc.epoch = px_epoch();
-        nc.arr_epoch = nc.epoch;
+        px_conn_stamp(&nc);
         nc.lport = args->sport;
         nc.rport = args->dport;
         nc.family = args->family;
