@@ -137,17 +137,20 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
     a->t_last = 0;
 }
 
-// The end of a connection: flush the aggregate, emit CLOSE, free its map entries.
-static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t) {
-    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
+// An event that is its header alone (CLOSE, SOCK_CLOSE, PEER_FIN).
+static __always_inline void px_hdr_event(u32 type, u64 id, u32 fd, u64 sk, struct px_conn *c,
+                                         u64 t) {
     struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
     if (!e) {
         px_lost(c);
     } else {
-        px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
+        px_hdr_fill(e, type, id, fd, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     }
-    px_tail_keep(sk, c, t);  // (close(): the socket sends its FIN after this)
+}
+
+// A connection's entries in the socket-keyed maps, freed (its end is emitted).
+static __always_inline void px_conn_forget(u64 sk) {
     if (px_conns.delete(&sk) == 0)
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)
@@ -155,4 +158,12 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
 #ifdef PX_HOLDS
     px_hold_forget(sk);
 #endif
+}
+
+// The end of a connection: flush the aggregate, emit CLOSE, free its map entries.
+static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t) {
+    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
+    px_hdr_event(EV_CLOSE, id, fd, sk, c, t);
+    px_tail_keep(sk, c, t);  // (close(): the socket sends its FIN after this)
+    px_conn_forget(sk);
 }
