@@ -86,6 +86,17 @@ static __always_inline void px_lost(struct px_conn *c) {
         cfg->paused = 2;
 }
 
+// Send the first size bytes of a variable-length event (at most max: its struct's size) to
+// user space. The size is pinned in a register and bounded again where the verifier sees
+// it; a full ring is a lost event of the connection.
+static __always_inline void px_output(void *e, u64 size, u64 max, struct px_conn *c) {
+    asm volatile("" : "+r"(size));
+    if (size > max)
+        size = max;
+    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+        px_lost(c);
+}
+
 static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t,
                                       u32 extra_flags) {
     if (!c || !c->agg_pending)
@@ -113,11 +124,7 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
         e->a.flags |= extra_flags;
         u64 k = a->n < PX_CHUNKS ? a->n : PX_CHUNKS;
         u64 size = sizeof(struct px_ev_wagg) - 4 * (PX_CHUNKS - k);
-        asm volatile("" : "+r"(size));
-        if (size > sizeof(struct px_ev_wagg))
-            size = sizeof(struct px_ev_wagg);
-        if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-            px_lost(c);
+        px_output(e, size, sizeof(*e), c);
     }
 #ifdef PX_HOLDS
     a->hold_max_us = 0;

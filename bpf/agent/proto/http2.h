@@ -156,11 +156,7 @@ static __always_inline void px_h2_event(struct px_active *a, struct px_conn *c, 
             e->tail = tl;
     }
     u64 size = sizeof(struct px_ev_h2) - 2 * PX_H2_WINDOW + e->caplen + e->tail;
-    asm volatile("" : "+r"(size));
-    if (size > sizeof(struct px_ev_h2))
-        size = sizeof(struct px_ev_h2);
-    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-        px_lost(c);
+    px_output(e, size, sizeof(*e), c);
 }
 
 // Called for every read with data of a followed connection (before the HTTP/1 path):

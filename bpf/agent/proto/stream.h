@@ -84,9 +84,5 @@ static __always_inline void px_body_event(struct px_active *a, struct px_conn *c
             e->tail = tl;
     }
     u64 size = sizeof(struct px_ev_body) - 2 * PX_BODY_WINDOW + e->caplen + e->tail;
-    asm volatile("" : "+r"(size));
-    if (size > sizeof(struct px_ev_body))
-        size = sizeof(struct px_ev_body);
-    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-        px_lost(c);
+    px_output(e, size, sizeof(*e), c);
 }
