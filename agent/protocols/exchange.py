@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.kernel.events import Hold
+from agent.kernel.events import Hold, merge_hold
 from agent.protocols.streams.body import BodyReader
 from agent.protocols.streams.stream import Stream
 from parallax_contracts import trace_context
@@ -98,9 +98,11 @@ class Exchange:
         n: int,
         nbytes: int,
         gap_max_ns: int,
+        hold: Hold | None = None,
     ) -> None:
         """Body writes the kernel aggregated: ``offs_us`` the first of the ``n`` writes, µs
-        from ``t_first`` (its first write)."""
+        from ``t_first`` (its first write); ``hold`` their write-to-wire holdback, merged
+        with the response's earlier runs."""
         if offs_us:
             if self.t_tok == 0:
                 self.t_tok = t_first
@@ -117,6 +119,8 @@ class Exchange:
         self.gap_max_ns = max(self.gap_max_ns, gap_max_ns)
         self.bytes_out += nbytes
         self.t_end = max(self.t_end, t_last)
+        if hold is not None:
+            self.hold = merge_hold(self.hold, hold)
 
     def finish_tcp(self, srtt_us: int, retrans: int, wait_us: int = 0, timed: int = 0) -> Exchange:
         """The connection's TCP figures at the exchange's end: its srtt, and its

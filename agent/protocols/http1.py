@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from agent.kernel import events
-from agent.kernel.events import WAGG_END, WAGG_PARTIAL, Hold, merge_hold
+from agent.kernel.events import WAGG_END, WAGG_PARTIAL, Hold
 from agent.protocols import http1_head
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
@@ -356,9 +356,7 @@ class Conn:
         ex = self.active
         if ex is None:
             return []
-        ex.merge_writes(t_last, t_first, offs_us, n, nbytes, gap_max_ns)
-        if hold is not None:
-            ex.hold = merge_hold(ex.hold, hold)
+        ex.merge_writes(t_last, t_first, offs_us, n, nbytes, gap_max_ns, hold)
         ex.body_out += nbytes
         out: list[Exchange] = []
         if flags & WAGG_PARTIAL and not flags & WAGG_END:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent.kernel import events
-from agent.kernel.events import Hold, merge_hold
+from agent.kernel.events import Hold
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
 from agent.protocols.streams.dialect import WS
@@ -199,9 +199,7 @@ class WsConn:
             return []
         if not ex.t2 and offs_us:
             ex.t2 = t_first + offs_us[0] * 1000
-        ex.merge_writes(t_last, t_first, offs_us, n, nbytes, gap_max_ns)
-        if hold is not None:
-            ex.hold = merge_hold(ex.hold, hold)
+        ex.merge_writes(t_last, t_first, offs_us, n, nbytes, gap_max_ns, hold)
         return []
 
     # -- the end ------------------------------------------------------------------------

@@ -86,6 +86,17 @@ static __always_inline void px_lost(struct px_conn *c) {
         cfg->paused = 2;
 }
 
+// Send the first size bytes of a variable-length event (at most max: its struct's size) to
+// user space. The size is pinned in a register and bounded again where the verifier sees
+// it; a full ring is a lost event of the connection.
+static __always_inline void px_output(void *e, u64 size, u64 max, struct px_conn *c) {
+    asm volatile("" : "+r"(size));
+    if (size > max)
+        size = max;
+    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
+        px_lost(c);
+}
+
 static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t,
                                       u32 extra_flags) {
     if (!c || !c->agg_pending)
@@ -113,11 +124,7 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
         e->a.flags |= extra_flags;
         u64 k = a->n < PX_CHUNKS ? a->n : PX_CHUNKS;
         u64 size = sizeof(struct px_ev_wagg) - 4 * (PX_CHUNKS - k);
-        asm volatile("" : "+r"(size));
-        if (size > sizeof(struct px_ev_wagg))
-            size = sizeof(struct px_ev_wagg);
-        if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-            px_lost(c);
+        px_output(e, size, sizeof(*e), c);
     }
 #ifdef PX_HOLDS
     a->hold_max_us = 0;
@@ -137,17 +144,20 @@ static __always_inline void px_flush(u64 id, u32 fd, u64 sk, struct px_conn *c, 
     a->t_last = 0;
 }
 
-// The end of a connection: flush the aggregate, emit CLOSE, free its map entries.
-static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t) {
-    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
+// An event that is its header alone (CLOSE, SOCK_CLOSE, PEER_FIN).
+static __always_inline void px_hdr_event(u32 type, u64 id, u32 fd, u64 sk, struct px_conn *c,
+                                         u64 t) {
     struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
     if (!e) {
         px_lost(c);
     } else {
-        px_hdr_fill(e, EV_CLOSE, id, fd, sk, c, t);
+        px_hdr_fill(e, type, id, fd, sk, c, t);
         px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     }
-    px_tail_keep(sk, c, t);  // (close(): the socket sends its FIN after this)
+}
+
+// A connection's entries in the socket-keyed maps, freed (its end is emitted).
+static __always_inline void px_conn_forget(u64 sk) {
     if (px_conns.delete(&sk) == 0)
         px_count(C_CONNS_DEL);
     if (px_aggs.delete(&sk) == 0)
@@ -155,4 +165,12 @@ static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *
 #ifdef PX_HOLDS
     px_hold_forget(sk);
 #endif
+}
+
+// The end of a connection: flush the aggregate, emit CLOSE, free its map entries.
+static __always_inline void px_conn_end(u64 id, u32 fd, u64 sk, struct px_conn *c, u64 t) {
+    px_flush(id, fd, sk, c, t, WAGG_CLOSE);
+    px_hdr_event(EV_CLOSE, id, fd, sk, c, t);
+    px_tail_keep(sk, c, t);  // (close(): the socket sends its FIN after this)
+    px_conn_forget(sk);
 }

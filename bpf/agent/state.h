@@ -211,6 +211,15 @@ static __always_inline void px_tail_keep(u64 sk, struct px_conn *c, u64 t) {
     px_tails.update(&sk, c);
 }
 
+// A new entry for a connection the agent did not see start (seeded from /proc, or seen at
+// a segment with data): first seen now, in this epoch. (Its ports and family are set after
+// this call: read before it, they would live across its helper calls.)
+static __always_inline void px_conn_stamp(struct px_conn *nc) {
+    nc->ident = bpf_ktime_get_ns();
+    nc->epoch = px_epoch();
+    nc->arr_epoch = nc->epoch;
+}
+
 static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     struct px_conn *c = px_conns.lookup(&sk);
     u64 key = (id & 0xffffffff00000000ULL) | fd;
@@ -234,9 +243,7 @@ static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
         }
 #endif
         struct px_conn nc = {};
-        nc.ident = bpf_ktime_get_ns();
-        nc.epoch = px_epoch();
-        nc.arr_epoch = nc.epoch;
+        px_conn_stamp(&nc);
         nc.lport = f->lport;
         nc.rport = f->rport;
         nc.family = f->family;

@@ -24,64 +24,37 @@ TRACEPOINT_PROBE(syscalls, sys_exit_accept4) { px_accept_exit(args->ret); return
 TRACEPOINT_PROBE(syscalls, sys_exit_accept) { px_accept_exit(args->ret); return 0; }
 #endif
 
-TRACEPOINT_PROBE(syscalls, sys_enter_read) {
-    px_enter(args->fd, (u64)args->buf, KIND_READ, IOV_NONE, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_read) { px_exit(args->ret); return 0; }
+// A read or write syscall's tracepoints: the enter marks it in flight (the fd, the buffer
+// or iovec array the args name, the kind, the iovec shape, the vlen), the exit ends it.
+#define PX_IO_SYSCALL(name, fd_arg, buf, kind, iov, vlen)                                \
+    TRACEPOINT_PROBE(syscalls, sys_enter_##name) {                                       \
+        px_enter(args->fd_arg, buf, kind, iov, vlen);                                    \
+        return 0;                                                                        \
+    }                                                                                    \
+    TRACEPOINT_PROBE(syscalls, sys_exit_##name) { px_exit(args->ret); return 0; }
+
+PX_IO_SYSCALL(read, fd, (u64)args->buf, KIND_READ, IOV_NONE, 0)
 #ifdef PX_HAVE_SYS_ENTER_READV
-TRACEPOINT_PROBE(syscalls, sys_enter_readv) {
-    px_enter(args->fd, (u64)args->vec, KIND_READ, IOV_VEC, args->vlen);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_readv) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(readv, fd, (u64)args->vec, KIND_READ, IOV_VEC, args->vlen)
 #endif
 #ifdef PX_HAVE_SYS_ENTER_RECVFROM
-TRACEPOINT_PROBE(syscalls, sys_enter_recvfrom) {
-    px_enter(args->fd, (u64)args->ubuf, KIND_READ, IOV_NONE, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_recvfrom) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(recvfrom, fd, (u64)args->ubuf, KIND_READ, IOV_NONE, 0)
 #endif
 #ifdef PX_HAVE_SYS_ENTER_RECVMSG
-TRACEPOINT_PROBE(syscalls, sys_enter_recvmsg) {
-    px_enter(args->fd, (u64)args->msg, KIND_READ, IOV_MSG, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_recvmsg) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(recvmsg, fd, (u64)args->msg, KIND_READ, IOV_MSG, 0)
 #endif
-TRACEPOINT_PROBE(syscalls, sys_enter_write) {
-    px_enter(args->fd, (u64)args->buf, KIND_WRITE, IOV_NONE, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_write) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(write, fd, (u64)args->buf, KIND_WRITE, IOV_NONE, 0)
 #ifdef PX_HAVE_SYS_ENTER_WRITEV
-TRACEPOINT_PROBE(syscalls, sys_enter_writev) {
-    px_enter(args->fd, (u64)args->vec, KIND_WRITE, IOV_VEC, args->vlen);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_writev) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(writev, fd, (u64)args->vec, KIND_WRITE, IOV_VEC, args->vlen)
 #endif
 #ifdef PX_HAVE_SYS_ENTER_SENDTO
-TRACEPOINT_PROBE(syscalls, sys_enter_sendto) {
-    px_enter(args->fd, (u64)args->buff, KIND_WRITE, IOV_NONE, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_sendto) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(sendto, fd, (u64)args->buff, KIND_WRITE, IOV_NONE, 0)
 #endif
 #ifdef PX_HAVE_SYS_ENTER_SENDMSG
-TRACEPOINT_PROBE(syscalls, sys_enter_sendmsg) {
-    px_enter(args->fd, (u64)args->msg, KIND_WRITE, IOV_MSG, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_sendmsg) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(sendmsg, fd, (u64)args->msg, KIND_WRITE, IOV_MSG, 0)
 #endif
 #ifdef PX_HAVE_SYS_ENTER_SENDFILE64
-TRACEPOINT_PROBE(syscalls, sys_enter_sendfile64) {
-    px_enter(args->out_fd, 0, KIND_SENDFILE, IOV_NONE, 0);
-    return 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_sendfile64) { px_exit(args->ret); return 0; }
+PX_IO_SYSCALL(sendfile64, out_fd, 0, KIND_SENDFILE, IOV_NONE, 0)
 #endif
 #endif  // !PX_RAW_SYSCALLS
 

@@ -207,13 +207,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     }
     if (peer_fin) {
         // The peer is gone: its FIN (CLOSE_WAIT) or its RST.
-        struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
-        if (!e) {
-            px_lost(c);
-        } else {
-            px_hdr_fill(e, EV_PEER_FIN, owner, 0, sk, c, t);
-            px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-        }
+        px_hdr_event(EV_PEER_FIN, owner, 0, sk, c, t);
     }
     if (!closing)
         return 0;
@@ -229,24 +223,12 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
         px_count(C_SOCK_CLOSE);
     u64 fdkey = c->fdkey;
     px_flush(owner, (u32)fdkey, sk, c, t, WAGG_CLOSE);
-    struct px_hdr *e = px_events.ringbuf_reserve(sizeof(struct px_hdr));
-    if (!e) {
-        px_lost(c);
-    } else {
-        px_hdr_fill(e, type, owner, (u32)fdkey, sk, c, t);
-        px_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-    }
+    px_hdr_event(type, owner, (u32)fdkey, sk, c, t);
     struct px_fd *f = px_fds.lookup(&fdkey);
     if (f && f->sk == sk)
         px_fds.delete(&fdkey);
     px_tail_keep(sk, c, t);
-    if (px_conns.delete(&sk) == 0)
-        px_count(C_CONNS_DEL);
-    if (px_aggs.delete(&sk) == 0)
-        px_count(C_AGGS_DEL);
-#ifdef PX_HOLDS
-    px_hold_forget(sk);
-#endif
+    px_conn_forget(sk);
     px_tail_end(sk, ns, args->sport);  // (a reset: the socket ended with the close)
     return 0;
 }
@@ -315,9 +297,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe) {
         if (!ln || *ln == 0)
             return 0;
         struct px_conn nc = {};
-        nc.ident = bpf_ktime_get_ns();
-        nc.epoch = px_epoch();
-        nc.arr_epoch = nc.epoch;
+        px_conn_stamp(&nc);
         nc.lport = args->sport;
         nc.rport = args->dport;
         nc.family = args->family;

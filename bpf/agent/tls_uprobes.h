@@ -120,6 +120,17 @@ static __always_inline struct px_conn *px_tls_conn(u64 id, u64 ssl, u64 sk_in, u
     return c;
 }
 
+// The plaintext of an SSL call as the syscall paths see a read or write: one plain buffer on
+// the connection's socket and fd.
+static __always_inline void px_tls_active(struct px_active *a, struct px_conn *c, u64 sk, u64 buf,
+                                          u8 kind) {
+    a->sk = sk;
+    a->buf = buf;
+    a->fd = (u32)c->fdkey;
+    a->kind = kind;
+    a->iov = IOV_NONE;
+}
+
 // SSL_read / SSL_read_ex returned: its plaintext is the request bytes, read now.
 int px_ssl_read_ret(void *ctx) {
     u64 id = bpf_get_current_pid_tgid();
@@ -150,11 +161,7 @@ int px_ssl_read_ret(void *ctx) {
     px_conn_epoch(c);
     px_srtt(c, sk);
     struct px_active a = {};
-    a.sk = sk;
-    a.buf = buf;
-    a.fd = (u32)c->fdkey;
-    a.kind = KIND_READ;
-    a.iov = IOV_NONE;
+    px_tls_active(&a, c, sk, buf, KIND_READ);
     px_on_read_conn(&a, c, id, n, bpf_ktime_get_ns(), 1);
     return 0;
 }
@@ -177,11 +184,7 @@ int px_ssl_write_ret(void *ctx) {
         return 0;
     px_conn_epoch(c);
     struct px_active a = {};
-    a.sk = sk;
-    a.buf = buf;
-    a.fd = (u32)c->fdkey;
-    a.kind = KIND_WRITE;
-    a.iov = IOV_NONE;
+    px_tls_active(&a, c, sk, buf, KIND_WRITE);
     px_on_write_conn(&a, c, id, n, t, bpf_ktime_get_ns());
     return 0;
 }

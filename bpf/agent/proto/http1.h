@@ -68,11 +68,7 @@ static __always_inline void px_on_read_conn(struct px_active *a, struct px_conn 
     else if (buf && len > 0 && bpf_probe_read_user(e->data, len, (void *)buf) == 0)
         e->caplen = len;
     u64 size = sizeof(struct px_ev_read) - PX_HEAD_WINDOW + e->caplen;
-    asm volatile("" : "+r"(size));
-    if (size > sizeof(struct px_ev_read))
-        size = sizeof(struct px_ev_read);
-    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-        px_lost(c);
+    px_output(e, size, sizeof(*e), c);
 }
 
 // A socket read (the socket hooks or a read syscall's exit).
@@ -145,11 +141,7 @@ static __always_inline void px_on_write_conn(struct px_active *a, struct px_conn
         // response's first body write
         c->stream = c->ws ? PX_STREAM_WS : PX_STREAM_UNSEEN;
         u64 size = sizeof(struct px_ev_resp) - PX_RESP_WINDOW + e->caplen;
-        asm volatile("" : "+r"(size));
-        if (size > sizeof(struct px_ev_resp))
-            size = sizeof(struct px_ev_resp);
-        if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-            px_lost(c);
+        px_output(e, size, sizeof(*e), c);
         return;
     }
     if (c->resp_drop)

@@ -43,6 +43,9 @@ struct px_ev_h2 {
 
 BPF_PERCPU_ARRAY(px_scratch_h2, struct px_ev_h2, 1);
 
+// The read or write's first bytes into e->data (uio.h).
+PX_GATHER(px_h2_copy, px_ev_h2, PX_H2_WINDOW, PX_H2_IOVS)
+
 // The connection's first read with data: is it the client preface? (16 bytes tell.)
 static __always_inline int px_h2_preface(struct px_active *a, long ret) {
     u64 seglen = 0;
@@ -52,48 +55,6 @@ static __always_inline int px_h2_preface(struct px_active *a, long ret) {
         return 0;
     // "PRI * HTTP/2.0\r\n" as two little-endian u64s
     return p[0] == 0x5448202a20495250ULL && p[1] == 0x0a0d302e322f5054ULL;
-}
-
-// Copy the first bytes of the read or write (ret bytes in all) into dst; returns how many.
-// The running offset lives in e->caplen, stored and loaded back each time: a value loaded
-// from memory is one verifier state whatever path led there, where a register's would be
-// many (each iovec's clamps and exits) — an unrolled loop on registers took the socket
-// programs from ~40k to ~940k instructions verified (of the 1M limit).
-static __always_inline void px_h2_copy(struct px_ev_h2 *e, struct px_active *a, long ret) {
-    e->caplen = 0;
-    if (a->kind == KIND_SENDFILE || a->kind == KIND_SENDFILE_CONT || !a->buf)
-        return;
-    if (a->iov == IOV_NONE) {
-        u64 len = px_clamp(ret, ret, PX_H2_WINDOW);
-        if (len && bpf_probe_read_user(e->data, len, (void *)a->buf) == 0)
-            e->caplen = len;
-        return;
-    }
-    u64 vec = a->buf;
-    u64 nv = a->vlen;
-    if (a->iov == IOV_MSG) {
-        struct px_msghdr m = {};
-        if (bpf_probe_read_user(&m, sizeof(m), (void *)a->buf))
-            return;
-        vec = m.iov;
-        nv = m.iovlen;
-    }
-    for (int i = 0; i < PX_H2_IOVS; i++) {
-        u64 off = e->caplen;
-        if (i >= nv || off >= PX_H2_WINDOW || off >= (u64)ret)
-            break;
-        struct px_iovec v = {};
-        if (bpf_probe_read_user(&v, sizeof(v), (void *)(vec + i * sizeof(struct px_iovec))))
-            break;
-        u64 room = PX_H2_WINDOW - off;  // (the window is full after this one)
-        u64 want = (u64)ret - off;
-        u64 len = px_clamp(want < room ? want : room, v.len, PX_H2_WINDOW);
-        if (len == 0)
-            continue;
-        if (bpf_probe_read_user(e->data + (off & (PX_H2_WINDOW - 1)), len, (void *)v.base))
-            break;
-        e->caplen = off + len;
-    }
 }
 
 // Walk the frame headers of a read or write (ret bytes, the first cap of them copied in
@@ -195,11 +156,7 @@ static __always_inline void px_h2_event(struct px_active *a, struct px_conn *c, 
             e->tail = tl;
     }
     u64 size = sizeof(struct px_ev_h2) - 2 * PX_H2_WINDOW + e->caplen + e->tail;
-    asm volatile("" : "+r"(size));
-    if (size > sizeof(struct px_ev_h2))
-        size = sizeof(struct px_ev_h2);
-    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-        px_lost(c);
+    px_output(e, size, sizeof(*e), c);
 }
 
 // Called for every read with data of a followed connection (before the HTTP/1 path):

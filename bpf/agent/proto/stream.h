@@ -33,6 +33,9 @@ struct px_ev_body {
 
 BPF_PERCPU_ARRAY(px_scratch_body, struct px_ev_body, 1);
 
+// The write's first bytes into e->data (uio.h).
+PX_GATHER(px_body_copy, px_ev_body, PX_BODY_WINDOW, PX_BODY_IOVS)
+
 // A response's first body write (peek bytes of it at head): does it start an event stream?
 static __always_inline u8 px_stream_first(u8 *head, u64 peek) {
     u32 i = 0;
@@ -58,45 +61,6 @@ static __always_inline u8 px_stream_first(u8 *head, u64 peek) {
     return PX_STREAM_NO;
 }
 
-// Gather the write's first bytes into e->data (the running offset kept in e->caplen: one
-// verifier state whatever path led there, as px_h2_copy does).
-static __always_inline void px_body_copy(struct px_ev_body *e, struct px_active *a, long ret) {
-    e->caplen = 0;
-    if (a->kind == KIND_SENDFILE || a->kind == KIND_SENDFILE_CONT || !a->buf)
-        return;
-    if (a->iov == IOV_NONE) {
-        u64 len = px_clamp(ret, ret, PX_BODY_WINDOW);
-        if (len && bpf_probe_read_user(e->data, len, (void *)a->buf) == 0)
-            e->caplen = len;
-        return;
-    }
-    u64 vec = a->buf;
-    u64 nv = a->vlen;
-    if (a->iov == IOV_MSG) {
-        struct px_msghdr m = {};
-        if (bpf_probe_read_user(&m, sizeof(m), (void *)a->buf))
-            return;
-        vec = m.iov;
-        nv = m.iovlen;
-    }
-    for (int i = 0; i < PX_BODY_IOVS; i++) {
-        u64 off = e->caplen;
-        if (i >= nv || off >= PX_BODY_WINDOW || off >= (u64)ret)
-            break;
-        struct px_iovec v = {};
-        if (bpf_probe_read_user(&v, sizeof(v), (void *)(vec + i * sizeof(struct px_iovec))))
-            break;
-        u64 room = PX_BODY_WINDOW - off;
-        u64 want = (u64)ret - off;
-        u64 len = px_clamp(want < room ? want : room, v.len, PX_BODY_WINDOW);
-        if (len == 0)
-            continue;
-        if (bpf_probe_read_user(e->data + (off & (PX_BODY_WINDOW - 1)), len, (void *)v.base))
-            break;
-        e->caplen = off + len;
-    }
-}
-
 // A body write of a stream: EV_BODY with its first and last bytes.
 static __always_inline void px_body_event(struct px_active *a, struct px_conn *c, u64 id,
                                           long ret, u64 t) {
@@ -120,9 +84,5 @@ static __always_inline void px_body_event(struct px_active *a, struct px_conn *c
             e->tail = tl;
     }
     u64 size = sizeof(struct px_ev_body) - 2 * PX_BODY_WINDOW + e->caplen + e->tail;
-    asm volatile("" : "+r"(size));
-    if (size > sizeof(struct px_ev_body))
-        size = sizeof(struct px_ev_body);
-    if (px_events.ringbuf_output(e, size, BPF_RB_NO_WAKEUP))
-        px_lost(c);
+    px_output(e, size, sizeof(*e), c);
 }

@@ -9,18 +9,20 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import partial_by_keys, type_of
+from agent.protocols.streams.dialects.common import (
+    TypedError,
+    Usage,
+    decode,
+    error_type,
+    partial_by_keys,
+    type_of,
+)
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
-
-
-class _Usage(msgspec.Struct, gc=False):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
 
 
 class _Message(msgspec.Struct, gc=False):
     model: str | None = None
-    usage: _Usage | None = None
+    usage: Usage | None = None
 
 
 class _Delta(msgspec.Struct, gc=False):  # (its type is not read: the fields say it)
@@ -34,17 +36,13 @@ class _Block(msgspec.Struct, gc=False):
     type: str | None = None
 
 
-class _Error(msgspec.Struct, gc=False):
-    type: str | None = None
-
-
 class _Event(msgspec.Struct, gc=False):
     type: str | None = None
     message: _Message | None = None
     delta: _Delta | None = None
     content_block: _Block | None = None
-    usage: _Usage | None = None
-    error: _Error | None = None
+    usage: Usage | None = None
+    error: TypedError | None = None
 
 
 _DEC = msgspec.json.Decoder(_Event)
@@ -57,10 +55,8 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    try:
-        e = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    e = decode(s, _DEC, data)
+    if e is None:
         return
     typ = e.type
     if typ == "content_block_delta" and e.delta is not None:
@@ -86,7 +82,7 @@ def parse(s: Stream, name: bytes, data: bytes) -> None:
     elif typ == "message_stop":
         s.final()
     elif typ == "error":
-        s.fail(e.error.type if e.error is not None and e.error.type else "error")
+        s.fail(error_type(e.error))
 
 
 def partial(s: Stream, name: bytes, head: bytes) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import WS, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, Stream
 
 _TEXT = ("token", "delta", "content", "text")
@@ -41,10 +41,8 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    try:
-        f = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    f = decode(s, _DEC, data)
+    if f is None:
         return
     if f.error and present(f.error):  # (absent: an empty Raw, falsy: no call)
         s.fail(f.type if f.type and f.type != "error" else "error")

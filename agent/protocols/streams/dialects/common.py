@@ -1,17 +1,49 @@
 """What the dialect modules share: optional raw fields, the ``type`` of a first event, and
 the classification of an event seen only in part. Each dialect decodes its events into its
-own typed view (msgspec: only the fields it reads are built; text is never kept), in its
-``parse`` itself as it runs per event: a ``msgspec.DecodeError`` (a ValidationError is one)
-is counted as ``garbage``. The views are ``gc=False`` structs: they hold no cycles, and
-untracked objects are cheaper to make and drop."""
+own typed view (msgspec: only the fields it reads are built; text is never kept) with
+``decode``, in its ``parse`` as it runs per event: a ``msgspec.DecodeError`` (a
+ValidationError is one) is counted as ``garbage``; the views' objects more than one dialect
+reads (``Usage``, ``TypedError``) are here. The views are ``gc=False`` structs: they hold
+no cycles, and untracked objects are cheaper to make and drop."""
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 import msgspec
 
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 ABSENT = msgspec.Raw()  # the default of an optional raw field: absent
+T = TypeVar("T")
+
+
+class Usage(msgspec.Struct, gc=False):
+    """A ``usage`` object under the names Anthropic's and OpenAI's typed events share."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class TypedError(msgspec.Struct, gc=False):
+    """An ``error`` object of which only the ``type`` is read."""
+
+    type: str | None = None
+
+
+def error_type(err: TypedError | None) -> str:
+    """What an ``error`` event fails the stream with: its type, else ``error``."""
+    return err.type if err is not None and err.type else "error"
+
+
+def decode(s: Stream, dec: msgspec.json.Decoder[T], data: bytes) -> T | None:
+    """One whole event in the dialect's view; None, counted as ``garbage``, when it is not
+    JSON of that shape."""
+    try:
+        return dec.decode(data)
+    except msgspec.DecodeError:  # (a ValidationError is one)
+        s.problem("garbage")
+        return None
 
 
 def present(raw: msgspec.Raw) -> bool:

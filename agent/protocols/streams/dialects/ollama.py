@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import NDJSON, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
@@ -42,10 +42,8 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    try:
-        ln = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    ln = decode(s, _DEC, data)
+    if ln is None:
         return
     if ln.error and present(ln.error):  # (absent: an empty Raw, falsy: no call)
         s.fail("error")  # (Ollama's errors are free text: only the fact leaves)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
@@ -66,10 +66,8 @@ def parse(s: Stream, name: bytes, data: bytes) -> None:
     if data == b"[DONE]":
         s.final()
         return
-    try:
-        c = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    c = decode(s, _DEC, data)
+    if c is None:
         return
     if c.error is not None:
         e = c.error

@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import partial_by_keys, type_of
+from agent.protocols.streams.dialects.common import decode, partial_by_keys, type_of
 from agent.protocols.streams.stream import CONTENT, REASONING, Stream
 
 
@@ -66,10 +66,8 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    try:
-        e = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    e = decode(s, _DEC, data)
+    if e is None:
         return
     typ = e.type
     if typ in _ANSWER:  # (the common event first: one set lookup)

@@ -9,29 +9,27 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import WS, Dialect
-from agent.protocols.streams.dialects.common import partial_by_keys, type_of
+from agent.protocols.streams.dialects.common import (
+    TypedError,
+    Usage,
+    decode,
+    error_type,
+    partial_by_keys,
+    type_of,
+)
 from agent.protocols.streams.stream import CONTENT, Stream
-
-
-class _Usage(msgspec.Struct, gc=False):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
 
 
 class _Response(msgspec.Struct, gc=False):
     status: str | None = None
-    usage: _Usage | None = None
-
-
-class _Error(msgspec.Struct, gc=False):
-    type: str | None = None
+    usage: Usage | None = None
 
 
 class _Event(msgspec.Struct, gc=False):
     type: str = ""
     delta: str | None = None
     response: _Response | None = None
-    error: _Error | None = None
+    error: TypedError | None = None
 
 
 _DEC = msgspec.json.Decoder(_Event)
@@ -52,10 +50,8 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    try:
-        e = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    e = decode(s, _DEC, data)
+    if e is None:
         return
     typ = e.type
     if typ in _OUTPUT:
@@ -72,7 +68,7 @@ def parse(s: Stream, name: bytes, data: bytes) -> None:
                     s.fail("failed")
         s.final()
     elif typ == "error":
-        s.fail(e.error.type if e.error is not None and e.error.type else "error")
+        s.fail(error_type(e.error))
 
 
 def partial(s: Stream, name: bytes, head: bytes) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.protocols.streams.dialect import SSE, Dialect
-from agent.protocols.streams.dialects.common import ABSENT, partial_by_keys, present
+from agent.protocols.streams.dialects.common import ABSENT, decode, partial_by_keys, present
 from agent.protocols.streams.stream import CONTENT, Stream
 
 
@@ -38,10 +38,8 @@ def detect(name: bytes, data: bytes) -> bool:
 
 
 def parse(s: Stream, name: bytes, data: bytes) -> None:
-    try:
-        e = _DEC.decode(data)
-    except msgspec.DecodeError:  # (a ValidationError is one)
-        s.problem("garbage")
+    e = decode(s, _DEC, data)
+    if e is None:
         return
     if e.error and present(e.error):  # (absent: an empty Raw, falsy: no call)
         s.fail(e.error_type or "error")
