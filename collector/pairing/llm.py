@@ -68,6 +68,7 @@ class ServerStream:
     last_output_us: int | None
 
 
+_DIALECT_ATTR = genai.DIALECT.name
 _FIELDS: dict[str, Attr] = {
     "model": genai.GEN_AI_RESPONSE_MODEL,
     "end": genai.END,
@@ -178,3 +179,13 @@ def pair_values(
         _ms(server.prefill_us) if server is not None else None,
         decode,
     )
+
+
+def pair_columns(
+    t0: float | None, entry: EntryRow, attrs: Mapping[str, str] | None, ttft_us: int | None
+) -> tuple[Any, ...]:
+    """pair_values of an entry and its origin hop (its ``attributes`` and ``ttft_us``; None
+    without a hop)."""
+    if not entry.llm_dialect and not (attrs and _DIALECT_ATTR in attrs):
+        return NO_LLM  # the common case: neither side read a stream dialect
+    return pair_values(t0, user_stream(entry), server_stream(attrs, ttft_us))

@@ -17,6 +17,7 @@ server store that other collectors write to as well).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import threading
@@ -51,6 +52,10 @@ def _hold(mem: OrderedDict[str, Any], t: str, row: SpanRow | EntryRow) -> None:
         held.append(row)
     else:
         mem[t] = [held, row]
+
+
+_as_span = functools.partial(tuple.__new__, SpanRow)
+_as_entry = functools.partial(tuple.__new__, EntryRow)
 
 
 def _rows(held: Any) -> list[Any]:
@@ -159,8 +164,9 @@ class Pairer:
     def offer(self, span_rows: list[tuple[Any, ...]], entry_rows: list[tuple[Any, ...]]) -> None:
         """Rows just written (in column order): remember them and mark their traces. A span
         without a parent cannot pair (no browser span) and marks nothing."""
-        spans = list(map(SpanRow._make, span_rows))
-        entries = list(map(EntryRow._make, entry_rows))
+        # The parsers' tuples as typed rows (the parsers make them ncols long: no checks).
+        spans: list[SpanRow] = list(map(_as_span, span_rows))
+        entries: list[EntryRow] = list(map(_as_entry, entry_rows))
         now: list[str] = []
         later: list[str] = []
         # Into the indexes before anything else sees these rows: a trace visible in memory

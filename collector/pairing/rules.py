@@ -18,6 +18,7 @@ API shows them, the SLA checker reads them from ``pairs``.
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -95,6 +96,8 @@ def _ttfb_us(s: SpanRow) -> float:
 
 
 def _gaps(xs: Sequence[float], scale: float = 1.0) -> list[float]:
+    if scale == 1.0:
+        return list(map(operator.sub, xs[1:], xs))
     return [(b - a) * scale for a, b in itertools.pairwise(xs)]
 
 
@@ -144,22 +147,24 @@ def _server_parts(e: EntryRow, hops: Sequence[SpanRow], user_ttfb: float | None)
     o_ttfb_us, o_ttft = _ttfb_us(origin), origin.ttft_us
     server_itl = _gaps(origin.chunk_offsets_us or [], 1e-3)
     # Time each hop adds: its (t2 − t_arr) minus the next hop's; the origin's whole.
-    t2_ns = [float(h.time) + _ttfb_us(h) * 1000.0 for h in hops]
-    spans_ms = [(t2 - _arrival(h)) / 1e6 for h, t2 in zip(hops, t2_ns, strict=True)]
-    hop_added = [a - b for a, b in itertools.pairwise(spans_ms)] + [spans_ms[-1]]
+    edge_t2 = float(edge.time) + _ttfb_us(edge) * 1000.0
+    edge_arrival = _arrival(edge)
+    if edge is origin:  # one hop (most pairs): no lists to build
+        hop_added = [(edge_t2 - edge_arrival) / 1e6]
+    else:
+        spans_ms = [(float(h.time) + _ttfb_us(h) * 1000.0 - _arrival(h)) / 1e6 for h in hops]
+        hop_added = [a - b for a, b in itertools.pairwise(spans_ms)] + [spans_ms[-1]]
     o_arr = origin.arrival
     queue = (origin.time - o_arr) / 1e6 if o_arr else None
     rq = origin.recv_queue_us
     recv = None if rq is None else rq / 1000.0
-    network = None if user_ttfb is None else user_ttfb - spans_ms[0]
+    network = None if user_ttfb is None else user_ttfb - (edge_t2 - edge_arrival) / 1e6
     t0, t3 = e.request_start_ms, e.response_start_ms
     theta = None
     if t0 is not None and t3 is not None:
         # the browser's wall clock at t0/t3: time origin + relative time + its reported drift
         origin_ms = float(e.time_origin_ms) + float(e.clock_drift_ms or 0.0)
-        theta = (
-            (_arrival(edge) / 1e6 - (origin_ms + t0)) + (t2_ns[0] / 1e6 - (origin_ms + t3))
-        ) / 2.0
+        theta = ((edge_arrival / 1e6 - (origin_ms + t0)) + (edge_t2 / 1e6 - (origin_ms + t3))) / 2.0
     srtt = edge.srtt_us
     return (
         o_ttfb_us / 1000.0,
@@ -181,6 +186,7 @@ def _server_parts(e: EntryRow, hops: Sequence[SpanRow], user_ttfb: float | None)
 
 
 _new = tuple.__new__
+_SPAN_ID, _SERVICE = operator.attrgetter("span_id"), operator.attrgetter("service")
 
 
 def derive(
@@ -196,10 +202,10 @@ def derive(
     Without hops (an entry the query API shows unpaired) the server's parts are absent."""
     t0, t3 = e.request_start_ms, e.response_start_ms
     first, rendered, end = e.first_chunk_ms, e.rendered_ms, e.response_end_ms
-    user_ttfb_ms = _sub(t3, t0)
-    user_ttft_ms = _sub(first, t0)
-    user_visible_ttft_ms = _sub(rendered, t0)
-    user_duration_ms = _sub(end, t0)
+    user_ttfb_ms = None if t0 is None or t3 is None else t3 - t0
+    user_ttft_ms = None if t0 is None or first is None else first - t0
+    user_visible_ttft_ms = None if t0 is None or rendered is None else rendered - t0
+    user_duration_ms = None if t0 is None or end is None else end - t0
     user_itl_ms = _gaps(e.chunk_ms or [])
     render_delay_ms = _sub(rendered, _painted_after(first, e.llm_first_token_ms))
     origin = hops[-1] if hops else None
@@ -216,9 +222,10 @@ def derive(
     route = (origin.route if origin else "") or e.route or ""
     method = (origin.method if origin else "") or e.method or ""
     status = int((origin.status if origin else 0) or e.status or 0)
-    hop_span_ids, hop_services = [h.span_id for h in hops], [h.service for h in hops]
-    server = llm.server_stream(origin.attributes, origin.ttft_us) if origin else None
-    llm_columns = llm.pair_values(t0, llm.user_stream(e), server)
+    hop_span_ids, hop_services = list(map(_SPAN_ID, hops)), list(map(_SERVICE, hops))
+    llm_columns = llm.pair_columns(
+        t0, e, origin.attributes if origin else None, origin.ttft_us if origin else None
+    )
     # PairRow's fields in order, each a local of its name (tests/collector/test_rows.py
     # holds this call to the column list): a plain tuple is built ~15× faster than by keyword.
     return _new(PairRow, (
@@ -241,7 +248,7 @@ def pair(entry: EntryRow, spans: Sequence[SpanRow], version: int) -> PairRow | N
     hops, linked, reconnects = arrange(cands)
     # Every hop decides on the trace id's randomness (consistent sampling): the pair
     # exists when any of its spans was kept, i.e. under the lowest threshold among them.
-    th = min(c.sample_th or 0 for c in cands)
+    th = cands[0].sample_th or 0 if len(cands) == 1 else min(c.sample_th or 0 for c in cands)
     return derive(entry, hops, linked, reconnects, th, version)
 
 
