@@ -54,8 +54,8 @@ def _hold(mem: OrderedDict[str, Any], t: str, row: SpanRow | EntryRow) -> None:
         mem[t] = [held, row]
 
 
-_as_span = functools.partial(tuple.__new__, SpanRow)
-_as_entry = functools.partial(tuple.__new__, EntryRow)
+as_span = functools.partial(tuple.__new__, SpanRow)
+as_entry = functools.partial(tuple.__new__, EntryRow)
 
 
 def _rows(held: Any) -> list[Any]:
@@ -165,8 +165,8 @@ class Pairer:
         """Rows just written (in column order): remember them and mark their traces. A span
         without a parent cannot pair (no browser span) and marks nothing."""
         # The parsers' tuples as typed rows (the parsers make them ncols long: no checks).
-        spans: list[SpanRow] = list(map(_as_span, span_rows))
-        entries: list[EntryRow] = list(map(_as_entry, entry_rows))
+        spans: list[SpanRow] = list(map(as_span, span_rows))
+        entries: list[EntryRow] = list(map(as_entry, entry_rows))
         now: list[str] = []
         later: list[str] = []
         # Into the indexes before anything else sees these rows: a trace visible in memory

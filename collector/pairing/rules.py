@@ -101,10 +101,6 @@ def _gaps(xs: Sequence[float], scale: float = 1.0) -> list[float]:
     return [(b - a) * scale for a, b in itertools.pairwise(xs)]
 
 
-def _sub(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
-
-
 _HOLD_MAX, _HOLD_REASON = sa.WIRE_HOLD_MAX_US.name, sa.WIRE_HOLD_REASON.name
 
 
@@ -207,7 +203,8 @@ def derive(
     user_visible_ttft_ms = None if t0 is None or rendered is None else rendered - t0
     user_duration_ms = None if t0 is None or end is None else end - t0
     user_itl_ms = _gaps(e.chunk_ms or [])
-    render_delay_ms = _sub(rendered, _painted_after(first, e.llm_first_token_ms))
+    shown = _painted_after(first, e.llm_first_token_ms)
+    render_delay_ms = None if rendered is None or shown is None else rendered - shown
     origin = hops[-1] if hops else None
     (server_ttfb_ms, server_ttft_ms, server_duration_ms, server_itl_ms, server_timed,
      hop_added_ms, edge_itl_ms, network_ms, queue_ms, accept_queue_ms, recv_queue_ms,
@@ -222,7 +219,10 @@ def derive(
     route = (origin.route if origin else "") or e.route or ""
     method = (origin.method if origin else "") or e.method or ""
     status = int((origin.status if origin else 0) or e.status or 0)
-    hop_span_ids, hop_services = list(map(_SPAN_ID, hops)), list(map(_SERVICE, hops))
+    if origin is not None and len(hops) == 1:  # most pairs
+        hop_span_ids, hop_services = [origin.span_id], [origin.service]
+    else:
+        hop_span_ids, hop_services = list(map(_SPAN_ID, hops)), list(map(_SERVICE, hops))
     llm_columns = llm.pair_columns(
         t0, e, origin.attributes if origin else None, origin.ttft_us if origin else None
     )

@@ -36,12 +36,10 @@ def test_derive_builds_the_pair_row_field_by_field() -> None:
     assert isinstance(ret.value, ast.Call)
     built = ret.value.args[1]
     assert isinstance(built, ast.Tuple)
-    names = []
-    for el in built.elts:
-        if isinstance(el, ast.Starred):
-            names.append("*" + ast.unparse(el.value))
-        else:
-            names.append(ast.unparse(el))
+    names = [
+        "*" + ast.unparse(el.value) if isinstance(el, ast.Starred) else ast.unparse(el)
+        for el in built.elts
+    ]
     aliases = {"time_": "time", "len(hops)": "hops", "linked_span_ids or []": "linked_span_ids"}
     llm = len(PAIR_LLM_COLUMNS)
     head = PairRow._fields[:-llm]
