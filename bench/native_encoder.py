@@ -35,6 +35,7 @@ from collector.ingest import beacons, otlp
 from collector.pairing import rules
 from collector.store import native, schema
 from collector.store.client import Store
+from collector.store.rows import EntryRow, SpanRow
 
 BATCH = 5000  # rows per insert, as bench.collector's stage measurement
 
@@ -48,9 +49,10 @@ def _rows(n: int) -> dict[str, list[tuple[Any, ...]]]:
     spans_b, beacons_b = _bodies(n, 5)
     spans = [r for b in spans_b for r in otlp.parse(b, False, now, 0, now).rows]
     entries = [r for b in beacons_b for r in beacons.parse(beacons.load(b), now, 0, now).rows]
-    by_trace = {e[5]: e for e in entries}
-    pairs, _ = rules.pairs_for_rows([([s], [by_trace[s[3]]]) for s in spans], now)
-    return {schema.SPANS: spans, schema.ENTRIES: entries, schema.PAIRS: pairs}
+    pairs, _ = rules.pairs_for(
+        rules.by_trace(map(SpanRow._make, spans), map(EntryRow._make, entries)), now
+    )
+    return {schema.SPANS: spans, schema.ENTRIES: entries, schema.PAIRS: [*pairs]}
 
 
 def _driver_encode(table: str, rows: list[tuple[Any, ...]]) -> int:

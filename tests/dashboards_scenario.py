@@ -28,6 +28,7 @@ import numpy as np
 
 from collector.pairing import rules
 from collector.store import schema
+from collector.store.rows import EntryRow, SpanRow
 from parallax_contracts import agent_metrics as gm
 from parallax_contracts import sampling
 from parallax_contracts import span_attributes as sa
@@ -346,8 +347,7 @@ def build(anchor: datetime, seed: int = 11) -> Scenario:
         entry_rows.append(tuple(r.entry[c] for c in entry_names))
         span_rows += [tuple(h[c] for c in span_names) for h in r.hops]
     pair_rows, one_sided = rules.pairs_for(
-        [rules.span_dict(s) for s in span_rows],
-        [rules.entry_dict(e) for e in entry_rows],
+        rules.by_trace(map(SpanRow._make, span_rows), map(EntryRow._make, entry_rows)),
         version=_ns(anchor) + 25 * 60 * 10**9,
     )
     assert not one_sided and len(pair_rows) == len(reqs)
@@ -358,7 +358,7 @@ def build(anchor: datetime, seed: int = 11) -> Scenario:
         reqs,
         span_rows,
         entry_rows,
-        pair_rows,
+        [*pair_rows],
         _gpu_rows(anchor),
         _count_rows(anchor, seen, traced),
         _alerts(anchor),

@@ -34,6 +34,7 @@ from collector.pipeline import (
     SpoolFullError,
 )
 from collector.ratelimit import RateLimiter, retry_after
+from collector.store.rows import EntryRow, SpanRow
 
 log = logging.getLogger("parallax.collector")
 _DAY_NS = 86_400 * 10**9
@@ -76,12 +77,18 @@ class RecentIds:
         return True
 
 
+# The parsers' rows are plain tuples in column order (the compiled decoder makes them):
+# the fields the ids are made of, by name (collector/store/rows.py).
+_S_TRACE, _S_SPAN = (SpanRow._fields.index(n) for n in ("trace_id", "span_id"))
+_E_TRACE, _E_SPAN, _E_SEQ = (EntryRow._fields.index(n) for n in ("trace_id", "span_id", "seq"))
+
+
 def span_key(r: tuple[Any, ...]) -> str:
-    return f"{r[3]}{r[4]}"
+    return f"{r[_S_TRACE]}{r[_S_SPAN]}"
 
 
 def entry_key(r: tuple[Any, ...]) -> str:
-    return f"{r[5]}{r[6]}{r[8]}"
+    return f"{r[_E_TRACE]}{r[_E_SPAN]}{r[_E_SEQ]}"
 
 
 class Ingest:
@@ -119,7 +126,7 @@ def _dedup_spans(p: Parsed, recent: RecentIds) -> Parsed:
     keep = [r for r in p.rows if recent.fresh(span_key(r))]
     if len(keep) != len(p.rows):
         p.rows = keep
-        p.trace_ids = [r[3] for r in keep]
+        p.trace_ids = [r[_S_TRACE] for r in keep]
     return p
 
 
@@ -127,7 +134,7 @@ def _dedup_entries(p: Parsed, recent: RecentIds) -> Parsed:
     keep = [r for r in p.rows if recent.fresh(entry_key(r))]
     if len(keep) != len(p.rows):
         p.rows = keep
-        p.trace_ids = [r[5] for r in keep]
+        p.trace_ids = [r[_E_TRACE] for r in keep]
     return p
 
 

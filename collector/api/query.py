@@ -19,11 +19,12 @@ from pydantic import BaseModel, Field
 
 from collector.api.llm_models import EntryLlm, HopLlm, PairLlm, entry_llm, hop_llm, pair_llm
 from collector.pairing import coverage, divergence
-from collector.pairing.lookups import read_traces
+from collector.pairing.lookups import read_span_llm, read_traces
 from collector.pairing.rules import arrange, candidates, derive
 from collector.plugins import Context, Plugin
 from collector.store import schema
 from collector.store.client import Store
+from collector.store.rows import EntryRow, SpanRow
 from parallax_contracts import sampling
 from parallax_contracts.trace_context import is_valid_trace_id
 
@@ -127,6 +128,9 @@ class Parts(BaseModel):
     theta_ms: float | None = None
     theta_delay_ms: float | None = None
     llm: PairLlm | None = None
+
+
+_PARTS = [k for k in Parts.model_fields if k != "llm"]
 
 
 class Exchange(BaseModel):
@@ -235,7 +239,9 @@ def _us_ms(us: Any) -> float | None:
     return None if us is None else us / 1000.0
 
 
-def _hop(s: dict[str, Any], role: str) -> Hop:
+def _hop(row: SpanRow, llm: dict[str, Any], role: str) -> Hop:
+    """A hop as the API shows it: its row, and the LLM columns the store computes from it."""
+    s = {**row._asdict(), **llm}
     return Hop(
         span_id=s["span_id"],
         parent_span_id=s["parent_span_id"],
@@ -247,8 +253,8 @@ def _hop(s: dict[str, Any], role: str) -> Hop:
         path=s["path"],
         status=s["status"],
         server_port=s["server_port"],
-        start_unix_ms=s["time_ns"] / 1e6,
-        arrival_unix_ms=_ms(s["arrival_ns"]),
+        start_unix_ms=s["time"] / 1e6,
+        arrival_unix_ms=_ms(s["arrival"]),
         ttfb_ms=_us_ms(s["ttfb_us"]),
         ttft_ms=_us_ms(s["ttft_us"]),
         duration_ms=s["duration_us"] / 1000.0,
@@ -285,10 +291,11 @@ def _gpu_hop(s: dict[str, Any]) -> GpuHop | None:
 _GPU_KEYS = [c.name for c in schema.SPAN_GPU_COLUMNS if c.name != "gpu_uuid"]
 
 
-def _entry(e: dict[str, Any]) -> BrowserEntry:
+def _entry(row: EntryRow) -> BrowserEntry:
+    e = row._asdict()
     return BrowserEntry(
         **{k: e[k] for k in BrowserEntry.model_fields if k in e},
-        time_unix_ms=e["time_us"] / 1000.0,
+        time_unix_ms=e["time"] / 1000.0,
         time_origin_unix_ms=e["time_origin_ms"],
         llm=entry_llm(e),
     )
@@ -302,39 +309,45 @@ def _roles(n: int) -> list[str]:
     return ["edge", *(["middle"] * (n - 2)), "origin"]
 
 
-def _record(e: dict[str, Any], hops: list[Any], near: Callable[[dict[str, Any]], int]) -> str:
+def _record(e: EntryRow, hops: list[Any], near: Callable[[EntryRow], int]) -> str:
     """paired, or why an entry has no server span (collector/pairing/coverage.py)."""
-    return coverage.PAIRED if hops else coverage.status(e["trace_id"], near(e))
+    return coverage.PAIRED if hops else coverage.status(e.trace_id, near(e))
 
 
 def detail(
     trace_id: str,
-    spans: list[dict[str, Any]],
-    entries: list[dict[str, Any]],
-    near: Callable[[dict[str, Any]], int] = lambda e: 0,
+    spans: list[SpanRow],
+    entries: list[EntryRow],
+    near: Callable[[EntryRow], int] = lambda e: 0,
+    span_llm: dict[str, dict[str, Any]] | None = None,
 ) -> RequestDetail:
-    """``near``: the sampling threshold in force around an entry without a server span."""
+    """``near``: the sampling threshold in force around an entry without a server span;
+    ``span_llm``: the spans' LLM columns by span id (lookups.read_span_llm)."""
+    llm_of = span_llm or {}
     claimed: set[str] = set()
     exchanges = []
-    for e in sorted(entries, key=lambda e: (e["time_us"], e["seq"])):
+    for e in sorted(entries, key=lambda e: (e.time, e.seq)):
         cands = candidates(e, spans)
         hops, linked, reconnects = arrange(cands)
-        claimed.update(s["span_id"] for s in cands)
-        parts = derive(e, hops)
+        claimed.update(s.span_id for s in cands)
+        parts = derive(e, hops)._asdict()  # the pairer's derivation, all of it
         exchanges.append(
             Exchange(
                 browser=_entry(e),
-                hops=[_hop(h, r) for h, r in zip(hops, _roles(len(hops)), strict=True)],
+                hops=[
+                    _hop(h, llm_of.get(h.span_id, {}), r)
+                    for h, r in zip(hops, _roles(len(hops)), strict=True)
+                ],
                 linked_span_ids=linked,
                 reconnects=reconnects,
-                parts=Parts(**parts, llm=pair_llm(parts)),
+                parts=Parts(**{k: parts[k] for k in _PARTS}, llm=pair_llm(parts)),
                 server_record=_record(e, hops, near),
             )
         )
     unpaired = [
-        _hop(s, "unpaired")
-        for s in sorted(spans, key=lambda s: s["arrival_ns"] or s["time_ns"])
-        if s["span_id"] not in claimed
+        _hop(s, llm_of.get(s.span_id, {}), "unpaired")
+        for s in sorted(spans, key=lambda s: s.arrival or s.time)
+        if s.span_id not in claimed
     ]
     return RequestDetail(trace_id=trace_id, exchanges=exchanges, unpaired_spans=unpaired)
 
@@ -548,12 +561,13 @@ def _add_request_routes(app: FastAPI, protected: list[Any], store: Store) -> Non
         spans, entries = await asyncio.to_thread(read_traces, store, [trace_id], None)
         if not spans and not entries:
             raise HTTPException(404, "no record of this trace")
+        llm = await asyncio.to_thread(read_span_llm, store, trace_id) if spans else {}
 
-        def near(e: dict[str, Any]) -> int:
-            at = dt.datetime.fromtimestamp(e["time_us"] / 1e6, dt.UTC)
-            return coverage.threshold_near(store, e["route"], at)
+        def near(e: EntryRow) -> int:
+            at = dt.datetime.fromtimestamp(e.time / 1e6, dt.UTC)
+            return coverage.threshold_near(store, e.route, at)
 
-        return await asyncio.to_thread(detail, trace_id, spans, entries, near)
+        return await asyncio.to_thread(detail, trace_id, spans, entries, near, llm)
 
     @app.get("/v1/requests", dependencies=protected)
     async def list_requests(

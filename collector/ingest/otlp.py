@@ -28,6 +28,7 @@ from collector.ingest.otlp_common import any_value as _value
 from collector.ingest.otlp_common import as_int as _int
 from collector.ingest.otlp_common import as_number
 from collector.ingest.otlp_common import as_str as _str
+from collector.store.rows import SpanRow
 from parallax_contracts import sampling
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
@@ -164,6 +165,7 @@ _PEER_NAMES = (_SOURCE, _SERVER_ADDRESS, _SERVER_PORT, _CLIENT_ADDRESS, _CLIENT_
                _PARTIAL, _CLIENT_ABORTED, _TRACEPARENT_MISSED)  # fmt: skip
 _SLOT_NAMES = (*_MEASURE_NAMES, *_HTTP_NAMES, *_PEER_NAMES, *_GPU_NAMES)
 _S_HTTP = len(_MEASURE_NAMES)  # the first slot after the measures
+_TRACE_ID = SpanRow._fields.index("trace_id")
 _N_SLOTS_V1 = _SLOT_NAMES.index(_GPU_NAMES[0])  # the slots before the GPU ones
 _SLOT = {name: i for i, name in enumerate(_SLOT_NAMES)}.get
 _INT_SLOT = {
@@ -279,7 +281,7 @@ def parse_python(
                 row = _span_row(sp, service, host, pid, ident, received_ms, oldest_ns, now_ns, out)
                 if row is not None:
                     out.rows.append(row)
-                    out.trace_ids.append(row[3])
+                    out.trace_ids.append(row[_TRACE_ID])
     return out
 
 

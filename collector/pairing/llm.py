@@ -1,9 +1,10 @@
 """An LLM exchange in a pair: what each side read of the stream, in the pair's LLM columns
 (collector/store/llm_columns.py PAIR_LLM_COLUMNS; docs/store.md, docs/sla.md "LLM routes").
 
-The server side is the origin hop's (the agent's parallax_contracts.genai attributes): read
-from the store's columns when the span was read back, else from its ``attributes`` as the
-OTLP parsers wrote them (text). The browser side is the beacon v2 ``llm`` object's columns.
+The server side is the origin hop's (the agent's parallax_contracts.genai attributes), read
+from its ``attributes`` as the OTLP parsers wrote them (text): the same whether the pairer
+has the span in memory or read it back (pairing/lookups.py). The browser side is the
+beacon v2 ``llm`` object's columns.
 Absent stays absent: a side that did not read tokens gives NULLs, never 0.
 """
 
@@ -17,8 +18,9 @@ from typing import Any
 
 from collector.store import schema
 from collector.store.llm_columns import PAIR_LLM_COLUMNS
+from collector.store.rows import EntryRow
 from parallax_contracts import genai
-from parallax_contracts.attr import Attr, record_field
+from parallax_contracts.attr import Attr
 
 P95 = 0.95
 PAIR_LLM_NAMES = schema.column_names(PAIR_LLM_COLUMNS)
@@ -66,6 +68,7 @@ class ServerStream:
     last_output_us: int | None
 
 
+_DIALECT_ATTR = genai.DIALECT.name
 _FIELDS: dict[str, Attr] = {
     "model": genai.GEN_AI_RESPONSE_MODEL,
     "end": genai.END,
@@ -76,7 +79,6 @@ _FIELDS: dict[str, Attr] = {
     "first_output_us": genai.FIRST_OUTPUT_US,
     "last_output_us": genai.LAST_OUTPUT_US,
 }
-_DIALECT_COLUMN = record_field(genai.DIALECT)
 
 
 def _from_text(v: Any, as_int: bool) -> Any:
@@ -91,26 +93,19 @@ def _from_text(v: Any, as_int: bool) -> Any:
     return n if n >= 0 else None
 
 
-def server_stream(span: Mapping[str, Any]) -> ServerStream | None:
-    """The span's LLM stream, None when it spoke no dialect. ``span``: a row read back from
-    the store (its LLM columns), or a row as written (``attributes``)."""
-    if _DIALECT_COLUMN in span:  # read back: the store's columns
-        dialect = span.get(_DIALECT_COLUMN) or ""
-        if not dialect:
-            return None
-        get = {k: span.get(record_field(a)) for k, a in _FIELDS.items()}
-    else:  # as written (every pair of the pairer's fast path asks: the common answer first)
-        attrs = span.get("attributes") or {}
-        dialect = _from_text(attrs.get(genai.DIALECT.name), False)
-        if not dialect:
-            return None
-        get = {k: _from_text(attrs.get(a.name), a.type == "int") for k, a in _FIELDS.items()}
-    ttft = span.get("ttft_us")
+def server_stream(attrs: Mapping[str, str] | None, ttft_us: int | None) -> ServerStream | None:
+    """A span's LLM stream from its ``attributes`` as the OTLP parsers write them (text) and
+    its ``ttft_us``; None when it spoke no dialect."""
+    attrs = attrs or {}
+    dialect = _from_text(attrs.get(genai.DIALECT.name), False)
+    if not dialect:
+        return None
+    get = {k: _from_text(attrs.get(a.name), a.type == "int") for k, a in _FIELDS.items()}
     return ServerStream(
         dialect=dialect,
         model=get["model"] or "",
         end=get["end"] or "",
-        first_token_us=int(ttft) if ttft is not None else None,
+        first_token_us=int(ttft_us) if ttft_us is not None else None,
         tokens=get["tokens"],
         gap_p95_us=get["gap_p95_us"],
         queue_us=get["queue_us"],
@@ -132,18 +127,17 @@ class UserStream:
     end: str
 
 
-def user_stream(entry: Mapping[str, Any]) -> UserStream | None:
+def user_stream(entry: EntryRow) -> UserStream | None:
     """The entry's llm object (the browser_entries columns), None when it had none."""
-    dialect = entry.get("llm_dialect") or ""
-    if not dialect:
+    if not entry.llm_dialect:
         return None
     return UserStream(
-        dialect=dialect,
-        first_token_ms=entry.get("llm_first_token_ms"),
-        token_ms=entry.get("llm_token_ms") or (),
-        gap_hist=entry.get("llm_gap_hist") or (),
-        tokens=entry.get("llm_tokens"),
-        end=entry.get("llm_end") or "",
+        dialect=entry.llm_dialect,
+        first_token_ms=entry.llm_first_token_ms,
+        token_ms=entry.llm_token_ms or (),
+        gap_hist=entry.llm_gap_hist or (),
+        tokens=entry.llm_tokens,
+        end=entry.llm_end or "",
     )
 
 
@@ -187,8 +181,11 @@ def pair_values(
     )
 
 
-def pair_dict(entry: Mapping[str, Any], origin: Mapping[str, Any] | None) -> dict[str, Any]:
-    """pair_values by column name, for ``pairing.rules.pair_row``'s dicts."""
-    server = server_stream(origin) if origin is not None else None
-    values = pair_values(entry.get("request_start_ms"), user_stream(entry), server)
-    return dict(zip(PAIR_LLM_NAMES, values, strict=True))
+def pair_columns(
+    t0: float | None, entry: EntryRow, attrs: Mapping[str, str] | None, ttft_us: int | None
+) -> tuple[Any, ...]:
+    """pair_values of an entry and its origin hop (its ``attributes`` and ``ttft_us``; None
+    without a hop)."""
+    if not entry.llm_dialect and not (attrs and _DIALECT_ATTR in attrs):
+        return NO_LLM  # the common case: neither side read a stream dialect
+    return pair_values(t0, user_stream(entry), server_stream(attrs, ttft_us))

@@ -6,32 +6,28 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from collector.store import schema
 from collector.store.client import Store
-from collector.store.llm_columns import ENTRY_LLM_COLUMNS, SPAN_LLM_COLUMNS
+from collector.store.column import Column
+from collector.store.llm_columns import SPAN_LLM_COLUMNS
+from collector.store.rows import EntryRow, SpanRow
 
-SPAN_SELECT = """
-SELECT toUnixTimestamp64Nano(time) AS time_ns, toUnixTimestamp64Nano(end_time) AS end_ns,
-       trace_id, span_id, parent_span_id, span_name, source, service, host, pid, method,
-       route, path, status, server_address, server_port, client_address, client_port,
-       toUnixTimestamp64Nano(arrival) AS arrival_ns, ttfb_us, recv_queue_us,
-       accept_queue_us, ttft_us, duration_us, chunk_offsets_us, chunks, chunk_gap_max_us,
-       bytes_in, bytes_out, srtt_us, retransmits, ws_seq, partial, client_aborted,
-       traceparent_missed, toUnixTimestamp64Milli(received) AS received_unix_ms,
-       gpu_prefill_launches, gpu_decode_launches, gpu_prefill_wait_us, gpu_decode_wait_us,
-       gpu_prefill_sm_util_pct, gpu_decode_sm_util_pct, gpu_sample_coverage,
-       gpu_inflight_mean, gpu_uuid, sample_th, wire_hold_max_us, wire_hold_reason,
-       {llm}
-FROM {{db}}.server_spans
-""".format(llm=", ".join(c.name for c in SPAN_LLM_COLUMNS))
-ENTRY_SELECT = """
-SELECT toUnixTimestamp64Micro(time) AS time_us, toUnixTimestamp64Milli(received)
-       AS received_unix_ms, site, session, page, trace_id, span_id, kind, seq, method,
-       url, route, status, time_origin_ms, start_ms, request_start_ms, response_start_ms,
-       response_end_ms, dns_ms, connect_ms, tls_ms, first_chunk_ms, chunk_ms, chunks,
-       rendered_ms, coarse, chunks_coarse, hidden, transfer_size, protocol, error,
-       clock_drift_ms, sdk, {llm}
-FROM {{db}}.browser_entries
-""".format(llm=", ".join(c.name for c in ENTRY_LLM_COLUMNS))
+_UNIX = {"9": "Nano", "6": "Micro", "3": "Milli"}
+
+
+def _select(cols: tuple[Column, ...], table: str) -> str:
+    """A table's columns in order, as the ingest writes them: a DateTime64 as its integer
+    count of ns/µs/ms since the epoch (collector/store/rows.py)."""
+
+    def one(c: Column) -> str:
+        m = re.search(r"DateTime64\((\d)", c.type)
+        return f"toUnixTimestamp64{_UNIX[m[1]]}({c.name}) AS _{c.name}" if m else c.name
+
+    return f"SELECT {', '.join(one(c) for c in cols)}\nFROM {{db}}.{table}\n"
+
+
+SPAN_SELECT = _select(schema.SPAN_COLUMNS, schema.SPANS)
+ENTRY_SELECT = _select(schema.ENTRY_COLUMNS, schema.ENTRIES)
 LOOKUP_CHUNK = 256  # ids per store lookup: a bloom filter answers well for few ids only
 PRESENT_CHUNK = 5000  # ids per existence lookup (33 bytes each: well under max_query_size)
 _HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -42,20 +38,27 @@ def read_traces(
     trace_ids: list[str],
     lookback_s: int | None,
     want: tuple[bool, bool] = (True, True),
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(spans, entries) of these traces; ``lookback_s`` None = any age; ``want`` = which of
-    (spans, entries) to read."""
-    if len(trace_ids) > LOOKUP_CHUNK:
-        out_s: list[dict[str, Any]] = []
-        out_e: list[dict[str, Any]] = []
-        for i in range(0, len(trace_ids), LOOKUP_CHUNK):
-            s, e = read_traces(store, trace_ids[i : i + LOOKUP_CHUNK], lookback_s, want)
-            out_s += s
-            out_e += e
-        return out_s, out_e
-    if not trace_ids:
-        return [], []
-    db = store.database
+) -> tuple[list[SpanRow], list[EntryRow]]:
+    """(spans, entries) of these traces, as the ingest wrote them; ``lookback_s`` None = any
+    age; ``want`` = which of (spans, entries) to read."""
+    spans: list[SpanRow] = []
+    entries: list[EntryRow] = []
+    for i in range(0, len(trace_ids), LOOKUP_CHUNK):
+        where, params = _where(trace_ids[i : i + LOOKUP_CHUNK], lookback_s)
+        db = store.database
+        if want[0]:
+            q = store.query(SPAN_SELECT.format(db=db) + where, params)
+            spans += map(SpanRow._make, q.result_rows)
+        if want[1]:
+            q = store.query(ENTRY_SELECT.format(db=db) + where, params)
+            entries += map(EntryRow._make, q.result_rows)
+    # Client retries may have left copies that a merge has not collapsed yet.
+    spans = list({(s.trace_id, s.span_id): s for s in spans}.values())
+    entries = list({(e.trace_id, e.span_id, e.seq): e for e in entries}.values())
+    return spans, entries
+
+
+def _where(trace_ids: list[str], lookback_s: int | None) -> tuple[str, dict[str, Any]]:
     # Trace ids are checked 32-hex at ingest (and here): a literal list is safe, and much
     # cheaper than the driver's parameter formatting for thousands of ids.
     ids = ",".join(f"'{t}'" for t in trace_ids if _HEX32.fullmatch(t))
@@ -64,12 +67,21 @@ def read_traces(
     if lookback_s is not None:
         where += " AND time >= now64() - toIntervalSecond({lb:UInt32})"
         params["lb"] = lookback_s
-    spans = store.rows(SPAN_SELECT.format(db=db) + where, params) if want[0] else []
-    entries = store.rows(ENTRY_SELECT.format(db=db) + where, params) if want[1] else []
-    # Client retries may have left copies that a merge has not collapsed yet.
-    spans = list({(s["trace_id"], s["span_id"]): s for s in spans}.values())
-    entries = list({(e["trace_id"], e["span_id"], e["seq"]): e for e in entries}.values())
-    return spans, entries
+    return where, params
+
+
+_SPAN_LLM = ", ".join(c.name for c in SPAN_LLM_COLUMNS)
+
+
+def read_span_llm(store: Store, trace_id: str) -> dict[str, dict[str, Any]]:
+    """The LLM stream columns the store computes from one trace's spans (not written: the
+    query API shows them), by span id."""
+    where, params = _where([trace_id], None)
+    rows = store.rows(
+        f"SELECT span_id, {_SPAN_LLM} FROM {store.database}.{schema.SPANS} {where}",  # noqa: S608
+        params,
+    )
+    return {r.pop("span_id"): r for r in rows}
 
 
 def present(store: Store, table: str, trace_ids: list[str], lookback_s: int) -> set[str]:

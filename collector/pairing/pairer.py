@@ -17,6 +17,7 @@ server store that other collectors write to as well).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import threading
@@ -29,35 +30,36 @@ from collector.ingest.common import FUTURE_SLACK_NS
 from collector.metrics import Metrics
 from collector.pairing import coverage
 from collector.pairing.lookups import present, read_traces
-from collector.pairing.rules import PAIR_NAMES, Rows, entry_dict, pairs_for, pairs_for_rows
+from collector.pairing.rules import Trace, by_trace, pairs_for
 from collector.pairing.trace_index import TraceIndex
 from collector.store import schema
 from collector.store.client import Store
+from collector.store.rows import EntryRow, PairRow, SpanRow
 
 log = logging.getLogger("parallax.collector")
 
-_P_TRACE, _P_SPAN, _P_SEQ, _P_HOPS, _P_LINKED, _P_RECONNECTS = (
-    PAIR_NAMES.index(n)
-    for n in ("trace_id", "span_id", "seq", "hop_span_ids", "linked_span_ids", "reconnects")
-)
-
+PAIR_NAMES = list(PairRow._fields)
 
 # What the pairer holds of one trace and side: its row, or its rows once there are several.
-_Held = tuple[Any, ...] | list[tuple[Any, ...]]
+_Held = SpanRow | EntryRow | list[SpanRow] | list[EntryRow]
 
 
-def _hold(mem: OrderedDict[str, _Held], t: str, row: tuple[Any, ...]) -> None:
+def _hold(mem: OrderedDict[str, Any], t: str, row: SpanRow | EntryRow) -> None:
     held = mem.get(t)
     if held is None:
         mem[t] = row
     elif type(held) is list:
         held.append(row)
     else:
-        mem[t] = [held, row]  # type: ignore[list-item]
+        mem[t] = [held, row]
 
 
-def _rows(held: _Held) -> Rows:
-    return [held] if type(held) is tuple else list(held)
+as_span = functools.partial(tuple.__new__, SpanRow)
+as_entry = functools.partial(tuple.__new__, EntryRow)
+
+
+def _rows(held: Any) -> list[Any]:
+    return list(held) if type(held) is list else [held]
 
 
 def _maybe(index: TraceIndex, ids: list[str]) -> list[str]:
@@ -159,18 +161,21 @@ class Pairer:
             )
             index.loaded([x[0] for x in rows], (int(x[1]) for x in rows), 1e3)
 
-    def offer(self, spans: list[tuple[Any, ...]], entries: list[tuple[Any, ...]]) -> None:
-        """Rows just written: remember them and mark their traces. A span without a parent
-        cannot pair (no browser span) and marks nothing."""
+    def offer(self, span_rows: list[tuple[Any, ...]], entry_rows: list[tuple[Any, ...]]) -> None:
+        """Rows just written (in column order): remember them and mark their traces. A span
+        without a parent cannot pair (no browser span) and marks nothing."""
+        # The parsers' tuples as typed rows (the parsers make them ncols long: no checks).
+        spans: list[SpanRow] = list(map(as_span, span_rows))
+        entries: list[EntryRow] = list(map(as_entry, entry_rows))
         now: list[str] = []
         later: list[str] = []
         # Into the indexes before anything else sees these rows: a trace visible in memory
         # is in the index too (memory forgets, the index covers the look-back window).
         try:
             if spans:  # event times: span start in ns, entry start in µs
-                self.span_index.add([r[3] for r in spans], (r[0] for r in spans), 1e9)
+                self.span_index.add([r.trace_id for r in spans], (r.time for r in spans), 1e9)
             if entries:
-                self.entry_index.add([r[5] for r in entries], (r[0] for r in entries), 1e6)
+                self.entry_index.add([r.trace_id for r in entries], (r.time for r in entries), 1e6)
         except Exception:
             # These rows are in the store but perhaps not in an index: neither may say "not
             # there" while they can be in the window (event times up to a day ahead).
@@ -185,16 +190,16 @@ class Pairer:
         ms, me = self._mem_spans, self._mem_entries
         with self._lock:
             for r in entries:
-                t = r[5]
+                t = r.trace_id
                 _hold(me, t, r)
                 if t in ms or not auth:
                     now.append(t)
                 else:
                     want_span.append(t)
-            for r in spans:
-                t = r[3]
-                _hold(ms, t, r)
-                if r[5]:
+            for s in spans:
+                t = s.trace_id
+                _hold(ms, t, s)
+                if s.parent_span_id:
                     # The beacon usually comes after the span (it is sent when the stream
                     # has ended): look for it in the store only if it has not come here.
                     if t in me:
@@ -287,10 +292,8 @@ class Pairer:
         try:
             in_mem, spans, entries, lonely = self._gather(ids)
             version = time.time_ns()
-            rows, one_sided = pairs_for(spans, entries, version)
-            mem_rows, mem_one_sided = pairs_for_rows(in_mem, version)
-            rows += mem_rows
-            one_sided |= mem_one_sided | lonely
+            rows, one_sided = pairs_for(in_mem + by_trace(spans, entries), version)
+            one_sided |= lonely
             fresh, memo = self._changed(rows)
             n_fresh = len(fresh)
             if fresh:
@@ -313,15 +316,15 @@ class Pairer:
 
     def _gather(
         self, ids: list[str]
-    ) -> tuple[list[tuple[Rows, Rows]], list[dict[str, Any]], list[dict[str, Any]], set[str]]:
-        """Both sides of these traces: (traces with both sides in memory, as row tuples;
+    ) -> tuple[list[Trace], list[SpanRow], list[EntryRow], set[str]]:
+        """Both sides of these traces: (traces with both sides in memory;
         spans and entries of the others, read from the store where it has them; traces
         whose entries are in memory and whose spans are nowhere yet)."""
-        in_mem: list[tuple[Rows, Rows]] = []
-        spans: list[dict[str, Any]] = []
-        entries: list[dict[str, Any]] = []
+        in_mem: list[Trace] = []
+        spans: list[SpanRow] = []
+        entries: list[EntryRow] = []
         no_entries, neither = [], []
-        no_spans: dict[str, Rows] = {}
+        no_spans: dict[str, list[EntryRow]] = {}
         ms, me = self._mem_spans, self._mem_entries
         with self._lock:
             for t in ids:
@@ -352,10 +355,10 @@ class Pairer:
             | {t for t in neither if t in has_entry and t in has_span}
         )
         read_spans = [t for t in no_spans if t in has_span]
-        # An entry whose spans are nowhere yet pairs with nothing: no dicts, no pair_row.
+        # An entry whose spans are nowhere yet pairs with nothing: not paired at all.
         lonely = {t for t in no_spans if t not in has_span}
         for t in read_spans:
-            entries.extend(entry_dict(r) for r in no_spans[t])
+            entries.extend(no_spans[t])
         s1, e1 = read_traces(self.store, read_both, lb)
         s2, _ = read_traces(self.store, read_spans, lb, (True, False))
         spans += s1 + s2
@@ -363,19 +366,19 @@ class Pairer:
         return in_mem, spans, entries, lonely
 
     def _changed(
-        self, rows: list[tuple[Any, ...]]
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[tuple[str, str, int], int | str]]]:
+        self, rows: list[PairRow]
+    ) -> tuple[list[PairRow], list[tuple[tuple[str, str, int], int | str]]]:
         """The pairs that differ from what was last written under their key, and what to
         remember of them once they are written. A pair changes only when the spans it is
         made of change (the entry is immutable and the rest is derived from both): one hop
         and nothing linked — the common case — is told by its span id, anything else by a
         hash of its hops, links and reconnects."""
         get = self._written.get
-        fresh: list[tuple[Any, ...]] = []
+        fresh: list[PairRow] = []
         memo: list[tuple[tuple[str, str, int], int | str]] = []
         for r in rows:
-            key = (r[_P_TRACE], r[_P_SPAN], r[_P_SEQ])
-            hops, linked, reconnects = r[_P_HOPS], r[_P_LINKED], r[_P_RECONNECTS]
+            key = (r.trace_id, r.span_id, r.seq)
+            hops, linked, reconnects = r.hop_span_ids, r.linked_span_ids, r.reconnects
             if len(hops) == 1 and not linked and not reconnects:
                 h: int | str = hops[0]
             else:

@@ -418,7 +418,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         nrows = PyList_GET_SIZE(data);
         for (Py_ssize_t i = 0; i < nrows; i++) {
             PyObject *r = PyList_GET_ITEM(data, i);
-            if ((!PyTuple_CheckExact(r) && !PyList_CheckExact(r)) ||
+            if ((!PyTuple_Check(r) && !PyList_CheckExact(r)) ||
                 PySequence_Fast_GET_SIZE(r) != ncols)
                 Py_RETURN_NONE;
         }

@@ -164,13 +164,13 @@ class Store:
     def insert_rows(
         self,
         table: str,
-        rows: list[tuple[Any, ...]],
+        rows: Sequence[tuple[Any, ...]],
         column_names: Sequence[str],
         token: str | None = None,
     ) -> None:
         """The same from row tuples: the compiled encoder reads them as they are; only the
         driver's path (the fallback) needs them transposed into columns."""
-        self._insert(table, rows, column_names, token, by_rows=True)
+        self._insert(table, list(rows), column_names, token, by_rows=True)
 
     def _insert(
         self,

@@ -183,8 +183,7 @@ def pairing(st: Any) -> dict[str, Any]:
     a server store: what it wrote itself is in memory, the rest only in the store."""
     from collector.metrics import Metrics
     from collector.pairing import coverage
-    from collector.pairing.pairer import Pairer
-    from collector.pairing.rules import PAIR_NAMES
+    from collector.pairing.pairer import PAIR_NAMES, Pairer
     from collector.store import schema
 
     sn, en = schema.column_names(schema.SPAN_COLUMNS), schema.column_names(schema.ENTRY_COLUMNS)

@@ -31,6 +31,7 @@ from bench.collector import _bodies
 from collector.ingest import beacons, build_fast, otlp, otlp_metrics
 from collector.pairing import rules
 from collector.store import native, schema
+from collector.store.rows import EntryRow, SpanRow
 from tests.collector.gpu_sdk import SdkExporter, sample_state
 from tests.collector.helpers import run_store_script
 
@@ -265,21 +266,19 @@ def test_every_schema_type_is_modelled() -> None:
 
 def real_rows() -> dict[str, list[tuple[Any, ...]]]:
     """The three tables' rows as the collector makes them: the bench's OTLP and beacon bodies
-    parsed, then paired (one hop from the tuples; two hops — an edge and an origin span
-    with one parent — and an unpaired entry through pair_row)."""
+    parsed, then paired (one hop; two hops — an edge and an origin span with one
+    parent)."""
     now = time.time_ns()
     spans_b, beacons_b = _bodies(300, 3)
     spans = [r for b in spans_b for r in otlp.parse(b, False, now, 0, now).rows]
     entries = [r for b in beacons_b for r in beacons.parse(beacons.load(b), now, 0, now).rows]
-    by_trace = {e[5]: e for e in entries}
-    one_hop, _ = rules.pairs_for_rows([([s], [by_trace[s[3]]]) for s in spans[:200]], now)
-    edge = [rules.span_dict(s) for s in spans[200:]]
-    origin = [dict(d, span_id=d["span_id"][::-1], time_ns=d["time_ns"] + 1000) for d in edge]
-    multi, _ = rules.pairs_for(edge + origin, [rules.entry_dict(e) for e in entries[200:]], now)
+    span_rows, entry_rows = list(map(SpanRow._make, spans)), list(map(EntryRow._make, entries))
+    edge = span_rows[200:]
+    origin = [s._replace(span_id=s.span_id[::-1], time=s.time + 1000) for s in edge]
+    one_hop, _ = rules.pairs_for(rules.by_trace(span_rows[:200], entry_rows[:200]), now)
+    multi, _ = rules.pairs_for(rules.by_trace(edge + origin, entry_rows[200:]), now)
     assert len(one_hop) == 200 and len(multi) == 100
-    assert any(
-        len(r[schema.column_names(schema.PAIR_COLUMNS).index("hop_span_ids")]) == 2 for r in multi
-    )
+    assert any(len(r.hop_span_ids) == 2 for r in multi)
     # GPU spans (the agent's parallax.gpu.* attributes) and GPU metric points from the SDK.
     spans += [r for r in otlp.parse(_gpu_span_body(), False, now, 0, now).rows]
     e = SdkExporter(None)
@@ -293,7 +292,7 @@ def real_rows() -> dict[str, list[tuple[Any, ...]]]:
     return {
         schema.SPANS: spans,
         schema.ENTRIES: entries,
-        schema.PAIRS: one_hop + multi,
+        schema.PAIRS: [*one_hop, *multi],
         schema.GPU_SAMPLES: samples,
     }
 

@@ -1,7 +1,8 @@
-"""The pairer's fast path (row tuples → pairs tuple) gives exactly the rows of the general
-path (pair_row over dicts, the code the query API uses), for rows made by the real ingest
-parsers from generated OTLP spans and beacons: one hop, several hops, SDK + agent twins,
-reconnects, WebSocket sequences, missing timings, LLM streams read by either side or both."""
+"""The one derivation of a pair (collector/pairing/rules.py) over rows made by the real
+ingest parsers from generated OTLP spans and beacons — one hop, several hops, SDK + agent
+twins, reconnects, WebSocket sequences, missing timings, LLM streams read by either side or
+both: the parts a spec fixes by hand, a retried span read twice changes nothing, and the
+query API shows what the pairer writes."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from collector.api.query import detail
 from collector.ingest import beacons, otlp
-from collector.pairing.rules import PAIR_NAMES, entry_dict, pairs_for, pairs_for_rows, span_dict
+from collector.pairing import rules
+from collector.pairing.rules import pairs_for
+from collector.store.rows import EntryRow, PairRow, SpanRow
 
 TRACE = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
 BROWSER_SPAN = "00f067aa0ba902b7"
@@ -183,15 +187,9 @@ def _eq(x: Any, y: Any) -> bool:
     return bool(x == y and type(x) is type(y))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    spans=st.lists(span_spec(), min_size=1, max_size=4),
-    entries=st.lists(entry_spec(), min_size=1, max_size=2),
-    drift=st.one_of(st.none(), st.floats(-5000, 5000, allow_nan=False)),
-)
-def test_fast_path_equals_general_path(
+def _rows(
     spans: list[dict[str, Any]], entries: list[dict[str, Any]], drift: float | None
-) -> None:
+) -> tuple[list[SpanRow], list[EntryRow]]:
     now = time.time_ns()
     s_rows = otlp.parse(_otlp(spans), False, now, 0, now).rows
     doc: dict[str, Any] = {
@@ -206,19 +204,57 @@ def test_fast_path_equals_general_path(
         doc["clock_drift_ms"] = drift
     e_parsed = beacons.parse(beacons.load(json.dumps(doc).encode()), now, 0, now)
     assert not e_parsed.rejected, e_parsed.rejected
-    e_rows = e_parsed.rows
-    assert len(s_rows) == len(spans) and len(e_rows) == len(entries)
+    assert len(s_rows) == len(spans) and len(e_parsed.rows) == len(entries)
+    return list(map(SpanRow._make, s_rows)), list(map(EntryRow._make, e_parsed.rows))
+
+
+def _same(a: PairRow, b: PairRow) -> list[str]:
+    return [n for n, x, y in zip(PairRow._fields, a, b, strict=True) if not _eq(x, y)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spans=st.lists(span_spec(), min_size=1, max_size=4),
+    entries=st.lists(entry_spec(), min_size=1, max_size=2),
+    drift=st.one_of(st.none(), st.floats(-5000, 5000, allow_nan=False)),
+)
+def test_one_derivation_for_the_pairer_and_the_api(
+    spans: list[dict[str, Any]], entries: list[dict[str, Any]], drift: float | None
+) -> None:
+    s_rows, e_rows = _rows(spans, entries, drift)
     version = 1_795_000_000_000_000_000
-    fast, fast_one_sided = pairs_for_rows([(s_rows, e_rows)], version)
-    general, general_one_sided = pairs_for(
-        [span_dict(r) for r in s_rows], [entry_dict(r) for r in e_rows], version
-    )
-    assert fast_one_sided == general_one_sided
-    assert len(fast) == len(general)
-    for f, g in zip(fast, general, strict=True):
-        assert len(f) == len(g) == len(PAIR_NAMES)
-        diff = [(n, x, y) for n, x, y in zip(PAIR_NAMES, f, g, strict=True) if not _eq(x, y)]
-        assert not diff
+    pairs, one_sided = pairs_for([(s_rows, e_rows)], version)
+    # A client's retried export read back twice before a merge: the same pairs.
+    again, again_one_sided = pairs_for([(s_rows + s_rows, e_rows)], version)
+    assert again_one_sided == one_sided
+    assert len(again) == len(pairs)
+    assert all(not _same(a, b) for a, b in zip(pairs, again, strict=True))
+    # The trace is one-sided when its last entry found no span of its own.
+    assert one_sided == ({TRACE.hex()} if not rules.candidates(e_rows[-1], s_rows) else set())
+    by_spec = {bytes([1 + i]).hex() * 8: sp for i, sp in enumerate(spans)}
+    shown = detail(TRACE.hex(), s_rows, e_rows).exchanges
+    for e, spec in zip(e_rows, entries, strict=True):
+        p = rules.pair(e, s_rows, version)
+        if p is None:
+            continue
+        assert p in pairs
+        t0, t3 = spec.get("request_start_ms"), spec.get("response_start_ms")
+        assert p.user_ttfb_ms == (None if t0 is None or t3 is None else t3 - t0)
+        assert len(p.user_itl_ms) == max(0, len(spec.get("chunk_ms", [])) - 1)
+        origin = by_spec[p.hop_span_ids[-1]]
+        ttfb_us = origin["ttfb_us"]
+        # without the agent's TTFB, the span's duration (whole µs) stands in
+        dur_us = int(origin["dur_ms"] * 1e6) // 1000
+        want = (ttfb_us if ttfb_us is not None else dur_us) / 1000
+        assert math.isclose(p.server_ttfb_ms or 0.0, want, abs_tol=1e-6)
+        assert p.server_timed == (ttfb_us is not None)
+        assert math.isclose(sum(p.hop_added_ms), p.hop_added_ms[0] + sum(p.hop_added_ms[1:]))
+    # The query API shows each exchange's parts as the pairer derives them.
+    ordered = sorted(e_rows, key=lambda e: (e.time, e.seq))
+    for e, ex in zip(ordered, shown, strict=True):
+        p = rules.pair(e, s_rows, version) or rules.derive(e, [])
+        parts = ex.parts.model_dump(exclude={"llm"})
+        assert not [(k, v, getattr(p, k)) for k, v in parts.items() if not _eq(v, getattr(p, k))]
 
 
 def test_due_marks_earlier_wins_and_nothing_is_taken_twice() -> None:
@@ -272,12 +308,13 @@ def test_a_pair_is_written_again_only_when_its_spans_change() -> None:
            "entries": [{"trace_id": TRACE.hex(), "span_id": BROWSER_SPAN, "kind": "fetch",
                         "start_ms": 100.0, "request_start_ms": 101.0,
                         "response_start_ms": 140.0}]}  # fmt: skip
-    entry = beacons.parse(beacons.read(json.dumps(doc).encode()), now, 0, now).rows
+    parsed = beacons.parse(beacons.read(json.dumps(doc).encode()), now, 0, now).rows
+    entry = list(map(EntryRow._make, parsed))
     p = Pairer(cast(Store, None), Metrics())  # _changed never touches the store
 
     def written(specs: list[dict[str, Any]]) -> int:
-        rows = otlp.parse(_otlp(specs), False, now, 0, now).rows
-        pairs, _ = pairs_for_rows([(rows, entry)], time.time_ns())
+        rows = list(map(SpanRow._make, otlp.parse(_otlp(specs), False, now, 0, now).rows))
+        pairs, _ = pairs_for([(rows, entry)], time.time_ns())
         fresh, memo = p._changed(pairs)
         p._remember(memo)
         return len(fresh)

@@ -150,13 +150,16 @@ def test_an_index_that_failed_to_take_written_rows_stops_answering() -> None:
 
     from collector.metrics import Metrics
     from collector.pairing.pairer import Pairer
+    from collector.store.rows import SpanRow
 
     p = Pairer(object(), Metrics(), exclusive=True)  # type: ignore[arg-type]
     p.span_index.loaded([], [], 1e9)
     p.entry_index.loaded([], [], 1e6)
     assert p.authoritative()
     now_ns = time.time_ns()
-    span = (now_ns, 0, 0, "ab" * 16, "cd" * 8, "ef" * 8)  # event time, …, trace id (3), parent (5)
+    span = SpanRow._make([None] * len(SpanRow._fields))._replace(
+        time=now_ns, trace_id="ab" * 16, span_id="cd" * 8, parent_span_id="ef" * 8
+    )
 
     def broken(*_: object) -> None:
         raise RuntimeError("index broke")
