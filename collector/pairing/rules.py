@@ -102,19 +102,29 @@ def _gaps(xs: Sequence[float], scale: float = 1.0) -> list[float]:
 
 
 _HOLD_MAX, _HOLD_REASON = sa.WIRE_HOLD_MAX_US.name, sa.WIRE_HOLD_REASON.name
+_RETRANSMIT_WAIT = sa.RETRANSMIT_WAIT_US.name
+
+
+def _attr_ms(attrs: Mapping[str, str] | None, name: str) -> float | None:
+    """A µs attribute as the ingest keeps it (text) in ms; None when absent or not a whole
+    non-negative number."""
+    raw = (attrs or {}).get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        v = int(raw)
+    except ValueError:
+        return None
+    return v / 1000.0 if v >= 0 else None
 
 
 def hold_of(attrs: Mapping[str, str] | None) -> tuple[float | None, str]:
     """(longest write-to-wire hold in ms, its reason) from a span's attributes as the ingest
     wrote them; (None, '') where not measured."""
-    raw = (attrs or {}).get(_HOLD_MAX)
-    try:
-        v = int(raw) if raw is not None and raw != "" else None
-    except ValueError:
-        v = None
-    if v is None or v < 0:
+    v = _attr_ms(attrs, _HOLD_MAX)
+    if v is None:
         return None, ""
-    return v / 1000.0, str((attrs or {}).get(_HOLD_REASON) or "")
+    return v, str((attrs or {}).get(_HOLD_REASON) or "")
 
 
 def _painted_after(first_chunk: float | None, first_token: float | None) -> float | None:
@@ -212,6 +222,8 @@ def derive(
         _server_parts(e, hops, user_ttfb_ms) if hops else _NO_SERVER
     )  # fmt: skip
     wire_hold_ms, wire_hold_reason = hold_of(origin.attributes) if origin else (None, "")
+    # the edge hop's, where its retransmits are counted
+    retransmit_wait_ms = _attr_ms(hops[0].attributes, _RETRANSMIT_WAIT) if hops else None
     time_, paired_at = e.time, version // 1_000_000
     site, session, kind, trace_id, span_id = e.site, e.session, e.kind, e.trace_id, e.span_id
     seq, coarse, chunks_coarse = e.seq or 0, bool(e.coarse), bool(e.chunks_coarse)
@@ -236,7 +248,7 @@ def derive(
         hop_span_ids, hop_services, hop_added_ms, edge_itl_ms, linked_span_ids or [],
         reconnects, network_ms, queue_ms, accept_queue_ms, recv_queue_ms, retransmits,
         srtt_ms, theta_ms, theta_delay_ms, sample_th, wire_hold_ms, wire_hold_reason,
-        *llm_columns,
+        *llm_columns, retransmit_wait_ms,
     ))  # fmt: skip
 
 

@@ -155,7 +155,14 @@ def traps(
     rt = series.get("retransmits")
     share = rt.share() if rt else None
     if share is not None and share >= 0.01:
-        found.append(("retransmits", f"{100 * share:.1f}% of requests had TCP retransmits"))
+        wait = p95(series, "retransmit_wait")
+        waited = (
+            ""
+            if wait is None
+            else f", whose connections waited P95 {ms(wait)} to send bytes again (RTO and "
+            "fast-retransmit waits)"
+        )
+        found.append(("retransmits", f"{100 * share:.1f}% of requests had TCP retransmits{waited}"))
     if far_off:
         found.append(
             (

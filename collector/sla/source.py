@@ -61,6 +61,9 @@ PARTS: dict[str, str] = {
     "server": "server_ttfb_ms",
     "render": "render_delay_ms",
     "retransmits": "if(retransmits IS NULL, NULL, toFloat64(retransmits > 0))",
+    # the edge connection's wait to send bytes again (RTO, fast retransmit): NULL when the
+    # request had no retransmit or none could be timed
+    "retransmit_wait": "retransmit_wait_ms",
     "itl_p50:user": f"if(NOT chunks_coarse AND length(user_itl_ms) > 0, "
     f"{_P50_ARR.format(a='user_itl_ms')}, NULL)",
     "itl_p50:server": f"if(length(server_itl_ms) > 0, {_P50_ARR.format(a='server_itl_ms')}, NULL)",

@@ -169,3 +169,4 @@ class PairRow(NamedTuple):
     llm_queue_ms: float | None
     llm_prefill_ms: float | None
     llm_decode_ms: float | None
+    retransmit_wait_ms: float | None

@@ -252,9 +252,17 @@ PAIR_HOLD_COLUMNS: tuple[Column, ...] = (
     _c("wire_hold_ms", "Nullable(Float64)"),
     _c("wire_hold_reason", "LowCardinality(String)"),
 )
+# How long the edge hop's connection waited to send bytes again during this request
+# (migration 7; the agent's parallax.retransmit_wait_us, docs/agent.md): NULL when it had no
+# retransmit or none could be timed.
+PAIR_RETRANSMIT_COLUMNS: tuple[Column, ...] = (_c("retransmit_wait_ms", "Nullable(Float64)"),)
 # An LLM exchange's tokens, first token, gaps and engine queue (migration 6; llm_columns.py).
 PAIR_COLUMNS: tuple[Column, ...] = (
-    _PAIR_COLUMNS_V1 + PAIR_SAMPLING_COLUMNS + PAIR_HOLD_COLUMNS + PAIR_LLM_COLUMNS
+    _PAIR_COLUMNS_V1
+    + PAIR_SAMPLING_COLUMNS
+    + PAIR_HOLD_COLUMNS
+    + PAIR_LLM_COLUMNS
+    + PAIR_RETRANSMIT_COLUMNS
 )
 
 
@@ -493,6 +501,10 @@ def _v6_llm(lay: Layout, db: str, days: int) -> list[str]:
     return _add_columns_at_once(lay, db, *_LLM_TABLES)
 
 
+def _v7_retransmit_wait(lay: Layout, db: str, days: int) -> list[str]:
+    return _add_columns(lay, db, (PAIRS, PAIR_RETRANSMIT_COLUMNS))
+
+
 # Every version: (number, name as recorded in schema_migrations, its statements).
 _VERSIONS: tuple[tuple[int, str, Callable[[Layout, str, int], list[str]]], ...] = (
     (1, "spans, browser entries, pairs", _v1_spans_entries_pairs),
@@ -501,6 +513,7 @@ _VERSIONS: tuple[tuple[int, str, Callable[[Layout, str, int], list[str]]], ...] 
     (4, "sampling thresholds of spans and pairs, request_counts", _v4_sampling),
     (5, "write-to-wire holdback of spans and pairs", _v5_holdback),
     (6, "LLM streams of spans, browser entries and pairs", _v6_llm),
+    (7, "retransmit waits of pairs", _v7_retransmit_wait),
 )
 
 

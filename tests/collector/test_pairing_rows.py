@@ -44,6 +44,7 @@ def span_spec(draw: st.DrawFn) -> dict[str, Any]:
         "recv_queue_us": draw(maybe_us),
         "srtt_us": draw(maybe_us),
         "retransmits": draw(st.one_of(st.none(), st.integers(0, 9))),
+        "retransmit_wait_us": draw(maybe_us),
         "offsets": draw(st.lists(st.integers(0, 900_000), max_size=6).map(sorted)),
         "port": draw(st.sampled_from([0, 8000, 8080])),
         "host": draw(st.sampled_from(["", "node-a", "node-b"])),
@@ -106,8 +107,15 @@ def _otlp(specs: list[dict[str, Any]]) -> bytes:
             attrs["parallax.source"] = "ebpf"
         if sp_spec["arrival_before_us"] is not None:
             attrs["parallax.arrival_unix_ns"] = t1 - sp_spec["arrival_before_us"] * 1000
-        for k in ("ttfb_us", "ttft_us", "recv_queue_us", "srtt_us", "retransmits"):
-            if sp_spec[k] is not None:
+        for k in (
+            "ttfb_us",
+            "ttft_us",
+            "recv_queue_us",
+            "srtt_us",
+            "retransmits",
+            "retransmit_wait_us",
+        ):
+            if sp_spec.get(k) is not None:
                 attrs[f"parallax.{k}"] = sp_spec[k]
         attrs.update(sp_spec.get("llm") or {})
         if sp_spec.get("hold") is not None:
@@ -248,6 +256,8 @@ def test_one_derivation_for_the_pairer_and_the_api(
         want = (ttfb_us if ttfb_us is not None else dur_us) / 1000
         assert math.isclose(p.server_ttfb_ms or 0.0, want, abs_tol=1e-6)
         assert p.server_timed == (ttfb_us is not None)
+        wait = by_spec[p.hop_span_ids[0]].get("retransmit_wait_us")  # the edge hop's
+        assert p.retransmit_wait_ms == (None if wait is None else wait / 1000)
         assert math.isclose(sum(p.hop_added_ms), p.hop_added_ms[0] + sum(p.hop_added_ms[1:]))
     # The query API shows each exchange's parts as the pairer derives them.
     ordered = sorted(e_rows, key=lambda e: (e.time, e.seq))

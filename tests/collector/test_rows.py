@@ -30,7 +30,7 @@ def test_rowgen_types_follow_the_column_types() -> None:
 
 def test_derive_builds_the_pair_row_field_by_field() -> None:
     """derive() builds PairRow from a tuple of locals: each must be named as its field
-    (``time_`` for ``time``, ``len(hops)`` for ``hops``), the LLM columns last, spread."""
+    (``time_`` for ``time``, ``len(hops)`` for ``hops``), the LLM columns spread in place."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(rules.derive)))
     ret = next(n for n in ast.walk(tree) if isinstance(n, ast.Return))
     assert isinstance(ret.value, ast.Call)
@@ -42,7 +42,8 @@ def test_derive_builds_the_pair_row_field_by_field() -> None:
     ]
     aliases = {"time_": "time", "len(hops)": "hops", "linked_span_ids or []": "linked_span_ids"}
     llm = len(PAIR_LLM_COLUMNS)
-    head = PairRow._fields[:-llm]
-    assert [aliases.get(n, n) for n in names[:-1]] == list(head)
-    assert names[-1] == "*llm_columns"
-    assert list(PairRow._fields[-llm:]) == schema.column_names(PAIR_LLM_COLUMNS)
+    at = names.index("*llm_columns")
+    fields = list(PairRow._fields)
+    assert [aliases.get(n, n) for n in names[:at]] == fields[:at]
+    assert fields[at : at + llm] == schema.column_names(PAIR_LLM_COLUMNS)
+    assert names[at + 1 :] == fields[at + llm :]

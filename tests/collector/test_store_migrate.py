@@ -110,7 +110,7 @@ V1_SPAN_COLUMNS = [
 
 def test_previous_store_migrates(tmp_path: Path) -> None:
     out = run_store_script(_SCRIPT, tmp_path / "chdb")
-    assert out["applied"] == [3, 4, 5, 6] and out["again"] == []
+    assert out["applied"] == [3, 4, 5, 6, 7] and out["again"] == []
     assert out["old_row"] == [[None] * 8 + ["", 500]]  # absent, not zero
     assert out["new_row"] == [[40, None, 100000, 0, 97.5, None, 0.5, 14.0, "GPU-x,GPU-y"]]
     assert out["samples"] == 1
@@ -159,7 +159,7 @@ span.update(time=time.time_ns() - 10**9, end_time=time.time_ns(), received=time.
             client_port=1, duration_us=1000, chunk_offsets_us=[], ws_seq=0, partial=False,
             client_aborted=False, traceparent_missed=False, attributes={}, gpu_uuid='')
 c.insert(f'{db}.server_spans', [[span[n] for n in v3]], column_names=v3)
-llm = schema.column_names(schema.PAIR_LLM_COLUMNS)  # migration 6's
+llm = schema.column_names(schema.PAIR_LLM_COLUMNS + schema.PAIR_RETRANSMIT_COLUMNS)  # 6's, 7's
 pn = [col.name for col in schema.PAIR_COLUMNS
       if col.name != 'sample_th' and not col.name.startswith('wire_hold') and col.name not in llm]
 def pair(i, t, th=None):
@@ -218,7 +218,7 @@ def test_store_of_the_previous_version_migrates_to_sampling(tmp_path: Path) -> N
     columns (the old summary reads weight 1 per pair), and a window mixing old pairs with
     new ones sampled at 1/4 weighs the new ones 4 each (effective sample size below n)."""
     out = run_store_script(_SCRIPT_V4, tmp_path / "chdb")
-    assert out["applied"] == [4, 5, 6] and out["again"] == []
+    assert out["applied"] == [4, 5, 6, 7] and out["again"] == []
     assert out["old_span_th"] == 0 and out["old_pair_th"] == 0
     assert out["old_summary"] == [["3.0", "3.0", "[1.0, 2.0]", "[1.0, 2.0]"]]
     assert out["before"] == [200, 200]
@@ -247,7 +247,7 @@ span.update(time=now - 10**9, end_time=now, received=now // 10**6, trace_id='a' 
             client_aborted=False, traceparent_missed=False, attributes={}, gpu_uuid='',
             sample_th=0)
 c.insert(f'{db}.server_spans', [[span[n] for n in names]], column_names=names)
-llm = schema.column_names(schema.PAIR_LLM_COLUMNS)  # migration 6's
+llm = schema.column_names(schema.PAIR_LLM_COLUMNS + schema.PAIR_RETRANSMIT_COLUMNS)  # 6's, 7's
 pn = [col.name for col in schema.PAIR_COLUMNS
       if not col.name.startswith('wire_hold') and col.name not in llm]
 pair = {n: None for n in pn}
@@ -300,7 +300,7 @@ def test_store_of_the_previous_version_migrates_to_holdback(tmp_path: Path) -> N
     the agent sends reads its parallax.wire_hold.* attributes back as columns, computed by the
     store (the parsers keep them in ``attributes``): measured-and-none-held reads 0."""
     out = run_store_script(_SCRIPT_V5, tmp_path / "chdb")
-    assert out["applied"] == [5, 6] and out["again"] == []
+    assert out["applied"] == [5, 6, 7] and out["again"] == []
     assert out["old_span"] == [[None, None, ""]]
     assert out["old_pair"] == [[None, ""]]
     assert out["new"] == [

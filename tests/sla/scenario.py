@@ -101,6 +101,9 @@ def gen_render(rng: np.random.Generator, n: int) -> dict[str, Any]:
 def gen_network(rng: np.random.Generator, n: int) -> dict[str, Any]:
     server = rng.normal(40, 5, n).clip(1)
     net = 24.9 + rng.uniform(0, 0.2, n)  # +25 ms TTFB from the network
+    # every 5th request's connection sent bytes again after an RTO (200 or 205 ms), the
+    # rest had none (their wait is absent, not 0)
+    lossy = [i % 5 == 0 for i in range(n)]
     return {
         "server_ttfb_ms": server,
         "user_ttfb_ms": server + net,
@@ -108,6 +111,8 @@ def gen_network(rng: np.random.Generator, n: int) -> dict[str, Any]:
         "queue_ms": np.zeros(n),
         "recv_queue_ms": np.zeros(n),
         "accept_queue_ms": np.zeros(n),
+        "retransmits": [int(x) for x in lossy],
+        "retransmit_wait_ms": [200.0 + i % 10 if x else None for i, x in enumerate(lossy)],
     }
 
 

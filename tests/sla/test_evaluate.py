@@ -113,6 +113,19 @@ def test_ranking_names_the_cause(ev: Evaluation) -> None:
     assert "render_lag" in _m(ev, "/v1/render", "visible_ttft").traps
 
 
+def test_retransmits_are_said_with_their_wait(ev: Evaluation) -> None:
+    """A fifth of /v1/net's requests had a retransmit after a 200–205 ms RTO: the share and
+    the P95 wait (among the requests that had one) are in the sentence."""
+    m = _m(ev, "/v1/net", "ttfb")
+    assert "retransmits" in m.traps
+    assert "20.0% of requests had TCP retransmits, whose connections waited P95 20" in (
+        m.sentence
+    ), m.sentence
+    assert "to send bytes again (RTO and fast-retransmit waits)" in m.sentence
+    ok = _m(ev, "/v1/ok", "ttfb")
+    assert "retransmits" not in ok.traps
+
+
 def test_buffering_proxy_is_found_at_the_edge(ev: Evaluation) -> None:
     m = _m(ev, "/v1/stream", "itl")
     assert "buffering_proxy" in m.traps
