@@ -32,6 +32,7 @@ from collector.api.query import build_query_app
 from collector.config import Settings, split_hostport
 from collector.ingest import otlp
 from collector.metrics import Metrics
+from collector.pairing import rules
 from collector.pairing.pairer import Pairer
 from collector.pipeline import ENTRIES, SPANS, Pipeline, SpoolLockedError
 from collector.plugins import Context, Plugin
@@ -131,7 +132,7 @@ class Collector:
     def start(self) -> None:
         s = self.settings
         log.info("store: %s (database %s)", redact(self.dsn), self.store.database)
-        log.info("%s; %s", otlp.DECODER, native.describe())
+        log.info("%s; %s; %s", otlp.DECODER, native.describe(), rules.DERIVATION)
         if not s.sites:
             log.warning("no site configured: beacons from any site key and any origin are accepted")
         # The collector keeps many live objects (queued rows, the pairer's recent traces),

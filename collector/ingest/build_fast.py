@@ -1,5 +1,6 @@
-"""Builds the compiled OTLP span decoder (collector/ingest/_otlp_fast.c) and the Native insert
-encoder (collector/store/_native_fast.c), each next to its source.
+"""Builds the compiled OTLP span decoder (collector/ingest/_otlp_fast.c), the Native insert
+encoder (collector/store/_native_fast.c) and the one-hop pair derivation
+(collector/pairing/_derive_fast.c), each next to its source.
 
 ``python -m collector.ingest.build_fast [--force]``, run by scripts/setup.sh. Idempotent:
 compiles only when the shared object is missing or older than the .c. Without gcc or
@@ -20,10 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_otlp_fast.c"
 NATIVE_SOURCE = HERE.parent / "store" / "_native_fast.c"
+DERIVE_SOURCE = HERE.parent / "pairing" / "_derive_fast.c"
 # Each compiled module and what the collector does without it.
 WITHOUT = {
     SOURCE: "OTLP is parsed in pure Python",
     NATIVE_SOURCE: "inserts are encoded by clickhouse-connect",
+    DERIVE_SOURCE: "pairs are derived in pure Python",
 }
 
 

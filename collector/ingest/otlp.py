@@ -9,9 +9,7 @@ the Resource's value wins over a span attribute of the same name).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from collector.compiled import load
 from collector.ingest import otlp_common
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, Parsed, outside_window
 from collector.ingest.otlp_common import any_value as _value
@@ -521,24 +520,15 @@ assert len(_FAST_NAMES) == 41 + 12 and frozenset(_FAST_NAMES[:38]) == _CONSUMED
 
 def _load_fast() -> tuple[Any, str]:
     """(the configured module or None, which decoder is in use — said once in the log)."""
-    if os.environ.get("PARALLAX_OTLP_FAST", "1") == "0":
-        return None, "OTLP protobuf decoder: pure Python (PARALLAX_OTLP_FAST=0)"
-    rebuild = "python -m collector.ingest.build_fast"
-    spec = importlib.util.find_spec("collector.ingest._otlp_fast")
-    if spec is None or spec.origin is None or not spec.origin.endswith(".so"):
-        return None, f"OTLP protobuf decoder: pure Python (compiled decoder not built: {rebuild})"
     source = Path(__file__).with_name("_otlp_fast.c")
-    # A build older than its source (the .c changed since: a pull without `make setup`)
-    # may not match this module's expectations: not used.
-    if source.exists() and source.stat().st_mtime > Path(spec.origin).stat().st_mtime:
-        return None, f"OTLP protobuf decoder: pure Python (compiled decoder stale: {rebuild})"
+    fast, why_not = load("collector.ingest._otlp_fast", source, "PARALLAX_OTLP_FAST")
+    if fast is None:
+        return None, f"OTLP protobuf decoder: pure Python (compiled decoder {why_not})"
     try:
-        from collector.ingest import _otlp_fast  # noqa: PLC0415 (optional, compiled)
-
-        _otlp_fast.configure(_FAST_NAMES, _route, MAX_DURATION_NS, FUTURE_SLACK_NS)
-    except (ImportError, ValueError, TypeError) as e:
+        fast.configure(_FAST_NAMES, _route, MAX_DURATION_NS, FUTURE_SLACK_NS)
+    except (ValueError, TypeError) as e:
         return None, f"OTLP protobuf decoder: pure Python (compiled decoder unusable: {e})"
-    return _otlp_fast, f"OTLP protobuf decoder: compiled ({Path(spec.origin).name})"
+    return fast, f"OTLP protobuf decoder: compiled ({Path(fast.__file__ or '?').name})"
 
 
 _fast, DECODER = _load_fast()

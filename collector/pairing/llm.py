@@ -68,7 +68,7 @@ class ServerStream:
     last_output_us: int | None
 
 
-_DIALECT_ATTR = genai.DIALECT.name
+DIALECT_ATTR = genai.DIALECT.name
 _FIELDS: dict[str, Attr] = {
     "model": genai.GEN_AI_RESPONSE_MODEL,
     "end": genai.END,
@@ -186,6 +186,6 @@ def pair_columns(
 ) -> tuple[Any, ...]:
     """pair_values of an entry and its origin hop (its ``attributes`` and ``ttft_us``; None
     without a hop)."""
-    if not entry.llm_dialect and not (attrs and _DIALECT_ATTR in attrs):
+    if not entry.llm_dialect and not (attrs and DIALECT_ATTR in attrs):
         return NO_LLM  # the common case: neither side read a stream dialect
     return pair_values(t0, user_stream(entry), server_stream(attrs, ttft_us))

@@ -21,7 +21,10 @@ import itertools
 import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+from collector.compiled import load
 from collector.pairing import llm
 from collector.store.rows import EntryRow, PairRow, SpanRow
 from parallax_contracts import span_attributes as sa
@@ -252,15 +255,43 @@ def derive(
     ))  # fmt: skip
 
 
+def _load_compiled() -> tuple[Any, str]:
+    """(the configured compiled one-hop derivation or None, which derivation is in use)."""
+    source = Path(__file__).with_name("_derive_fast.c")
+    fast, why_not = load("collector.pairing._derive_fast", source, "PARALLAX_DERIVE_FAST")
+    if fast is None:
+        return None, f"pair derivation: Python (the compiled one-hop derivation {why_not})"
+    absent = dict(zip(llm.PAIR_LLM_NAMES, llm.NO_LLM, strict=True))
+    attrs = (_HOLD_MAX, _HOLD_REASON, _RETRANSMIT_WAIT, llm.DIALECT_ATTR)
+    try:
+        fast.configure(
+            PairRow, EntryRow._fields, SpanRow._fields, absent, tuple(llm.PAIR_LLM_NAMES),
+            llm.pair_columns, attrs,
+        )  # fmt: skip
+    except (ValueError, TypeError) as e:
+        return None, f"pair derivation: Python (the compiled one-hop derivation unusable: {e})"
+    return fast, f"pair derivation: compiled for one hop ({Path(fast.__file__ or '?').name})"
+
+
+# derive_one(entry, span, sample_th, version): derive(entry, [span], [], 0, sample_th,
+# version) in C (_derive_fast.c; tests/collector/test_derive_fast.py holds the two equal),
+# or None for a row it does not model.
+_compiled, DERIVATION = _load_compiled()
+
+
 def pair(entry: EntryRow, spans: Sequence[SpanRow], version: int) -> PairRow | None:
     """The pair of ``entry`` among its trace's spans, or None if none is its."""
     cands = candidates(entry, spans)
     if not cands:
         return None
+    if len(cands) == 1:  # one hop (most pairs): nothing to fold, order or count
+        th = cands[0].sample_th or 0
+        row = None if _compiled is None else _compiled.derive_one(entry, cands[0], th, version)
+        return derive(entry, cands, [], 0, th, version) if row is None else row
     hops, linked, reconnects = arrange(cands)
     # Every hop decides on the trace id's randomness (consistent sampling): the pair
     # exists when any of its spans was kept, i.e. under the lowest threshold among them.
-    th = cands[0].sample_th or 0 if len(cands) == 1 else min(c.sample_th or 0 for c in cands)
+    th = min(c.sample_th or 0 for c in cands)
     return derive(entry, hops, linked, reconnects, th, version)
 
 

@@ -14,13 +14,13 @@ is empty, or a value is not exactly of the type the encoder expects (see _native
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from collector.compiled import load
 from collector.store import schema
 
 # Type codes: the enum in _native_fast.c.
@@ -110,28 +110,16 @@ def plan(table: str, column_names: Sequence[str]) -> Plan | None:
 
 _UNLOADED = ModuleType("unloaded")
 _fast: ModuleType | None = _UNLOADED
-_why_not = "turned off (PARALLAX_NATIVE_FAST=0)"
+_why_not = ""
 
 
 def compiled() -> ModuleType | None:
     """The compiled encoder, imported on first use (a build in the same process — the
     tests' — comes first), or None: not built or turned off."""
-    global _fast, _why_not  # noqa: PLW0603 — a module-wide one-time import
+    global _fast, _why_not  # a module-wide one-time import
     if _fast is _UNLOADED:
-        _fast = None
-        if os.environ.get("PARALLAX_NATIVE_FAST", "1") != "0":
-            try:
-                from collector.store import _native_fast  # noqa: PLC0415 (optional, compiled)
-            except ImportError:
-                _why_not = "not built (python -m collector.ingest.build_fast)"
-            else:
-                # Built from an older .c: its bytes were checked against another encoder.
-                src = Path(__file__).with_name("_native_fast.c")
-                so = Path(_native_fast.__file__ or src)
-                if src.exists() and so.stat().st_mtime < src.stat().st_mtime:
-                    _why_not = f"{so.name} is older than {src.name}: rebuild it"
-                else:
-                    _fast = _native_fast
+        src = Path(__file__).with_name("_native_fast.c")
+        _fast, _why_not = load("collector.store._native_fast", src, "PARALLAX_NATIVE_FAST")
     return _fast
 
 
