@@ -48,6 +48,9 @@ def candidates(entry: EntryRow, spans: Sequence[SpanRow]) -> list[SpanRow]:
     if entry.kind == "websocket" and seq > 0:
         return [s for s in spans if s.ws_seq == seq]
     sid = entry.span_id
+    if len(spans) == 1:  # most traces: the test without a comprehension's frame (~0.2 µs)
+        s = spans[0]
+        return [s] if s.parent_span_id == sid and s.ws_seq == seq else []
     return [s for s in spans if s.parent_span_id == sid and s.ws_seq == seq]
 
 
