@@ -1,0 +1,112 @@
+"""Where the agent's user-space CPU per request goes: the agent of this tree under
+``make bench-agent``'s paced load (nginx, wrk, 10 connections, ``--cpu-budget 0``), its CPU
+per request by thread (``/proc/<pid>/task/*/schedstat``) and its idle CPU before the load;
+with ``--cprofile PATH`` the agent runs under cProfile (the main thread, ~2.4× slower) and
+writes its stats there (read them with ``pstats``).
+
+    python -m bench.agent_threads [--rate 2000] [--seconds 10] [--cprofile PATH]
+
+Root, wrk and nginx (make setup). Prints only; docs/benchmarks.md holds a run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.agent import NGINX_CONF, PACED_LUA, ROOT, _cpu_ns, _wait_port, wrk
+from demo.stack import free_port
+
+CONNS = 10
+
+
+def threads_ns(pid: int) -> dict[str, int]:
+    """CPU ns of each live thread of ``pid``, keyed "tid name" (the main thread's tid is the
+    pid; Python's thread names do not reach the kernel's comm)."""
+    out: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except OSError:
+            continue
+        out[f"{tid} {'main' if tid == str(pid) else name}"] = ns
+    return out
+
+
+def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
+    lua = tmp / "paced.lua"
+    lua.write_text(PACED_LUA.format(delay_ms=max(1, round(CONNS * 1000 / a.rate))))
+    err = tmp / "agent.err"
+    prof = ["-m", "cProfile", "-o", str(Path(a.cprofile).resolve())] if a.cprofile else []
+    argv = [
+        sys.executable, *prof, "-m", "agent.cli", "run", "--port", str(port),
+        "--jsonl", os.devnull, "--cpu-budget", "0", "--metrics-addr", f"127.0.0.1:{free_port()}",
+    ]  # fmt: skip
+    with open(err, "w") as e:
+        agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=e)
+    try:
+        while "attached" not in err.read_text():
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent did not start: {err.read_text()[-300:]}")
+            time.sleep(0.1)
+        time.sleep(2)  # the first rescan has picked up nginx
+        c0 = _cpu_ns(agent.pid)
+        time.sleep(5)
+        idle_ms_s = (_cpu_ns(agent.pid) - c0) / 5e6
+        c0, t0 = _cpu_ns(agent.pid), threads_ns(agent.pid)
+        res = wrk(port, a.seconds, CONNS, lua)
+        c1, t1 = _cpu_ns(agent.pid), threads_ns(agent.pid)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(60)
+    n = max(1.0, res["requests"])
+    print(f"{n:.0f} requests ({n / a.seconds:.0f}/s); idle agent {idle_ms_s:.1f} ms CPU/s")
+    for k in sorted(t1, key=lambda k: t0.get(k, 0) - t1[k]):
+        if t1[k] - t0.get(k, 0) > 1e6:
+            print(f"  thread {k}: {(t1[k] - t0.get(k, 0)) / 1e3 / n:.1f} µs/request")
+    total = (c1 - c0) / 1e3 / n
+    marginal = ((c1 - c0) / 1e3 - idle_ms_s * 1e3 * a.seconds) / n
+    print(f"agent CPU {total:.1f} µs/request in all, {marginal:.1f} less the idle agent's")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.agent_threads", description=__doc__)
+    ap.add_argument("--rate", type=int, default=2000, help="offered requests/s (paced)")
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--cprofile", metavar="PATH", help="run the agent under cProfile")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
+        print("bench.agent_threads: needs root, wrk and nginx (make setup)", file=sys.stderr)
+        return 1
+    tmp = Path(tempfile.mkdtemp(prefix="px-threads-"))
+    port = free_port()
+    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
+    ngx = subprocess.Popen(
+        ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port)
+        wrk(port, 1, CONNS, None)  # warm-up
+        measure(tmp, port, a)
+    except RuntimeError as e:
+        print(f"bench.agent_threads: {e}".splitlines()[0], file=sys.stderr)
+        return 1
+    finally:
+        ngx.terminate()
+        ngx.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
