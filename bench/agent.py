@@ -55,6 +55,17 @@ http {{
 PACED_LUA = "function delay() return {delay_ms} end\n"
 
 
+def start_nginx(tmp: Path, port: int) -> subprocess.Popen[bytes]:
+    """The bench's nginx (NGINX_CONF: one worker, `return 200`) on ``port``, its files in
+    ``tmp``; the caller waits for the port and terminates it."""
+    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
+    return subprocess.Popen(
+        ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _wait_port(port: int) -> None:
     for _ in range(200):
         try:
@@ -451,12 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="px-bench-"))
     port = free_port()
-    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
-    ngx = subprocess.Popen(
-        ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    ngx = start_nginx(tmp, port)
     conns = 10
     luas = {}
     for r in rates:

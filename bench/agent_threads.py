@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.agent import NGINX_CONF, PACED_LUA, ROOT, _cpu_ns, _wait_port, wrk
+from bench.agent import PACED_LUA, ROOT, _cpu_ns, _wait_port, start_nginx, wrk
 from demo.stack import free_port
 
 CONNS = 10
@@ -88,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     tmp = Path(tempfile.mkdtemp(prefix="px-threads-"))
     port = free_port()
-    (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, port=port, servers=""))
-    ngx = subprocess.Popen(
-        ["nginx", "-c", str(tmp / "nginx.conf"), "-p", str(tmp)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    ngx = start_nginx(tmp, port)
     try:
         _wait_port(port)
         wrk(port, 1, CONNS, None)  # warm-up
