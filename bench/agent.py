@@ -107,18 +107,26 @@ def wrk(
     return res
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU time of the process's threads (nanoseconds; sum_exec_runtime from each
-    /proc/<pid>/task/<tid>/schedstat): an idle agent uses a few ms a second, below the
-    10 ms tick of utime+stime. The agent's threads live for the whole run (the /metrics
-    handler threads only at the scrapes after the measurements)."""
-    total = 0
+def threads_ns(pid: int) -> dict[str, int]:
+    """CPU ns (sum_exec_runtime from /proc/<pid>/task/<tid>/schedstat) of each live thread
+    of ``pid``, keyed "tid name" (the main thread's tid is the pid; Python's thread names
+    do not reach the kernel's comm)."""
+    out: dict[str, int] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             continue  # a thread that just exited
-    return total
+        out[f"{tid} {'main' if tid == str(pid) else name}"] = ns
+    return out
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of the process's threads (nanoseconds, threads_ns): an idle agent uses a few
+    ms a second, below the 10 ms tick of utime+stime. The agent's threads live for the whole
+    run (the /metrics handler threads only at the scrapes after the measurements)."""
+    return sum(threads_ns(pid).values())
 
 
 def _bpf_stats(pid: int) -> tuple[int, int]:

@@ -21,24 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.agent import PACED_LUA, ROOT, _cpu_ns, _wait_port, start_nginx, wrk
+from bench.agent import PACED_LUA, ROOT, _cpu_ns, _wait_port, start_nginx, threads_ns, wrk
 from demo.stack import free_port
 
 CONNS = 10
-
-
-def threads_ns(pid: int) -> dict[str, int]:
-    """CPU ns of each live thread of ``pid``, keyed "tid name" (the main thread's tid is the
-    pid; Python's thread names do not reach the kernel's comm)."""
-    out: dict[str, int] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        except OSError:
-            continue
-        out[f"{tid} {'main' if tid == str(pid) else name}"] = ns
-    return out
 
 
 def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
