@@ -200,14 +200,14 @@ static PyObject *theta(PyObject *e, PyObject *arrival, PyObject *t2) {
     Py_XDECREF(a);
     Py_XDECREF(b);
     if (origin == NULL) return NULL;
-    PyObject *v[8] = {0};
+    PyObject *v[7] = {0};
     PyObject *out = NULL;
     if ((v[0] = PyNumber_TrueDivide(arrival, C.million_f)) && (v[1] = PyNumber_Add(origin, t0)) &&
         (v[2] = PyNumber_Subtract(v[0], v[1])) && (v[3] = PyNumber_TrueDivide(t2, C.million_f)) &&
         (v[4] = PyNumber_Add(origin, t3)) && (v[5] = PyNumber_Subtract(v[3], v[4])) &&
         (v[6] = PyNumber_Add(v[2], v[5])))
         out = PyNumber_TrueDivide(v[6], C.two);
-    for (int i = 0; i < 8; i++) Py_XDECREF(v[i]);
+    for (int i = 0; i < 7; i++) Py_XDECREF(v[i]);
     Py_DECREF(origin);
     return out;
 }
