@@ -38,6 +38,7 @@ from collector.ingest import otlp_common
 from collector.ingest.common import Parsed, outside_window
 from collector.ingest.otlp_common import any_value, as_int, as_str
 from collector.store import schema
+from collector.store.rows import CountRow, GpuSampleRow
 from parallax_contracts import agent_metrics as gm
 
 DEVICE = frozenset(m.name for m in gm.DEVICE)
@@ -56,10 +57,11 @@ _U32 = 2**32
 
 
 def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns: int) -> Parsed:
-    """Rows for gpu_samples (column order of schema.GPU_SAMPLE_COLUMNS)."""
+    """Rows for gpu_samples, and for request_counts in ``out.more``."""
     req = otlp_common.decode(body, json_body, ExportMetricsServiceRequest())
     out = Parsed()
-    counts: list[tuple[Any, ...]] = []
+    samples: list[GpuSampleRow] = []
+    counts: list[CountRow] = []
     for rm in req.resource_metrics:
         res = {kv.key: any_value(kv.value) for kv in rm.resource.attributes}
         host = str(res.get("host.name") or "")
@@ -90,20 +92,20 @@ def parse(body: bytes, json_body: bool, received_ns: int, oldest_ns: int, now_ns
                         continue
                     row = _row(p, m.name, device, temporality, host, service, res_pid, out)
                     if row is not None:
-                        out.rows.append(row)
-    out.rows = [r for r in out.rows if _in_window(r[0], oldest_ns, now_ns, out)]
-    counts = [r for r in counts if _in_window(r[0], oldest_ns, now_ns, out)]
-    if counts:
-        out.more[schema.REQUEST_COUNTS] = counts
+                        samples.append(row)
+    out.rows = [r for r in samples if _in_window(r.time, oldest_ns, now_ns, out)]
+    kept: list[tuple[Any, ...]] = [r for r in counts if _in_window(r.time, oldest_ns, now_ns, out)]
+    if kept:
+        out.more[schema.REQUEST_COUNTS] = kept
     out.ignored = sum(out.ignored_reasons.values())
     return out
 
 
 def _counts(
-    m: Any, kind: str | None, points: Any, host: str, rows: list[tuple[Any, ...]], out: Parsed
+    m: Any, kind: str | None, points: Any, host: str, rows: list[CountRow], out: Parsed
 ) -> None:
     """The agent's request counters (sums) and sampling probability (a gauge) → rows of
-    ``request_counts`` (column order of schema.REQUEST_COUNT_COLUMNS)."""
+    ``request_counts``."""
     counter = m.name in _COUNTERS
     if kind != ("sum" if counter else "gauge"):
         out.ignored_reasons["wrong_kind"] += len(points)
@@ -131,15 +133,15 @@ def _counts(
             continue
         svc = attrs.get(gm.SERVICE_NAME)
         rows.append(
-            (
-                p.time_unix_nano,
-                (p.start_time_unix_nano or None) if counter else None,
-                host,
-                svc[:256] if isinstance(svc, str) else "",
-                port if port is not None and 0 < port < 65536 else 0,
-                m.name,
-                value,
-                temporality,
+            CountRow(
+                time=p.time_unix_nano,
+                start_time=(p.start_time_unix_nano or None) if counter else None,
+                host=host,
+                service=svc[:256] if isinstance(svc, str) else "",
+                port=port if port is not None and 0 < port < 65536 else 0,
+                metric=m.name,
+                value=value,
+                temporality=temporality,
             )
         )
 
@@ -153,7 +155,7 @@ def _row(
     service: str,
     res_pid: int | None,
     out: Parsed,
-) -> tuple[Any, ...] | None:
+) -> GpuSampleRow | None:
     """One point's row, or None: rejected (counted here)."""
     which = p.WhichOneof("value")
     if which is None:
@@ -180,18 +182,18 @@ def _row(
         return None
     hw_name = attrs.get(gm.HW_NAME)
     svc = attrs.get(gm.SERVICE_NAME)
-    return (
-        p.time_unix_nano,
-        p.start_time_unix_nano or None,
-        host,
-        svc if isinstance(svc, str) and svc else service,
-        hw_id[:256],
-        hw_name[:256] if isinstance(hw_name, str) else "",
-        pid if pid is not None and 0 < pid < _U32 else 0,
-        name,
-        value,
-        temporality,
-        {k: as_str(v) for k, v in attrs.items() if k not in _CONSUMED},
+    return GpuSampleRow(
+        time=p.time_unix_nano,
+        start_time=p.start_time_unix_nano or None,
+        host=host,
+        service=svc if isinstance(svc, str) and svc else service,
+        hw_id=hw_id[:256],
+        hw_name=hw_name[:256] if isinstance(hw_name, str) else "",
+        pid=pid if pid is not None and 0 < pid < _U32 else 0,
+        metric=name,
+        value=value,
+        temporality=temporality,
+        attributes={k: as_str(v) for k, v in attrs.items() if k not in _CONSUMED},
     )
 
 

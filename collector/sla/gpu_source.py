@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from collector.sla import gpu
 from collector.store import schema
@@ -56,22 +56,37 @@ def _ts(t: datetime) -> str:
 _A = adjusted_count_sql("sample_th")
 
 
+class _PhaseSums(NamedTuple):
+    """One window kind's sums over a route's spans, each span weighted by its adjusted
+    count a (one ClickHouse tuple: the SQL is made from these names, in this order)."""
+
+    util_w: float  # Σ a·util·w
+    w_util: float  # Σ a·w, util known
+    n_util: int  # requests with util
+    wait: float  # Σ a·wait
+    w_wait: float  # Σ a·w, wait known
+    launches: float  # Σ a·launches
+    n_launches: float  # Σ a, launches known
+
+
 def _phase_sums(name: str, window: str) -> str:
-    """Sums of one window kind, each span weighted by its adjusted count a: Σ a·util·w,
-    Σ a·w (util known), requests, Σ a·wait, Σ a·w (wait known), Σ a·launches, Σ a (launches
-    known). ``window`` is its length in µs."""
+    """The tuple of one window kind's sums (_PhaseSums); ``window`` is its length in µs."""
     util, wait, launches = (
         f"gpu_{name}_sm_util_pct",
         f"gpu_{name}_wait_us",
         f"gpu_{name}_launches",
     )
     w = f"{window} * {_A}"
-    return (
-        f"sumIf({util} * {w}, {util} IS NOT NULL), sumIf({w}, {util} IS NOT NULL), "
-        f"countIf({util} IS NOT NULL), sumIf({wait} * {_A}, {wait} IS NOT NULL), "
-        f"sumIf({w}, {wait} IS NOT NULL), sumIf({launches} * {_A}, {launches} IS NOT NULL), "
-        f"sumIf({_A}, {launches} IS NOT NULL)"
-    )
+    sql = {
+        "util_w": f"sumIf({util} * {w}, {util} IS NOT NULL)",
+        "w_util": f"sumIf({w}, {util} IS NOT NULL)",
+        "n_util": f"countIf({util} IS NOT NULL)",
+        "wait": f"sumIf({wait} * {_A}, {wait} IS NOT NULL)",
+        "w_wait": f"sumIf({w}, {wait} IS NOT NULL)",
+        "launches": f"sumIf({launches} * {_A}, {launches} IS NOT NULL)",
+        "n_launches": f"sumIf({_A}, {launches} IS NOT NULL)",
+    }
+    return f"tuple({', '.join(sql[f] for f in _PhaseSums._fields)})"
 
 
 # Window lengths in µs: prefill = ttft; decode = duration − ttft (unknown without ttft).
@@ -80,19 +95,58 @@ PREFILL_WINDOW_US = "toFloat64(ifNull(ttft_us, 0))"
 DECODE_WINDOW_US = "toFloat64(if(ttft_us IS NULL, 0, greatest(duration_us - ttft_us, 0)))"
 
 
+class _RouteSums(NamedTuple):
+    """A route's row of the first query (its SELECT is made from these names, in order)."""
+
+    service: str
+    route: str
+    requests: int
+    coverage: float  # Σ coverage·d, d = duration·a
+    w_coverage: float  # Σ d, coverage known
+    inflight: float  # Σ inflight·d
+    w_inflight: float  # Σ d, inflight known
+    prefill: tuple[Any, ...]  # _PhaseSums
+    decode: tuple[Any, ...]
+    gpus: list[str]  # up to 16 distinct gpu_uuid values (each may list several GPUs)
+
+
+def _select(fields: tuple[str, ...], sql: dict[str, str]) -> str:
+    """A SELECT list in a row type's field order, from each field's expression (one name
+    per column: the query and the row that reads it cannot disagree on positions)."""
+    assert set(sql) == set(fields), set(sql) ^ set(fields)
+    return ", ".join(f"{sql[f]} AS {f}" for f in fields)
+
+
 def _aggregates_sql(db: str, start: datetime, end: datetime) -> str:
     d = f"duration_us * {_A}"
-    return f"""SELECT toString(service), toString(route), count(),
-    sumIf(gpu_sample_coverage * {d}, gpu_sample_coverage IS NOT NULL),
-    sumIf({d}, gpu_sample_coverage IS NOT NULL),
-    sumIf(gpu_inflight_mean * {d}, gpu_inflight_mean IS NOT NULL),
-    sumIf({d}, gpu_inflight_mean IS NOT NULL),
-    {_phase_sums("prefill", PREFILL_WINDOW_US)},
-    {_phase_sums("decode", DECODE_WINDOW_US)},
-    groupUniqArray(16)(toString(gpu_uuid))
+    sql = {
+        "service": "toString(service)",
+        "route": "toString(route)",
+        "requests": "count()",
+        "coverage": f"sumIf(gpu_sample_coverage * {d}, gpu_sample_coverage IS NOT NULL)",
+        "w_coverage": f"sumIf({d}, gpu_sample_coverage IS NOT NULL)",
+        "inflight": f"sumIf(gpu_inflight_mean * {d}, gpu_inflight_mean IS NOT NULL)",
+        "w_inflight": f"sumIf({d}, gpu_inflight_mean IS NOT NULL)",
+        "prefill": _phase_sums("prefill", PREFILL_WINDOW_US),
+        "decode": _phase_sums("decode", DECODE_WINDOW_US),
+        "gpus": "groupUniqArray(16)(toString(gpu_uuid))",
+    }
+    return f"""SELECT {_select(_RouteSums._fields, sql)}
 FROM {db}.{schema.SPANS}
 PREWHERE time >= '{_ts(start)}' AND time <= '{_ts(end)}' AND ({_GPU_PRESENT})
 GROUP BY service, route"""  # noqa: S608 — identifiers ours, times formatted here
+
+
+class _ClockSums(NamedTuple):
+    """A (service, route, phase)'s row of the clock query (its SELECT made from these)."""
+
+    service: str
+    route: str
+    phase: str
+    readings: int  # span windows with a reading
+    clock_pct: float  # SM clock as % of its maximum, weighted by window length
+    low_reasons: int  # the reason bits of readings under gpu.CLOCK_LOW_PCT
+    reasons_known: int  # readings with reason bits
 
 
 def _clock_sql(db: str, start: datetime, end: datetime) -> str:
@@ -104,9 +158,17 @@ def _clock_sql(db: str, start: datetime, end: datetime) -> str:
         gm.GPU_CLOCK_EVENT_REASONS.name,
     )
     age_ns = READING_MAX_AGE_S * 10**9
-    return f"""SELECT service, route, phase, count(), sum(w * ratio) / sum(w),
-    groupBitOrIf(toUInt64(reasons), ratio < {gpu.CLOCK_LOW_PCT} AND reasons IS NOT NULL),
-    countIf(reasons IS NOT NULL)
+    sql = {
+        "service": "service",
+        "route": "route",
+        "phase": "phase",
+        "readings": "count()",
+        "clock_pct": "sum(w * ratio) / sum(w)",
+        "low_reasons": f"groupBitOrIf(toUInt64(reasons), ratio < {gpu.CLOCK_LOW_PCT}"
+        " AND reasons IS NOT NULL)",
+        "reasons_known": "countIf(reasons IS NOT NULL)",
+    }
+    return f"""SELECT {_select(_ClockSums._fields, sql)}
 FROM (
     SELECT toString(service) AS service, toString(route) AS route,
            arrayJoin(splitByChar(',', toString(gpu_uuid))) AS hw, ph.1 AS phase,
@@ -145,36 +207,39 @@ def _ratio(num: Any, den: Any) -> float | None:
     return float(num) / float(den) if den else None
 
 
-def _phase(r: Sequence[Any], clock: Sequence[Any] | None) -> gpu.Phase:
-    util_w, w_util, _, wait, w_wait, launches, n_launches = r
+def _phase(sums: tuple[Any, ...], clock: _ClockSums | None) -> gpu.Phase:
+    r = _PhaseSums._make(sums)
     return gpu.Phase(
-        busy_pct=_ratio(util_w, w_util),
-        wait_share=_ratio(wait, w_wait),
-        launches_mean=_ratio(launches, n_launches),
-        clock_pct=None if clock is None else float(clock[1]),
-        clock_reasons=None if clock is None or not clock[3] else int(clock[2] or 0),
-        clock_readings=0 if clock is None else int(clock[0]),
+        busy_pct=_ratio(r.util_w, r.w_util),
+        wait_share=_ratio(r.wait, r.w_wait),
+        launches_mean=_ratio(r.launches, r.n_launches),
+        clock_pct=None if clock is None else float(clock.clock_pct),
+        clock_reasons=(
+            None if clock is None or not clock.reasons_known else int(clock.low_reasons or 0)
+        ),
+        clock_readings=0 if clock is None else int(clock.readings),
     )
 
 
 def read(rows: Rows, db: str, start: datetime, end: datetime) -> dict[Key, gpu.GpuRoute]:
     """Per (service, route): the GPU aggregate of the window's spans that carry GPU data."""
     out: dict[Key, gpu.GpuRoute] = {}
-    found = rows(_aggregates_sql(db, start, end))
+    found = [_RouteSums._make(r) for r in rows(_aggregates_sql(db, start, end))]
     if not found:
         return out  # no GPU spans: skip the clock join
-    clocks: dict[tuple[str, str, str], Sequence[Any]] = {
-        (str(r[0]), str(r[1]), str(r[2])): r[3:] for r in rows(_clock_sql(db, start, end))
+    clocks = {
+        (str(c.service), str(c.route), str(c.phase)): c
+        for c in map(_ClockSums._make, rows(_clock_sql(db, start, end)))
     }
     for r in found:
-        service, route, n = str(r[0]), str(r[1]), int(r[2])
-        uuids = sorted({u for s in r[21] for u in str(s).split(",") if u})
+        service, route = str(r.service), str(r.route)
+        uuids = sorted({u for s in r.gpus for u in str(s).split(",") if u})
         out[(service, route)] = gpu.GpuRoute(
-            requests=n,
-            coverage=_ratio(r[3], r[4]),
-            inflight=_ratio(r[5], r[6]),
-            prefill=_phase(r[7:14], clocks.get((service, route, "prefill"))),
-            decode=_phase(r[14:21], clocks.get((service, route, "decode"))),
+            requests=int(r.requests),
+            coverage=_ratio(r.coverage, r.w_coverage),
+            inflight=_ratio(r.inflight, r.w_inflight),
+            prefill=_phase(r.prefill, clocks.get((service, route, "prefill"))),
+            decode=_phase(r.decode, clocks.get((service, route, "decode"))),
             gpus=tuple(uuids),
         )
     return out

@@ -32,6 +32,18 @@ _TABLES: tuple[tuple[str, str, tuple[Column, ...], str], ...] = (
         "One browser entry as the beacon parser writes it.",
     ),
     ("PairRow", "PAIRS", schema.PAIR_COLUMNS, "One pair as the pairing writes it."),
+    (
+        "GpuSampleRow",
+        "GPU_SAMPLES",
+        schema.GPU_SAMPLE_COLUMNS,
+        "One GPU metric point as the OTLP metrics parser writes it.",
+    ),
+    (
+        "CountRow",
+        "REQUEST_COUNTS",
+        schema.REQUEST_COUNT_COLUMNS,
+        "One request-count point as the OTLP metrics parser writes it.",
+    ),
 )
 _UNITS = {"9": "ns", "6": "µs", "3": "ms"}
 _SCALAR = {"String": "str", "Bool": "bool", "Float64": "float", "Float32": "float"}

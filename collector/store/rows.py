@@ -170,3 +170,32 @@ class PairRow(NamedTuple):
     llm_prefill_ms: float | None
     llm_decode_ms: float | None
     retransmit_wait_ms: float | None
+
+
+class GpuSampleRow(NamedTuple):
+    """One GPU metric point as the OTLP metrics parser writes it. (schema.GPU_SAMPLES)"""
+
+    time: int  # ns since the epoch
+    start_time: int | None  # ns since the epoch
+    host: str
+    service: str
+    hw_id: str
+    hw_name: str
+    pid: int
+    metric: str
+    value: float
+    temporality: str
+    attributes: dict[str, str]
+
+
+class CountRow(NamedTuple):
+    """One request-count point as the OTLP metrics parser writes it. (schema.REQUEST_COUNTS)"""
+
+    time: int  # ns since the epoch
+    start_time: int | None  # ns since the epoch
+    host: str
+    service: str
+    port: int
+    metric: str
+    value: float
+    temporality: str
