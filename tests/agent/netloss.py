@@ -262,6 +262,7 @@ class Result:
     with_retrans: int  # records with retransmits
     untimed: int  # records with retransmits and no wait
     wall_s: float
+    missing: list[str]  # trace ids of answered requests without a record (a failure's clue)
 
     def line(self) -> str:
         k = self.kernel
@@ -277,6 +278,7 @@ class Result:
             f" (TcpRetransSegs; {k.synack} of them SYN-ACKs, TcpExtTCPSynRetrans);"
             f" {self.with_retrans} requests with retransmits, {len(waits)} timed,"
             f" {self.untimed} not{spread}"
+            + (f"; not recorded: {', '.join(self.missing[:5])}" if self.missing else "")
         )
 
 
@@ -310,6 +312,7 @@ def run(net: NetLoss, agent: Any, loss: int, n: int, concurrency: int, sizes: li
         with_retrans=len(rt),
         untimed=sum(1 for r in rt if r["retransmit_wait_us"] is None),
         wall_s=out["wall_s"],
+        missing=sorted(ids - {r["trace_id"] for r in recs}),
     )
 
 

@@ -24,12 +24,24 @@ from pathlib import Path
 
 import pytest
 
+from parallax_contracts import agent_metrics as am
 from tests.agent import netloss
 from tests.agent.helpers import Agent
 from tests.conftest import require_ebpf_strict
 
 pytestmark = pytest.mark.ebpf
 SIZES = [200, 20000]
+# the agent's own counts of what it could not record (a failure's message shows them)
+_LOSS_COUNTERS = tuple(
+    s.name
+    for s in (
+        am.P_EVENT_ERRORS,
+        am.P_UNANSWERED,
+        am.P_LOST_EVENTS,
+        am.P_SHED_RECORDS,
+        am.P_LOST_EXCHANGES,
+    )
+)
 
 
 def test_per_request_retransmits_add_up_to_the_kernels_count(tmp_path: Path) -> None:
@@ -43,14 +55,18 @@ def test_per_request_retransmits_add_up_to_the_kernels_count(tmp_path: Path) -> 
         try:
             clean = netloss.run(net, agent, 0, 150, 24, SIZES)
             lossy = netloss.run(net, agent, 5, 500, 24, SIZES)
+            # what the agent counted of its own losses, for a failure's message
+            counted = {k: v for k, v in agent.metrics().items() if k.startswith(_LOSS_COUNTERS)}
         finally:
             rc = agent.stop()
+    stop_line = [x for x in agent.err.read_text().splitlines() if "stopped:" in x]
+    detail = f"{lossy.line()}; agent: {counted}; {stop_line}"
     print(clean.line())
     print(lossy.line())
     assert rc == 0
     assert clean.requests == clean.recorded == 150, clean.line()
     assert clean.agent == 0 and clean.kernel.retrans_segs == 0, clean.line()
-    assert lossy.requests == lossy.recorded == 500, lossy.line()
+    assert lossy.requests == lossy.recorded == 500, detail
     k = lossy.kernel.retrans_segs
     assert k >= 40, lossy.line()  # 5 % of ~3 segments per connection, at least
     assert abs(lossy.agent - k) <= 0.03 * k, lossy.line()
