@@ -122,20 +122,24 @@ class Ingest:
         return _dedup_spans(p, self.replay_spans)
 
 
-def _dedup_spans(p: Parsed, recent: RecentIds) -> Parsed:
-    keep = [r for r in p.rows if recent.fresh(span_key(r))]
+def _dedup(
+    p: Parsed, recent: RecentIds, key: Callable[[tuple[Any, ...]], str], trace: int
+) -> Parsed:
+    """``p`` without the rows ``recent`` has seen (by ``key``); ``trace``: where a row holds
+    its trace id (the parsers' rows are plain tuples in their table's column order)."""
+    keep = [r for r in p.rows if recent.fresh(key(r))]
     if len(keep) != len(p.rows):
         p.rows = keep
-        p.trace_ids = [r[_S_TRACE] for r in keep]
+        p.trace_ids = [r[trace] for r in keep]
     return p
+
+
+def _dedup_spans(p: Parsed, recent: RecentIds) -> Parsed:
+    return _dedup(p, recent, span_key, _S_TRACE)
 
 
 def _dedup_entries(p: Parsed, recent: RecentIds) -> Parsed:
-    keep = [r for r in p.rows if recent.fresh(entry_key(r))]
-    if len(keep) != len(p.rows):
-        p.rows = keep
-        p.trace_ids = [r[_E_TRACE] for r in keep]
-    return p
+    return _dedup(p, recent, entry_key, _E_TRACE)
 
 
 Headers = dict[str, str]

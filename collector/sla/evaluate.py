@@ -311,11 +311,19 @@ def _metric(c: _Ctx, metric: str, note: str) -> MetricResult | None:
         if verdict == stats.OUT and (div or 0) > 0
         else []
     )
+    fig = explain.Figures(
+        u["p95"], s["p95"], div, ci.low, ci.high, n, n_eff, th.min_samples, th.band_ms
+    )
     text = explain.sentence(
-        c.label, metric, verdict, u["p95"], s["p95"], div, ci.low, ci.high, n,
-        th.min_samples, th.band_ms, ranked, [x for _, x in trap_list], n_eff, note,
+        c.label,
+        metric,
+        verdict,
+        fig,
+        ranked,
+        [x for _, x in trap_list],
+        note,
         c.in_tokens or metric not in explain.CHUNK_PHRASE,
-    )  # fmt: skip
+    )
     return MetricResult(
         service=c.service,
         route=c.route,

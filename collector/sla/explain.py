@@ -226,21 +226,30 @@ def few_samples(n: int, n_eff: int | None) -> str:
     return f"effective sample size {n_eff} of {n} pairs: the sampling rate varied in the window"
 
 
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What a metric's sentence says in numbers: both sides' P95 and their divergence with
+    its 95 % interval (None: not measured, or unbounded), the pairs and their effective
+    number, and the thresholds they were judged by."""
+
+    user_p95: float | None
+    server_p95: float | None
+    divergence: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+    n_eff: int | None
+    min_samples: int
+    band_ms: float
+
+
 def sentence(
     label: str,
     metric: str,
     verdict: str,
-    user_p95: float | None,
-    server_p95: float | None,
-    divergence: float | None,
-    ci_low: float | None,
-    ci_high: float | None,
-    n: int,
-    min_samples: int,
-    band_ms: float,
+    fig: Figures,
     ranked: list[RankedPart],
     trap_clauses: list[str],
-    n_eff: int | None = None,
     note: str = "",
     in_tokens: bool = True,
 ) -> str:
@@ -248,10 +257,7 @@ def sentence(
     ends it when there is a verdict to say; ``in_tokens`` False: a route in no stream dialect,
     its first byte and gaps said of chunks (CHUNK_PHRASE)."""
     phrase = USER_PHRASE[metric] if in_tokens else CHUNK_PHRASE.get(metric, USER_PHRASE[metric])
-    text = _sentence(
-        label, metric, verdict, user_p95, server_p95, divergence, ci_low, ci_high, n,
-        min_samples, band_ms, ranked, trap_clauses, n_eff, phrase,
-    )  # fmt: skip
+    text = _sentence(label, metric, verdict, fig, ranked, trap_clauses, phrase)
     if not note or verdict == "insufficient_data":
         return text
     return f"{text.removesuffix('.')}; {note}."
@@ -261,33 +267,26 @@ def _sentence(
     label: str,
     metric: str,
     verdict: str,
-    user_p95: float | None,
-    server_p95: float | None,
-    divergence: float | None,
-    ci_low: float | None,
-    ci_high: float | None,
-    n: int,
-    min_samples: int,
-    band_ms: float,
+    fig: Figures,
     ranked: list[RankedPart],
     trap_clauses: list[str],
-    n_eff: int | None,
     phrase: tuple[str, str],
 ) -> str:
+    n, n_eff, band_ms, divergence = fig.n, fig.n_eff, fig.band_ms, fig.divergence
     few = few_samples(n, n_eff)
     if verdict == "insufficient_data":
         worth = f" ({few})" if few else ""
         return (
             f"{label}: {METRIC_LABEL[metric]} has {n} paired requests in the window{worth}, "
-            f"fewer than the {min_samples} needed to judge a P95."
+            f"fewer than the {fig.min_samples} needed to judge a P95."
         )
     u_phrase, s_phrase = phrase
     ci = (
-        f"95% CI {signed(ci_low) if ci_low is not None else '−∞'}…"
-        f"{signed(ci_high) if ci_high is not None else '+∞'}"
+        f"95% CI {signed(fig.ci_low) if fig.ci_low is not None else '−∞'}…"
+        f"{signed(fig.ci_high) if fig.ci_high is not None else '+∞'}"
     )
     head = (
-        f"{label}: {u_phrase.format(u=ms(user_p95))}, {s_phrase.format(s=ms(server_p95))} "
+        f"{label}: {u_phrase.format(u=ms(fig.user_p95))}, {s_phrase.format(s=ms(fig.server_p95))} "
         f"({signed(divergence)} ms, {ci}{'; ' + few if few else ''})"
     )
     if verdict == "ok":

@@ -78,17 +78,21 @@ class _Table(NamedTuple):
     rest: str  # after the engine: partitioning, key, TTL, settings
 
 
-# Each table as a new store creates it (the columns added since to older stores: _ADDED).
-_TABLES = {
-    MINUTES: _Table(
-        f"""    minute DateTime('UTC'),
-    service LowCardinality(String),
+# What a minute and a block hold after their time columns: one series' sketch of a route.
+_SKETCH_DDL = f"""    service LowCardinality(String),
     route LowCardinality(String),
     series LowCardinality(String),
     n UInt64,
     cells Array(Int32) CODEC(ZSTD(1)),
     counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
-    version UInt64""",
+    version UInt64"""
+
+
+# Each table as a new store creates it (the columns added since to older stores: _ADDED).
+_TABLES = {
+    MINUTES: _Table(
+        f"""    minute DateTime('UTC'),
+{_SKETCH_DDL}""",
         "ReplacingMergeTree(version)",
         f"""
 PARTITION BY toDate(minute)
@@ -99,13 +103,7 @@ SETTINGS ttl_only_drop_parts = 1""",
     BLOCKS: _Table(
         f"""    start_minute DateTime('UTC'),
     end_minute DateTime('UTC'),
-    service LowCardinality(String),
-    route LowCardinality(String),
-    series LowCardinality(String),
-    n UInt64,
-    cells Array(Int32) CODEC(ZSTD(1)),
-    counts Array(UInt64) CODEC(ZSTD(1)),{_WEIGHT_DDL}
-    version UInt64""",
+{_SKETCH_DDL}""",
         "ReplacingMergeTree(version)",
         f"""
 PARTITION BY toDate(end_minute)
