@@ -1,0 +1,188 @@
+"""The agent's per-request Python path on its own: kernel events captured once, replayed.
+
+``make bench-agent`` and ``bench.agent_threads`` measure the agent live, where this machine's
+noise moves a run by 20-100 %. Here the agent's kernel program, loaded in this process (as
+bench.tls does), records the ring events of nginx answering wrk — keep-alive GETs, each with
+its own ``traceparent`` — and the same events are then replayed, in rounds, through the
+agent's connection table (agent.connections: the HTTP/1 parser, the exchange, records.build
+and the export queue's put), the GC on as in the agent. Left out: the ring drain
+(agent.kernel.ringbuf), the export thread and the identity lookups (one per connection).
+
+The replay is also a corpus: a compiled request path must give the same records from it.
+
+    python -m bench.agent_replay [--requests 50000] [--rounds 5] [--cprofile PATH]
+                                 [--save FILE | --load FILE]
+
+``--save`` keeps the captured events, ``--load`` replays a kept capture (no root needed):
+two trees compared on the same events, ``PYTHONPATH=<tree> python -m bench.agent_replay
+--load FILE`` in turn. Root, wrk and nginx for a capture (make setup). Prints only;
+docs/benchmarks.md holds a run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from agent.connections import Connections
+from agent.export.outputs import RecordQueue
+from agent.kernel import loader
+from agent.kernel.clock import MonoClock
+from bench.agent import _wait_port, start_nginx
+from demo.stack import free_port
+
+CONNS = 8
+# wrk's per-request hook: a fresh trace id each time, as a browser's probe would send
+TRACEPARENT_LUA = """
+local hex = "0123456789abcdef"
+local function rnd(n)
+  local t = {}
+  for i = 1, n do local k = math.random(16) t[i] = hex:sub(k, k) end
+  return table.concat(t)
+end
+request = function()
+  wrk.headers["traceparent"] = "00-" .. rnd(32) .. "-" .. rnd(16) .. "-01"
+  return wrk.format("GET", "/v1/chat?model=m")
+end
+"""
+
+
+def capture(tmp: Path, requests: int) -> list[bytes]:
+    """The ring events of about ``requests`` requests to a fresh nginx."""
+    port = free_port()
+    nginx = start_nginx(tmp, port)
+    try:
+        _wait_port(port)
+        pids = [nginx.pid, *_children(nginx.pid)]
+        loaded = loader.load(loader.Options(ports=[port], pids=pids))
+        raws: list[bytes] = []
+        ring = loader.Ring(loaded, lambda raw: raws.append(bytes(raw)))
+        stop = threading.Event()
+
+        def drain() -> None:
+            while not stop.wait(0.02):
+                ring.drain()
+
+        t = threading.Thread(target=drain)
+        t.start()
+        lua = tmp / "traceparent.lua"
+        lua.write_text(TRACEPARENT_LUA)
+        seconds = 1
+        while True:  # until about twice the wanted events (a request is two: read, write)
+            subprocess.run(
+                ["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "-s", str(lua),
+                 f"http://127.0.0.1:{port}/"],
+                capture_output=True, timeout=seconds + 30, check=True,
+            )  # fmt: skip
+            if len(raws) >= 2 * requests:
+                break
+            seconds = min(30, seconds * 2)
+        time.sleep(0.2)
+        stop.set()
+        t.join()
+        ring.drain()
+        ring.close()
+        loader.detach(loaded.bpf)
+    finally:
+        nginx.terminate()
+        nginx.wait(10)
+    return raws[: 2 * requests]
+
+
+def save(path: Path, raws: list[bytes]) -> None:
+    with open(path, "wb") as f:
+        for raw in raws:
+            f.write(len(raw).to_bytes(4, "little") + raw)
+
+
+def load(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    raws, pos = [], 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos : pos + 4], "little")
+        raws.append(data[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    return raws
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return [int(x) for x in out.stdout.split()]
+
+
+def replay(raws: list[bytes], prof: cProfile.Profile | None = None) -> tuple[float, int]:
+    """One pass through a fresh connection table: (CPU seconds, records)."""
+    q = RecordQueue(len(raws))
+    conns = Connections(
+        4096, MonoClock(), q, lambda *_: ("nginx", "bench"), lambda _: None, lambda: None
+    )
+    on_event = conns.on_event
+    if prof is not None:
+        prof.enable()
+    t = time.process_time()
+    for raw in raws:
+        on_event(raw)
+    cpu = time.process_time() - t
+    if prof is not None:
+        prof.disable()
+    return cpu, len(q.q)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=50_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cprofile", help="write one more round's cProfile stats here")
+    ap.add_argument("--save", type=Path, help="keep the captured events in this file")
+    ap.add_argument("--load", type=Path, help="replay the events kept in this file")
+    a = ap.parse_args(argv)
+    if a.load is not None:
+        return run(load(a.load), a)
+    if os.geteuid() != 0:
+        print(
+            "bench.agent_replay: needs root (it loads the agent's kernel program)", file=sys.stderr
+        )
+        return 2
+    missing = [t for t in ("wrk", "nginx") if shutil.which(t) is None]
+    if missing:
+        print(
+            f"bench.agent_replay: {', '.join(missing)} not found: run make setup", file=sys.stderr
+        )
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        raws = capture(Path(d), a.requests)
+    print(f"captured {len(raws)} ring events of nginx under wrk (keep-alive, traceparent each)")
+    if a.save is not None:
+        save(a.save, raws)
+    return run(raws, a)
+
+
+def run(raws: list[bytes], a: argparse.Namespace) -> int:
+    per: list[float] = []
+    for i in range(a.rounds):
+        cpu, n = replay(raws)
+        per.append(cpu / max(1, n) * 1e6)
+        print(f"  round {i + 1}: {n} records, {per[-1]:.2f} µs CPU per record")
+    print(
+        f"replay: median {statistics.median(per):.2f} µs per record"
+        f" (range {min(per):.2f}-{max(per):.2f}, {a.rounds} rounds)"
+    )
+    if a.cprofile:
+        prof = cProfile.Profile()
+        replay(raws, prof)
+        prof.dump_stats(a.cprofile)
+        print(f"cProfile of one more round: {a.cprofile}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
