@@ -10,8 +10,12 @@ and the export queue's put), the GC on as in the agent. Left out: the ring drain
 
 The replay is also a corpus: a compiled request path must give the same records from it.
 
-    python -m bench.agent_replay [--requests 50000] [--rounds 5] [--cprofile PATH]
-                                 [--save FILE | --load FILE]
+    python -m bench.agent_replay [--server nginx|sse|h2c] [--requests 50000] [--seconds 6]
+                                 [--rounds 5] [--cprofile PATH] [--save FILE | --load FILE]
+
+``--server sse`` or ``h2c``: instead of nginx, bench.http2's LLM-shaped load — Hypercorn
+serving demo/llm_app.py's 8-token streams over HTTP/1.1 (SSE) or h2c for ``--seconds``: a
+record then takes a dozen events (a body event per token), and the per-event cost shows.
 
 ``--save`` keeps the captured events, ``--load`` replays a kept capture (no root needed):
 two trees compared on the same events, ``PYTHONPATH=<tree> python -m bench.agent_replay
@@ -37,6 +41,7 @@ from agent.connections import Connections
 from agent.export.outputs import RecordQueue
 from agent.kernel import loader
 from agent.kernel.clock import MonoClock
+from bench import http2
 from bench.agent import _wait_port, start_nginx
 from demo.stack import free_port
 
@@ -56,24 +61,39 @@ end
 """
 
 
+class _Recorder:
+    """The agent's kernel program on ``port`` and ``pids``, its ring events kept in memory
+    (drained every 20 ms, as the agent does) until ``close``."""
+
+    def __init__(self, port: int, pids: list[int]) -> None:
+        self.loaded = loader.load(loader.Options(ports=[port], pids=pids))
+        self.raws: list[bytes] = []
+        self.ring = loader.Ring(self.loaded, lambda raw: self.raws.append(bytes(raw)))
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._drain)
+        self._t.start()
+
+    def _drain(self) -> None:
+        while not self._stop.wait(0.02):
+            self.ring.drain()
+
+    def close(self) -> list[bytes]:
+        time.sleep(0.2)
+        self._stop.set()
+        self._t.join()
+        self.ring.drain()
+        self.ring.close()
+        loader.detach(self.loaded.bpf)
+        return self.raws
+
+
 def capture(tmp: Path, requests: int) -> list[bytes]:
     """The ring events of about ``requests`` requests to a fresh nginx."""
     port = free_port()
     nginx = start_nginx(tmp, port)
     try:
         _wait_port(port)
-        pids = [nginx.pid, *_children(nginx.pid)]
-        loaded = loader.load(loader.Options(ports=[port], pids=pids))
-        raws: list[bytes] = []
-        ring = loader.Ring(loaded, lambda raw: raws.append(bytes(raw)))
-        stop = threading.Event()
-
-        def drain() -> None:
-            while not stop.wait(0.02):
-                ring.drain()
-
-        t = threading.Thread(target=drain)
-        t.start()
+        rec = _Recorder(port, [nginx.pid, *_children(nginx.pid)])
         lua = tmp / "traceparent.lua"
         lua.write_text(TRACEPARENT_LUA)
         seconds = 1
@@ -83,19 +103,40 @@ def capture(tmp: Path, requests: int) -> list[bytes]:
                  f"http://127.0.0.1:{port}/"],
                 capture_output=True, timeout=seconds + 30, check=True,
             )  # fmt: skip
-            if len(raws) >= 2 * requests:
+            if len(rec.raws) >= 2 * requests:
                 break
             seconds = min(30, seconds * 2)
-        time.sleep(0.2)
-        stop.set()
-        t.join()
-        ring.drain()
-        ring.close()
-        loader.detach(loaded.bpf)
+        raws = rec.close()
     finally:
         nginx.terminate()
         nginx.wait(10)
     return raws[: 2 * requests]
+
+
+def capture_stream(kind: str, seconds: float) -> list[bytes]:
+    """The ring events of ``seconds`` of bench.http2's token streams (8 tokens, no wait) from
+    Hypercorn serving demo/llm_app.py: ``kind`` "http1" (SSE over 10 keep-alive connections)
+    or "h2c" (10 streams on one connection), paced as fast as its one client process goes."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-c", http2.HYPERCORN, str(port)], cwd=http2.ROOT)
+    try:
+        _wait_port(port)
+        rec = _Recorder(port, [srv.pid])
+        # one client process a second: Hypercorn ends an h2 connection after 1,000 streams
+        for _ in range(max(1, round(seconds))):
+            p = subprocess.run(
+                [sys.executable, "-c", http2.CLIENT, kind, str(port), "1", "900",
+                 http2.PATH, str(http2.TOKENS)],
+                cwd=http2.ROOT, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            if p.returncode:
+                rec.close()
+                last = (p.stderr.strip().splitlines() or ["?"])[-1]
+                raise SystemExit(f"bench.agent_replay: the {kind} client failed: {last}")
+        return rec.close()
+    finally:
+        srv.terminate()
+        srv.wait(10)
 
 
 def save(path: Path, raws: list[bytes]) -> None:
@@ -142,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cprofile", help="write one more round's cProfile stats here")
+    ap.add_argument(
+        "--server",
+        choices=("nginx", "sse", "h2c"),
+        default="nginx",
+        help="nginx: `return 200` under wrk; sse, h2c: bench.http2's 8-token streams over"
+        " HTTP/1.1 or h2c (Hypercorn)",
+    )
+    ap.add_argument("--seconds", type=float, default=6.0, help="sse, h2c: the load's length")
     ap.add_argument("--save", type=Path, help="keep the captured events in this file")
     ap.add_argument("--load", type=Path, help="replay the events kept in this file")
     a = ap.parse_args(argv)
@@ -158,9 +207,15 @@ def main(argv: list[str] | None = None) -> int:
             f"bench.agent_replay: {', '.join(missing)} not found: run make setup", file=sys.stderr
         )
         return 2
-    with tempfile.TemporaryDirectory() as d:
-        raws = capture(Path(d), a.requests)
-    print(f"captured {len(raws)} ring events of nginx under wrk (keep-alive, traceparent each)")
+    if a.server == "nginx":
+        with tempfile.TemporaryDirectory() as d:
+            raws = capture(Path(d), a.requests)
+        what = "nginx under wrk (keep-alive, a traceparent each)"
+    else:
+        sse = a.server == "sse"
+        raws = capture_stream("http1" if sse else "h2c", a.seconds)
+        what = f"Hypercorn's 8-token streams over {'HTTP/1.1 (SSE)' if sse else 'h2c'}"
+    print(f"captured {len(raws)} ring events of {what}")
     if a.save is not None:
         save(a.save, raws)
     return run(raws, a)
