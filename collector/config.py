@@ -12,10 +12,10 @@ from collector.store.schema import DEFAULT_RETENTION_DAYS
 
 
 def split_hostport(value: str, default_host: str) -> tuple[str, int]:
-    """'0.0.0.0:4318', ':4318' or '4318' → (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep:
-        return default_host, int(value)
+    """'0.0.0.0:4318', ':4318' or '4318' → (host, port); ValueError saying why if not."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port from 0 to 65535")
     return (host.strip("[]") or default_host), int(port)
 
 

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -294,7 +296,41 @@ def _edge_server(collector: Collector) -> EdgeServer:
     return srv
 
 
-async def _serve(collector: Collector) -> None:
+def _listen(address: str, default_host: str, flag: str) -> socket.socket | None:
+    """A listening socket on ``address`` (SO_REUSEADDR, as uvicorn and granian bind), or
+    None with the one line that says why not."""
+    try:
+        host, port = split_hostport(address, default_host)
+        family, _, _, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        return socket.create_server(addr, family=family, backlog=LISTEN_BACKLOG)
+    except socket.gaierror as e:  # a name that does not resolve
+        why = str(e.strerror)
+    except OSError as e:  # create_server's message repeats the address: the errno's text
+        why = os.strerror(e.errno) if e.errno else str(e)
+    except ValueError as e:  # a port that is not a number
+        why = str(e)
+    log.error("could not listen on %s (%s): %s", address, flag, why)
+    return None
+
+
+def _bind(settings: Settings) -> socket.socket | None:
+    """The query socket, bound before the store opens, and the ingest address checked the
+    same way (granian binds it itself, a moment later): a taken port is one line and exit 1,
+    where uvicorn's own failed bind exits from inside the loop with a traceback."""
+    query = _listen(settings.admin_listen, "127.0.0.1", "--admin-listen")
+    if query is None:
+        return None
+    ingest = _listen(settings.listen, "0.0.0.0", "--listen")  # noqa: S104 — public by design
+    if ingest is None:
+        query.close()
+        return None
+    ingest.close()
+    return query
+
+
+async def _serve(collector: Collector, query_sock: socket.socket) -> None:
     s = collector.settings
     host, port = split_hostport(s.admin_listen, "127.0.0.1")
     cfg = uvicorn.Config(
@@ -318,7 +354,14 @@ async def _serve(collector: Collector) -> None:
     if threading.current_thread() is threading.main_thread():  # embedded runs have none
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _exit)
-    tasks = [asyncio.create_task(query.serve()), asyncio.create_task(edge.serve())]
+
+    async def serve_query() -> None:
+        try:
+            await query.serve(sockets=[query_sock])
+        except SystemExit as e:  # uvicorn's way to fail a start; a task must not raise it
+            raise RuntimeError(f"query server did not start (uvicorn exit {e.code})") from None
+
+    tasks = [asyncio.create_task(serve_query()), asyncio.create_task(edge.serve())]
 
     def started() -> bool:
         return query.started and bool(edge.wrks)
@@ -377,6 +420,15 @@ def run(settings: Settings, plugins: Sequence[Plugin] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 — the plugin's message is the one line
                 log.error("%s: %s", p.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
                 return 2
+    query_sock = _bind(settings)
+    if query_sock is None:
+        return 1
+    with query_sock:
+        return _run(collector, query_sock)
+
+
+def _run(collector: Collector, query_sock: socket.socket) -> int:
+    settings = collector.settings
     try:
         collector.start()
     except (StartupError, SpoolLockedError) as e:
@@ -384,7 +436,7 @@ def run(settings: Settings, plugins: Sequence[Plugin] | None = None) -> int:
         return 2
     t = time.monotonic()
     try:
-        asyncio.run(_serve(collector))
+        asyncio.run(_serve(collector, query_sock))
     except SystemExit:
         collector.stop(2.0)
         log.error("could not listen on %s / %s", settings.listen, settings.admin_listen)

@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -79,11 +80,30 @@ def remove_cgroup(d: Path, timeout: float = 5.0) -> None:
             time.sleep(0.1)
 
 
+_PORTS = random.SystemRandom()  # a test that seeds the module's random must not steer it
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, for a server started next, taken from below the kernel's
+    ephemeral range: one from inside it can go to any outgoing connection before the server
+    binds, and a connected socket blocks even an SO_REUSEADDR bind (CI lost a collector's
+    start so: its query port became some client's local port while the store opened)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(64 if low > 11000 else 0):
+        port = _PORTS.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: TIME_WAIT counts as taken
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # an ephemeral range from 1024 up: the kernel's pick
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        picked: int = s.getsockname()[1]
+        return picked
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
