@@ -196,12 +196,12 @@ def get_history(
             "band_ms": band,
             "points": [
                 {
-                    "minute": m.isoformat(),
-                    "user_p95_ms": None if u is None else round(u, 2),
-                    "server_p95_ms": None if s is None else round(s, 2),
-                    "n": n,
+                    "minute": p.minute.isoformat(),
+                    "user_p95_ms": None if p.user_p95_ms is None else round(p.user_p95_ms, 2),
+                    "server_p95_ms": None if p.server_p95_ms is None else round(p.server_p95_ms, 2),
+                    "n": p.n,
                 }
-                for m, u, s, n in pts
+                for p in pts
             ],
         }
     )

@@ -20,12 +20,23 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from collector.pairing import divergence
 from collector.sla import gpu_source, quantize, sampling_source, schema, stats, tokens
 from collector.sla.clock import Sample, best_samples, clock_filter
 from collector.store.schema import adjusted_count_sql
+
+
+class HistoryPoint(NamedTuple):
+    """One minute of one route's metric: each side's P95 in ms (None where that side has no
+    pair that minute) and the user side's count."""
+
+    minute: datetime
+    user_p95_ms: float | None
+    server_p95_ms: float | None
+    n: int
+
 
 PAIRS = "pairs"
 HORIZON_EXTRA = timedelta(minutes=2)
@@ -560,8 +571,8 @@ FROM (
 
     def history(
         self, service: str, route: str, metric: str, now: datetime, minutes: int
-    ) -> list[tuple[datetime, float | None, float | None, int]]:
-        """Per minute: (minute, user P95, server P95, n) of one route and metric."""
+    ) -> list[HistoryPoint]:
+        """Per minute of one route and metric, the minutes either side has."""
         start = _minute(now - timedelta(minutes=minutes))
         p = {"service": service, "route": route, "u": f"{metric}:user", "s": f"{metric}:server"}
         r = (
@@ -578,15 +589,18 @@ GROUP BY minute, ser ORDER BY minute""",  # noqa: S608
             )
             .result_rows
         )
-        by: dict[datetime, list[Any]] = {}
+        user: dict[datetime, tuple[float, int]] = {}
+        server: dict[datetime, float] = {}
         for minute, series, n, q in r:
-            row = by.setdefault(_as_utc(minute), [None, None, 0])
             if series.endswith(":user"):
-                row[0] = quantize.decode(int(q))
-                row[2] = int(n)
+                user[_as_utc(minute)] = (quantize.decode(int(q)), int(n))
             else:
-                row[1] = quantize.decode(int(q))
-        return [(m, v[0], v[1], v[2]) for m, v in sorted(by.items())]
+                server[_as_utc(minute)] = quantize.decode(int(q))
+        points = []
+        for m in sorted(user.keys() | server.keys()):
+            u, n = user.get(m, (None, 0))
+            points.append(HistoryPoint(m, u, server.get(m), n))
+        return points
 
 
 def _as_utc(t: Any) -> datetime:
