@@ -23,6 +23,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from collector.sla import alerts as alerts_mod
+from collector.sla import history
 from collector.sla.config import SlaConfig
 from collector.sla.evaluate import Evaluation, evaluate, evaluate_window
 from collector.sla.lease import Lease
@@ -186,7 +187,7 @@ def get_history(
         raise HTTPException(400, f"metric must be one of {', '.join(METRIC_ORDER)}")
     svc = _svc(request)
     minutes = max(1, min(minutes, 24 * 60))
-    pts = svc.source.history(service, route, metric, svc.clock(), minutes)
+    pts = history.read(svc.source, service, route, metric, svc.clock(), minutes)
     band = svc.cfg.thresholds(service, route, metric).band_ms
     return JSONResponse(
         {

@@ -20,23 +20,12 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from collector.pairing import divergence
 from collector.sla import gpu_source, quantize, sampling_source, schema, stats, tokens
 from collector.sla.clock import Sample, best_samples, clock_filter
 from collector.store.schema import adjusted_count_sql
-
-
-class HistoryPoint(NamedTuple):
-    """One minute of one route's metric: each side's P95 in ms (None where that side has no
-    pair that minute) and the user side's count."""
-
-    minute: datetime
-    user_p95_ms: float | None
-    server_p95_ms: float | None
-    n: int
-
 
 PAIRS = "pairs"
 HORIZON_EXTRA = timedelta(minutes=2)
@@ -175,8 +164,8 @@ class SlaSource:
     def command(self, sql: str) -> None:
         self._get().command(sql)
 
-    def rows(self, sql: str) -> list[Sequence[Any]]:
-        return list(self._get().query(sql).result_rows)
+    def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Sequence[Any]]:
+        return list(self._get().query(sql, parameters=parameters).result_rows)
 
     def ensure_schema(self) -> None:
         schema.ensure(self._get(), self.db, self.cluster)
@@ -256,7 +245,7 @@ class SlaSource:
             f"SELECT toStartOfMinute(time) AS m, count(), max(paired_at) "  # noqa: S608
             f"FROM {self.db}.{PAIRS} WHERE time >= '{_ts(horizon)}' GROUP BY m"
         )
-        current = {_as_utc(m): (int(n), _as_utc(p)) for m, n, p in found}
+        current = {as_utc(m): (int(n), as_utc(p)) for m, n, p in found}
         dirty = sorted(m for m, mark in current.items() if self._marks.get(m) != mark)
         if not dirty:
             if sig != self._parts_sig or covered != self._covered:
@@ -358,7 +347,7 @@ GROUP BY session"""  # noqa: S608
                 f"SELECT session, routes, best, best_ms, last_seen FROM {db}.{schema.SESSIONS} "  # noqa: S608
                 f"FINAL WHERE session IN ({quoted})"
             ):
-                seen = _as_utc(last_seen)
+                seen = as_utc(last_seen)
                 # rows written before best_ms existed: date their samples last_seen
                 times = list(best_ms) or [int(seen.timestamp() * 1000)] * len(best)
                 samples = [(d, t, k, ms) for (d, t, k), ms in zip(best, times, strict=False)]
@@ -366,7 +355,7 @@ GROUP BY session"""  # noqa: S608
         out_cols: list[list[Any]] = [[] for _ in range(10)]
         v = _time.time_ns()
         for session, site, routes, best, last in new:
-            prev_routes, prev_best, prev_last = old.get(session, ([], [], _as_utc(last)))
+            prev_routes, prev_best, prev_last = old.get(session, ([], [], as_utc(last)))
             kept, weighed = best_samples([*prev_best, *(tuple(x) for x in best)])
             off = clock_filter(weighed)
             if off is None:
@@ -381,7 +370,7 @@ GROUP BY session"""  # noqa: S608
                 off.theta_ms,
                 off.delay_ms,
                 off.used,
-                max(_as_utc(last), prev_last),
+                max(as_utc(last), prev_last),
                 v,
             ]
             for col, val in zip(out_cols, row, strict=True):
@@ -569,41 +558,8 @@ FROM (
             )
         return out
 
-    def history(
-        self, service: str, route: str, metric: str, now: datetime, minutes: int
-    ) -> list[HistoryPoint]:
-        """Per minute of one route and metric, the minutes either side has."""
-        start = _minute(now - timedelta(minutes=minutes))
-        p = {"service": service, "route": route, "u": f"{metric}:user", "s": f"{metric}:server"}
-        r = (
-            self._get()
-            .query(
-                f"""SELECT minute, ser, sum(cc.2), quantileExactWeighted(0.95)(cc.1,
-       toUInt64(round(cc.3 * {WEIGHT_SCALE})))
-FROM (SELECT minute, toString(series) AS ser, arrayJoin(arrayZip(cells, counts, weights)) AS cc
-      FROM {self.db}.{schema.MINUTES} FINAL
-      WHERE service = {{service:String}} AND route = {{route:String}}
-        AND series IN ({{u:String}}, {{s:String}}) AND minute >= '{_sec(start)}' AND n > 0)
-GROUP BY minute, ser ORDER BY minute""",  # noqa: S608
-                parameters=p,
-            )
-            .result_rows
-        )
-        user: dict[datetime, tuple[float, int]] = {}
-        server: dict[datetime, float] = {}
-        for minute, series, n, q in r:
-            if series.endswith(":user"):
-                user[_as_utc(minute)] = (quantize.decode(int(q)), int(n))
-            else:
-                server[_as_utc(minute)] = quantize.decode(int(q))
-        points = []
-        for m in sorted(user.keys() | server.keys()):
-            u, n = user.get(m, (None, 0))
-            points.append(HistoryPoint(m, u, server.get(m), n))
-        return points
 
-
-def _as_utc(t: Any) -> datetime:
+def as_utc(t: Any) -> datetime:
     if isinstance(t, datetime):
         return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
     return datetime.fromisoformat(str(t)).replace(tzinfo=UTC)
