@@ -1,7 +1,8 @@
 """What the columns the store computes on insert cost the span insert: the collector bench's
 spans (parsed by the real OTLP parser) inserted into ``server_spans`` on the embedded store as
-shipped, and with its MATERIALIZED columns dropped (the LLM attributes, the write-holdback
-fields: chDB evaluates them from the attributes map for every span, an LLM one or not).
+shipped; with the LLM columns computed only for LLM spans ("guarded": the same values); and
+with its MATERIALIZED columns dropped ("lean": the LLM attributes, the write-holdback fields,
+which chDB evaluates from the attributes map for every span, an LLM one or not).
 chDB allows one data directory per process, so each run is a process of its own, the two
 kinds alternating; each run prints its best round (CPU of the process, chDB's own threads
 included, so merges add noise: compare the best).
