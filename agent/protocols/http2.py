@@ -4,9 +4,10 @@ connection's kernel events → one :class:`agent.protocols.http1.Exchange` per s
 The kernel (bpf/agent/proto/http2.h) sends each read and write of a connection that began with the
 client preface: its time, its byte count and its first bytes (a window). Here each direction
 is framed as a byte stream — the remainder of a frame that spans reads or writes is carried
-over — and the header blocks (HEADERS, CONTINUATION, PUSH_PROMISE) are decoded with the
-``hpack`` package: one decoder per direction, the client's encoder's for requests and the
-server's for responses and trailers, so that the dynamic tables stay in step. Every block is
+over — and the header blocks (HEADERS, CONTINUATION, PUSH_PROMISE) are decoded by
+:mod:`agent.protocols.hpack_decode` (the ``hpack`` package's decoder, lean): one per
+direction, the client's encoder's for requests and the server's for responses and trailers,
+so that the dynamic tables stay in step. Every block is
 decoded, those of streams that are not recorded too, or the tables would drift.
 
 Per stream: t1 = the read carrying its request HEADERS frame, t2 = the write carrying its
@@ -24,13 +25,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import cast
 
-from hpack import Decoder, HPACKError
+from hpack import HPACKError
 
 from agent.kernel import events
 from agent.protocols.base import ConnParser
 from agent.protocols.exchange import Exchange
+from agent.protocols.hpack_decode import Decoder
 from agent.protocols.http1_head import clean_path
 from agent.protocols.streams.stream import Engine
 from parallax_contracts import trace_context
@@ -417,9 +418,8 @@ class H2Conn:
     ) -> None:
         """A whole header block: decoded (always: the dynamic table), then read."""
         try:
-            # raw=True: names and values are bytes
-            headers = cast("list[tuple[bytes, bytes]]", list(d.decoder.decode(block, raw=True)))
-        except (HPACKError, ValueError, IndexError):
+            headers = d.decoder.decode(block)
+        except HPACKError:
             raise Desync("hpack") from None
         if push:
             return  # server push is not recorded (decoded for the dynamic table only)
