@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -305,11 +307,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor.main(as_json=args.json)
     if args.command == "run":
-        try:
-            from agent import budget, run  # noqa: PLC0415
-            from agent.gpu.side import GpuConfig  # noqa: PLC0415
-        except KeyboardInterrupt:  # Ctrl-C while starting: nothing attached yet
-            return 0
+        # SIGTERM/SIGINT set one event from here on: a signal during the imports and set-up
+        # below is neither lost nor raised into whatever runs then (a KeyboardInterrupt in a
+        # finalizer is printed and swallowed, and the agent would go on to attach); the
+        # agent leaves quietly at its next look at the event.
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        from agent import budget, run  # noqa: PLC0415
+        from agent.gpu.side import GpuConfig  # noqa: PLC0415
 
         names: dict[int, str] = {}
         for item in args.service_name:
@@ -373,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                 k8s_api=args.k8s_api,
                 tls=args.tls,
                 holdback=args.holdback,
-            )
+            ),
+            stop,
         )
     return 2
 

@@ -71,7 +71,7 @@ class Agent:
     """The parts wired together: ``run()`` loads the programs, starts the exporter thread
     and /metrics, runs the main loop until SIGTERM/SIGINT and stops everything in order."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, stop: threading.Event | None = None) -> None:
         self.cfg = cfg
         self.m = metrics.Metrics()
         self.clock = MonoClock()
@@ -94,7 +94,7 @@ class Agent:
         self.resource: ResourceStage | None = None
         self.export: ExportThread | None = None
         self.shedding: Shedding | None = None
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.bpf: Any = None
         self.ring: Any = None
         self._send_start_lazy = False  # loader.attach_send_start once a socket blocks
@@ -127,6 +127,8 @@ class Agent:
         # SIGTERM/SIGINT from here on: the ~1 s compile below must not end in a traceback.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
+        if self.stop.is_set():  # signalled while starting: nothing opened yet
+            return 0
         why = self._open_outputs()
         if why is not None:
             print(f"parallax-agent: {why}", file=sys.stderr)
@@ -478,6 +480,8 @@ class Agent:
         loader.detach(self.bpf)
 
 
-def main(cfg: RunConfig) -> int:
+def main(cfg: RunConfig, stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT, or until ``stop`` (the caller's, set by its own handlers
+    from before the imports) is set."""
     logging.basicConfig(level=logging.INFO, format="parallax-agent: %(message)s", stream=sys.stderr)
-    return Agent(cfg).run()
+    return Agent(cfg, stop).run()
