@@ -308,81 +308,86 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.main(as_json=args.json)
     if args.command == "run":
         # SIGTERM/SIGINT set one event from here on: a signal during the imports and set-up
-        # below is neither lost nor raised into whatever runs then (a KeyboardInterrupt in a
+        # in _run is neither lost nor raised into whatever runs then (a KeyboardInterrupt in a
         # finalizer is printed and swallowed, and the agent would go on to attach); the
         # agent leaves quietly at its next look at the event.
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        from agent import budget, run  # noqa: PLC0415
-        from agent.gpu.side import GpuConfig  # noqa: PLC0415
+        return _run(args, stop)
+    return 2
 
-        names: dict[int, str] = {}
-        for item in args.service_name:
-            port, sep, name = item.partition("=")
-            try:
-                names[_int_in(1, PORT_MAX)(port)] = name
-            except argparse.ArgumentTypeError:
-                sep = ""
-            if not sep or not name:
-                print(
-                    f"parallax-agent: --service-name wants PORT=NAME (PORT 1-{PORT_MAX}),"
-                    f" got {item[:80]!r}",
-                    file=sys.stderr,
-                )
-                return 2
-        gpu_pids: dict[int, set[int]] = {}
-        for item in args.gpu_pid:
-            server, sep, worker = item.partition("=")
-            try:
-                ids = (_int_in(1, PID_MAX_LIMIT)(server), _int_in(1, PID_MAX_LIMIT)(worker))
-            except argparse.ArgumentTypeError:
-                sep = ""
-            if not sep:
-                print(
-                    f"parallax-agent: --gpu-pid wants SERVER_PID=GPU_PID, got {item[:80]!r}",
-                    file=sys.stderr,
-                )
-                return 2
-            gpu_pids.setdefault(ids[0], set()).add(ids[1])
-        if args.cpu_budget is None:
-            args.cpu_budget = budget.default_cores()
-        if not (args.cpu_budget == 0 or args.cpu_budget >= budget.MIN_CORES):  # NaN too
-            # the agent's own idle work (drains, /metrics, rescans) takes ~0.01 cores:
-            # below this a paused agent could never earn its way back to tracing
+
+def _run(args: argparse.Namespace, stop: threading.Event) -> int:
+    """``run``: the arguments the parser cannot check, then the agent until ``stop``."""
+    from agent import budget, run  # noqa: PLC0415
+    from agent.gpu.side import GpuConfig  # noqa: PLC0415
+
+    names: dict[int, str] = {}
+    for item in args.service_name:
+        port, sep, name = item.partition("=")
+        try:
+            names[_int_in(1, PORT_MAX)(port)] = name
+        except argparse.ArgumentTypeError:
+            sep = ""
+        if not sep or not name:
             print(
-                f"parallax-agent: --cpu-budget wants 0 (none) or at least {budget.MIN_CORES}"
-                f" cores, got {args.cpu_budget:g}",
+                f"parallax-agent: --service-name wants PORT=NAME (PORT 1-{PORT_MAX}),"
+                f" got {item[:80]!r}",
                 file=sys.stderr,
             )
             return 2
-        return run.main(
-            run.RunConfig(
-                ports=args.port,
-                pids=args.pid,
-                jsonl=args.jsonl,
-                otlp=args.otlp,
-                metrics_addr=args.metrics_addr,
-                # rounded as the kernel's buffer is, so that both cut heads alike
-                head_window=1 << (args.head_window - 1).bit_length(),
-                stream_limit_s=args.stream_limit_s,
-                service_names=names,
-                disabled_tracepoints=args.disable_tracepoint,
-                offs_span_ns=int(args.offset_span_ms * 1e6),
-                nice=args.nice,
-                drain_ms=args.drain_ms,
-                io_hooks=args.io_hooks,
-                cpu_budget=args.cpu_budget,
-                ringbuf_pages=args.ringbuf_pages,
-                gpu=GpuConfig(args.gpu, args.gpu_poll_ms, args.gpu_uprobes, gpu_pids),
-                sample_fixed=args.sample_fixed,
-                k8s_api=args.k8s_api,
-                tls=args.tls,
-                holdback=args.holdback,
-            ),
-            stop,
+    gpu_pids: dict[int, set[int]] = {}
+    for item in args.gpu_pid:
+        server, sep, worker = item.partition("=")
+        try:
+            ids = (_int_in(1, PID_MAX_LIMIT)(server), _int_in(1, PID_MAX_LIMIT)(worker))
+        except argparse.ArgumentTypeError:
+            sep = ""
+        if not sep:
+            print(
+                f"parallax-agent: --gpu-pid wants SERVER_PID=GPU_PID, got {item[:80]!r}",
+                file=sys.stderr,
+            )
+            return 2
+        gpu_pids.setdefault(ids[0], set()).add(ids[1])
+    if args.cpu_budget is None:
+        args.cpu_budget = budget.default_cores()
+    if not (args.cpu_budget == 0 or args.cpu_budget >= budget.MIN_CORES):  # NaN too
+        # the agent's own idle work (drains, /metrics, rescans) takes ~0.01 cores:
+        # below this a paused agent could never earn its way back to tracing
+        print(
+            f"parallax-agent: --cpu-budget wants 0 (none) or at least {budget.MIN_CORES}"
+            f" cores, got {args.cpu_budget:g}",
+            file=sys.stderr,
         )
-    return 2
+        return 2
+    return run.main(
+        run.RunConfig(
+            ports=args.port,
+            pids=args.pid,
+            jsonl=args.jsonl,
+            otlp=args.otlp,
+            metrics_addr=args.metrics_addr,
+            # rounded as the kernel's buffer is, so that both cut heads alike
+            head_window=1 << (args.head_window - 1).bit_length(),
+            stream_limit_s=args.stream_limit_s,
+            service_names=names,
+            disabled_tracepoints=args.disable_tracepoint,
+            offs_span_ns=int(args.offset_span_ms * 1e6),
+            nice=args.nice,
+            drain_ms=args.drain_ms,
+            io_hooks=args.io_hooks,
+            cpu_budget=args.cpu_budget,
+            ringbuf_pages=args.ringbuf_pages,
+            gpu=GpuConfig(args.gpu, args.gpu_poll_ms, args.gpu_uprobes, gpu_pids),
+            sample_fixed=args.sample_fixed,
+            k8s_api=args.k8s_api,
+            tls=args.tls,
+            holdback=args.holdback,
+        ),
+        stop,
+    )
 
 
 if __name__ == "__main__":
