@@ -72,14 +72,21 @@ def app(
         yield url, log
 
 
-def _records(log: Path, n: int) -> list[dict[str, Any]]:
+def _records(log: Path, n0: int, n: int = 1, **match: Any) -> list[dict[str, Any]]:
+    """The first ``n`` records after line ``n0`` whose fields equal ``match``: a record is
+    picked by what its request was, not by its position, because an earlier test's request
+    may reach the log after ``n0`` was counted (a fresh run once read an ``anthropic``
+    record of the previous test as the WebSocket turn's)."""
     deadline = time.monotonic() + 5
+    new: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         lines = log.read_text().splitlines() if log.exists() else []
-        if len(lines) >= n:
-            return [json.loads(x) for x in lines]
+        new = [json.loads(x) for x in lines[n0:]]
+        mine = [r for r in new if all(r.get(k) == v for k, v in match.items())]
+        if len(mine) >= n:
+            return mine[:n]
         time.sleep(0.05)
-    raise AssertionError(f"timing log has fewer than {n} records")
+    raise AssertionError(f"no {n} records with {match} after line {n0}; new ones: {new}")
 
 
 def test_chunked_stream_pacing_and_timing_log(app: tuple[str, Path]) -> None:
@@ -92,8 +99,7 @@ def test_chunked_stream_pacing_and_timing_log(app: tuple[str, Path]) -> None:
         while chunk := r.read1():
             arrivals.append(time.monotonic_ns())
             assert chunk
-    rec = _records(log, n0 + 1)[n0]
-    assert rec["traceparent"] == TP and rec["path"] == "/v1/chat"
+    rec = _records(log, n0, traceparent=TP, path="/v1/chat")[0]
     writes = rec["t_writes_ns"]
     assert isinstance(writes, list) and len(writes) == 6
     # paced on a schedule (80 ms after the request body, then every 25 ms), as a model's
@@ -124,7 +130,7 @@ def test_websocket_exchanges_are_numbered(app: tuple[str, Path]) -> None:
 
     answers = asyncio.run(asyncio.wait_for(talk(), 10))
     assert [len(a) for a in answers] == [3, 3]
-    recs = _records(log, n0 + 2)[n0:]
+    recs = _records(log, n0, 2, path="/v1/ws")
     assert [r["ws_seq"] for r in recs] == [1, 2]
     assert all(r["traceparent"] == TP for r in recs)
 
@@ -134,10 +140,13 @@ def test_stream_stops_when_the_client_goes_away(app: tuple[str, Path]) -> None:
     n0 = len(log.read_text().splitlines()) if log.exists() else 0
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"GET /v1/stream?tokens=1000&token_gap_ms=10 HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(
+            b"GET /v1/stream?tokens=1000&token_gap_ms=10 HTTP/1.1\r\nHost: x\r\n"
+            b"traceparent: " + TP.encode() + b"\r\n\r\n"
+        )
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         time.sleep(0.3)
-    rec = _records(log, n0 + 1)[n0]
+    rec = _records(log, n0, path="/v1/stream", traceparent=TP)[0]
     writes = rec["t_writes_ns"]
     assert isinstance(writes, list)
     assert len(writes) < 100 and rec.get("client_gone") is True, len(writes)
@@ -183,9 +192,8 @@ def test_openai_stream_is_what_the_openai_sdk_reads(app: tuple[str, Path]) -> No
     assert chunks[-1].choices == [] and usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (5, 6, 11)
     assert all(c.usage is None for c in chunks[:-1])  # "usage": null on the others
-    rec = _records(log, n0 + 1)[n0]
-    assert rec["path"] == "/v1/chat/completions" and rec["dialect"] == "openai"
-    assert rec["traceparent"] == TP
+    rec = _records(log, n0, path="/v1/chat/completions")[0]
+    assert rec["dialect"] == "openai" and rec["traceparent"] == TP
     # role, 6 contents, finish, usage, [DONE]; the role delta comes with the first token
     _check_paced(rec, 10)
     assert 0 <= (rec["t_tokens_ns"][0] - rec["t_writes_ns"][0]) / 1e6 < 5, rec
@@ -203,8 +211,8 @@ def test_anthropic_stream_is_what_the_anthropic_sdk_reads(app: tuple[str, Path])
     assert text == EXPECTED
     assert final.stop_reason == "end_turn" and final.model == MODEL
     assert (final.usage.input_tokens, final.usage.output_tokens) == (5, 6)
-    rec = _records(log, n0 + 1)[n0]
-    assert rec["path"] == "/v1/messages" and rec["dialect"] == "anthropic"
+    rec = _records(log, n0, path="/v1/messages")[0]
+    assert rec["dialect"] == "anthropic"
     # message_start, ping | block start, 6 deltas | block stop, message_delta, message_stop
     _check_paced(rec, 12)
     writes, first = _writes_ms(rec, "t_writes_ns"), _writes_ms(rec, "t_tokens_ns")[0]
@@ -275,8 +283,8 @@ def test_websocket_token_frames_are_what_the_agent_reads(app: tuple[str, Path]) 
         s.event(b"", m.encode(), False)
     assert s.dialect is not None and s.dialect.name == "chat.frames"
     assert s.n_content == 6 and s.ending() == COMPLETE
-    rec = _records(log, n0 + 1)[n0]
-    assert rec["dialect"] == "frames" and len(rec["t_writes_ns"]) == 7
+    rec = _records(log, n0, dialect="frames")[0]
+    assert len(rec["t_writes_ns"]) == 7
     assert rec["t_tokens_ns"] == rec["t_writes_ns"][:6]
 
 
@@ -324,9 +332,9 @@ def test_the_gateway_streams_the_engine_as_it_writes(
         got = r.read()
     want = sse_events.openai_chat(6, True, words=token, model=MODEL, prompt_tokens=5)
     assert got == b"".join(want)
-    served = _records(up_log, u0 + 1)[u0]
-    assert served["path"] == "/v1/chat/completions" and served["traceparent"] == TP
-    rec = _records(log, n0 + 1)[n0]
+    served = _records(up_log, u0, traceparent=TP)[0]
+    assert served["path"] == "/v1/chat/completions"
+    rec = _records(log, n0, path="/v1/engine/chat/completions")[0]
     assert rec["upstream"] == up_url and rec["status"] == 200
     # one write per upstream read: a read may join events written together (the role delta
     # and the first token, the last token and the tail), never tokens 25 ms apart
