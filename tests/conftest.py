@@ -1,4 +1,6 @@
-"""Shared test plumbing: capability gates for eBPF, browser and nginx tests.
+"""Shared test plumbing: capability gates for eBPF, browser and nginx tests, and the time
+each test file took (printed after ``--durations``' slowest tests: where ``make test``'s
+minutes go).
 
 A test marked ``ebpf`` skips with the missing capability named, except under
 PARALLAX_REQUIRE_EBPF=1 (.ci/run sets it), where the same condition fails the test: on a
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import defaultdict
 from functools import cache
 
 import pytest
@@ -41,3 +44,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
     ):
         pytest.skip("no nginx binary (Debian package nginx; make setup installs it)")
+
+
+# Seconds per test file, set-up and teardown included: a shared fixture's start counts in the
+# file of the first test that needed it.
+_FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+FILES_SHOWN = 15
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _FILE_SECONDS[report.nodeid.partition("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    top = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:FILES_SHOWN]
+    tr = terminalreporter
+    tr.write_sep("=", f"time by test file: the {len(top)} largest of {total:.0f} s in tests")
+    for path, seconds in top:
+        tr.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {path}")
