@@ -39,7 +39,7 @@ from parallax_contracts import genai
 from parallax_contracts.attr import record_field
 
 BLOCK = 5000  # rows per insert, as the collector's writer sends them
-KINDS = ("shipped", "guarded", "lean", "side", "filled")
+KINDS = ("shipped", "guarded", "lean", "side", "filled", "split")
 SIDE = "span_llm"
 
 COMPUTED = tuple(c.name for c in (*llm_columns.SPAN_LLM_COLUMNS, *schema.SPAN_HOLD_COLUMNS))
@@ -67,21 +67,17 @@ def _guarded(column: Column) -> str | None:
     return f"MODIFY COLUMN `{column.name}` {type_} MATERIALIZED if({LLM_SPAN}, {expr}, {absent})"
 
 
-def _side(db: str) -> list[str]:
-    """The side table and the view filling it from ``server_spans``' inserts, LLM spans only;
-    the LLM columns dropped from ``server_spans``."""
-    names = [c.name for c in llm_columns.SPAN_LLM_COLUMNS]
+def _side_view(db: str) -> str:
+    """The view filling the side table from ``server_spans``' inserts, LLM spans only."""
     typed = [c.type.partition(" MATERIALIZED ") for c in llm_columns.SPAN_LLM_COLUMNS]
-    columns = ",\n".join(f"`{n}` {t}" for n, (t, _, _) in zip(names, typed, strict=True))
-    select = ", ".join(f"{e} AS `{n}`" for n, (_, _, e) in zip(names, typed, strict=True))
-    return [
-        f"ALTER TABLE {db}.{schema.SPANS} " + ", ".join(f"DROP COLUMN {n}" for n in names),
-        f"CREATE TABLE {db}.{SIDE} (`time` DateTime64(9, 'UTC'), `trace_id` String, "
-        f"`span_id` String, {columns}) ENGINE = ReplacingMergeTree "
-        "PARTITION BY toDate(time) ORDER BY (trace_id, span_id)",
+    select = ", ".join(
+        f"{e} AS `{c.name}`"
+        for c, (_, _, e) in zip(llm_columns.SPAN_LLM_COLUMNS, typed, strict=True)
+    )
+    return (
         f"CREATE MATERIALIZED VIEW {db}.{SIDE}_mv TO {db}.{SIDE} AS SELECT time, "  # noqa: S608
-        f"trace_id, span_id, {select} FROM {db}.{schema.SPANS} WHERE {LLM_SPAN}",
-    ]
+        f"trace_id, span_id, {select} FROM {db}.{schema.SPANS} WHERE {LLM_SPAN}"
+    )
 
 
 # What an LLM span's attributes map holds, as the parsers keep them (text; lists as JSON).
@@ -116,6 +112,41 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _setup(kind: str, st: Store) -> None:
+    """The kind's layout, from the shipped one."""
+    db, names = st.database, [c.name for c in llm_columns.SPAN_LLM_COLUMNS]
+    stmts = {
+        "lean": [", ".join(f"DROP COLUMN {c}" for c in COMPUTED)],
+        "guarded": [", ".join(a for c in llm_columns.SPAN_LLM_COLUMNS if (a := _guarded(c)))],
+        "filled": [", ".join(f"MODIFY COLUMN `{c.name}` REMOVE MATERIALIZED" for c in FILLED)],
+        "side": [", ".join(f"DROP COLUMN {n}" for n in names)],
+        "split": [", ".join(f"DROP COLUMN {n}" for n in names)],
+    }.get(kind, [])
+    for stmt in stmts:
+        st.client().command(f"ALTER TABLE {db}.{schema.SPANS} {stmt}")
+    plain = tuple(col(c.name, c.type.partition(" MATERIALIZED ")[0]) for c in FILLED)
+    if kind == "filled":
+        native.TABLES[schema.SPANS] = schema.SPAN_COLUMNS + plain
+    if kind in ("side", "split"):
+        llm = (
+            plain
+            if kind == "split"
+            else tuple(
+                col(c.name, c.type.partition(" MATERIALIZED ")[0])
+                for c in llm_columns.SPAN_LLM_COLUMNS
+            )
+        )
+        ids = (col("time", "DateTime64(9, 'UTC')"), col("trace_id", "String"))
+        side: tuple[Column, ...] = (*ids, col("span_id", "String"), *llm)
+        native.TABLES[SIDE] = side
+        st.client().command(
+            f"CREATE TABLE {db}.{SIDE} ({', '.join(c.ddl() for c in side)}) "
+            "ENGINE = ReplacingMergeTree PARTITION BY toDate(time) ORDER BY (trace_id, span_id)"
+        )
+    if kind == "side":
+        st.client().command(_side_view(db))
+
+
 def one_run(kind: str, spans: int, rounds: int, llm_share: float) -> float:
     """Best µs per span over ``rounds`` inserts of ``spans`` spans into a fresh store."""
     now = time.time_ns()
@@ -131,37 +162,35 @@ def one_run(kind: str, spans: int, rounds: int, llm_share: float) -> float:
     ]
     st = Store("chdb://" + tempfile.mkdtemp(prefix="span-insert-"))
     st.migrate(7)
-    if kind == "lean":
-        alters = [f"DROP COLUMN {c}" for c in COMPUTED]
-    elif kind == "guarded":
-        alters = [a for c in llm_columns.SPAN_LLM_COLUMNS if (a := _guarded(c))]
-    else:
-        alters = []
-    if alters:
-        st.client().command(f"ALTER TABLE {st.database}.{schema.SPANS} {', '.join(alters)}")
-    if kind == "side":
-        for stmt in _side(st.database):
-            st.client().command(stmt)
+    _setup(kind, st)
+    values = {True: _filled(True), False: _filled(False)}
     if kind == "filled":
-        alters = [f"MODIFY COLUMN `{c.name}` REMOVE MATERIALIZED" for c in FILLED]
-        st.client().command(f"ALTER TABLE {st.database}.{schema.SPANS} {', '.join(alters)}")
-        plain = tuple(col(c.name, c.type.partition(" MATERIALIZED ")[0]) for c in FILLED)
-        native.TABLES[schema.SPANS] = schema.SPAN_COLUMNS + plain
-        values = {True: _filled(True), False: _filled(False)}
         rows = [(*r, *values["gen_ai.operation.name" in r[at]]) for r in rows]
         cols = [*cols, *(c.name for c in FILLED)]
-        if native.plan(schema.SPANS, cols) is None:
-            raise SystemExit("span_insert: the compiled encoder does not model the filled columns")
+    side_cols = [c.name for c in native.TABLES.get(SIDE, ())]
+    ids = [cols.index(n) for n in ("time", "trace_id", "span_id")]
+    for table, names in ((schema.SPANS, cols), (SIDE, side_cols)):
+        if kind in ("filled", "split") and native.plan(table, names) is None:
+            raise SystemExit(f"span_insert: the compiled encoder does not model {table}")
     st.insert(schema.SPANS, list(zip(*rows[:100], strict=True)), cols)  # driver's first-use
     best = float("inf")
     for _ in range(rounds):
         t = _cpu()
         for i in range(0, spans, BLOCK):
-            st.insert(schema.SPANS, list(zip(*rows[i : i + BLOCK], strict=True)), cols)
+            block = rows[i : i + BLOCK]
+            st.insert(schema.SPANS, list(zip(*block, strict=True)), cols)
+            if kind == "split":  # the ingest's own second insert: the block's LLM spans
+                side = [
+                    (*(r[j] for j in ids), *values[True])
+                    for r in block
+                    if "gen_ai.operation.name" in r[at]
+                ]
+                if side:
+                    st.insert(SIDE, list(zip(*side, strict=True)), side_cols)
         best = min(best, (_cpu() - t) / spans * 1e6)
     if kind != "lean":  # each kind stored an LLM span's columns, and no other span's
         want = sum(1 for r in rows if "gen_ai.operation.name" in r[at])
-        table = SIDE if kind == "side" else schema.SPANS
+        table = SIDE if kind in ("side", "split") else schema.SPANS
         sql = f"SELECT uniqExact(trace_id, span_id) FROM {st.database}.{table} "  # noqa: S608
         if (got := st.client().query(sql + "WHERE llm_dialect != ''").result_rows[0][0]) != want:
             raise SystemExit(f"span_insert: {got} spans with LLM columns, not {want}")
