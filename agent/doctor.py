@@ -163,20 +163,34 @@ def check_io_hooks(tfs: Path | None) -> Check:
     )
 
 
-def check_sdr_btf() -> Check:
-    """Whether sk_data_ready can run as a BTF tracepoint (agent/kernel/tpbtf.py): a one-instruction
-    tp_btf program on it, loaded and closed (needs the agent's privileges)."""
-    name = "sk_data_ready as BTF tracepoint"
-    _, ids = btf.lookup([], ["btf_trace_sk_data_ready"])
-    btf_id = ids["btf_trace_sk_data_ready"]
-    classic = "the classic program instead: a map lookup for every socket's data arrival"
-    if btf_id is None:
-        return Check(name, "info", f"no kernel BTF for it → {classic}")
-    try:
-        tpbtf.probe(btf_id)
-    except tpbtf.TpBtfError as e:
-        return Check(name, "info", f"not loadable here ({e}) → {classic}")
-    return Check(name, "ok", "loads: sockets on untraced ports stop at their port")
+# The tracepoints the agent attaches as BTF tracepoints where the kernel loads them, and
+# what the classic program instead costs.
+_TP_BTF = {
+    "sk_data_ready": "a map lookup for every socket's data arrival",
+    "net_dev_queue": "five helper reads of the skb per packet while a write is held",
+}
+
+
+def check_tp_btf() -> list[Check]:
+    """Whether sk_data_ready and net_dev_queue can run as BTF tracepoints
+    (agent/kernel/tpbtf.py): a one-instruction tp_btf program on each, loaded and closed
+    (needs the agent's privileges)."""
+    _, ids = btf.lookup([], [f"btf_trace_{tp}" for tp in _TP_BTF])
+    out = []
+    for tp, cost in _TP_BTF.items():
+        name = f"{tp} as BTF tracepoint"
+        btf_id = ids[f"btf_trace_{tp}"]
+        classic = f"the classic program instead: {cost}"
+        if btf_id is None:
+            out.append(Check(name, "info", f"no kernel BTF for it → {classic}"))
+            continue
+        try:
+            tpbtf.probe(btf_id)
+        except tpbtf.TpBtfError as e:
+            out.append(Check(name, "info", f"not loadable here ({e}) → {classic}"))
+            continue
+        out.append(Check(name, "ok", "loads: its fields are direct loads"))
+    return out
 
 
 def check_kprobes() -> Check:
@@ -228,7 +242,7 @@ def run_checks() -> list[Check]:
     tfs_check, tfs = check_tracefs()
     checks = [check_privilege(), check_bpf_syscall(), check_ringbuf(), tfs_check]
     checks += check_tracepoints(tfs)
-    checks += [check_io_hooks(tfs), check_sdr_btf(), check_uprobes(tfs), check_tls()]
+    checks += [check_io_hooks(tfs), *check_tp_btf(), check_uprobes(tfs), check_tls()]
     checks += [check_kprobes()]
     checks += [check_headers(), check_bcc(), check_nvml()]
     return checks

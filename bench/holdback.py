@@ -1,8 +1,9 @@
 """``python -m bench.holdback``: what the write-to-wire holdback measure (bpf/agent/hold.h)
 adds per request, side by side in one run.
 
-The agent with the measure compiled out (``PARALLAX_AGENT_NO_HOLDS=1``) and with it, rounds
-interleaved, each against two http.server instances (tests/agent/servers/py_server.py)
+The agent with the measure compiled out (``PARALLAX_AGENT_NO_HOLDS=1``) and with it — its
+departure hook as a raw tracepoint (``PARALLAX_AGENT_HOLD_RAW_TP=1``) and as a BTF one —
+rounds interleaved, each against two http.server instances (tests/agent/servers/py_server.py)
 answering ``/stream?n=8&gap_ms=0`` — a head and 8 small chunked body writes per response, as
 a token stream writes — over one keep-alive connection: one server with TCP_NODELAY (no
 write held: the common cost, two 4-byte reads per body write and the departure hook's gate
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.kernel.holdback import NO_HOLDS
+from agent.kernel.holdback import NO_HOLDS, RAW_XMIT
 from bench import report
 from bench.agent import AgentProc, bpf_breakdown
 from tests.agent.helpers import PY, Proc, get_head, read_response
@@ -36,7 +37,9 @@ PATH = "/stream?n=8&gap_ms=0"
 WARM = 50  # requests before each measured run (their records count in the held writes)
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 _SEND = "sock_send_length"  # bcc names the classic program after its tracepoint
-_XMIT = "px_hold_xmit"
+_XMIT = "px_hold_xmit"  # either hook (the BTF one's name is px_hold_xmit_bt, cut to 15)
+KINDS = ("off", "raw", "btf")  # the measure compiled out; its departure hook raw, or BTF
+_ENV = {"off": {NO_HOLDS: "1"}, "raw": {RAW_XMIT: "1"}, "btf": {}}
 
 
 def _drive(port: int, n: int) -> float:
@@ -66,15 +69,12 @@ def _prog(d: dict[str, tuple[int, int]], name: str) -> tuple[int, int]:
 
 
 def measure(
-    ports: dict[str, int], tmp: Path, on: bool, n: int, rnd: int
+    ports: dict[str, int], tmp: Path, kind: str, n: int, rnd: int
 ) -> dict[str, dict[str, float]]:
-    """One agent (measure on or off) over both servers: per server, BPF ns/request (all the
+    """One agent (of a kind in KINDS) over both servers: per server, BPF ns/request (all the
     agent's programs, and the two the measure touches) and the held writes it recorded."""
-    if on:
-        os.environ.pop(NO_HOLDS, None)
-    else:
-        os.environ[NO_HOLDS] = "1"
-    run = tmp / f"{'on' if on else 'off'}{rnd}"
+    os.environ.update(_ENV[kind])
+    run = tmp / f"{kind}{rnd}"
     run.mkdir()
     agent = AgentProc(ports["nodelay"], run, ("--port", str(ports["nagle"])))
     out: dict[str, dict[str, float]] = {}
@@ -95,7 +95,8 @@ def measure(
             }
     finally:
         agent.stop()
-        os.environ.pop(NO_HOLDS, None)
+        for k in _ENV[kind]:
+            os.environ.pop(k, None)
     held = 0
     jsonl = run / "agent.jsonl"
     if jsonl.exists():
@@ -110,7 +111,7 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.holdback", description=__doc__)
     ap.add_argument("--requests", type=int, default=2000, help="per server and round")
-    ap.add_argument("--rounds", type=int, default=3, help="off/on pairs, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="off/raw/btf triples, interleaved")
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     prev = stats_path.read_text().strip()
     stats_path.write_text("1")
     procs: dict[str, Proc] = {}
-    runs: dict[bool, list[dict[str, dict[str, float]]]] = {False: [], True: []}
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {k: [] for k in KINDS}
     try:
         for name, extra in (("nodelay", ["--nodelay"]), ("nagle", [])):
             procs[name] = Proc(
@@ -129,55 +130,69 @@ def main(argv: list[str] | None = None) -> int:
             )
         ports = {name: p.port() for name, p in procs.items()}
         for r in range(a.rounds):
-            for on in (False, True):
-                runs[on].append(measure(ports, tmp, on, a.requests, r))
-                print(f"round {r + 1} {'on ' if on else 'off'}: {runs[on][-1]}", flush=True)
+            for kind in KINDS:
+                runs[kind].append(measure(ports, tmp, kind, a.requests, r))
+                print(f"round {r + 1} {kind}: {runs[kind][-1]}", flush=True)
     finally:
         for p in procs.values():
             p.stop()
         stats_path.write_text(prev)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def med(on: bool, server: str, key: str) -> float:
-        return statistics.median(r[server][key] for r in runs[on])
-
-    rows = [
-        "| Server | BPF ns/req, measure off | BPF ns/req, on | added | of it: `sock_send_length` "
-        "(off → on) | `px_hold_xmit` ns/req (runs/req) | held writes per request (on) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for server, label in (("nodelay", "TCP_NODELAY (none held)"), ("nagle", "Nagle (writes held)")):
-        off, with_ = med(False, server, "bpf_ns"), med(True, server, "bpf_ns")
-        per_req = statistics.median(r["nagle"]["held_writes"] for r in runs[True])
-        held = f"{per_req / (a.requests + WARM):.1f}" if server == "nagle" else "—"
-        rows.append(
-            f"| {label} | {off:,.0f} | {with_:,.0f} | **{with_ - off:+,.0f}** | "
-            f"{med(False, server, 'send_ns'):,.0f} → {med(True, server, 'send_ns'):,.0f} | "
-            f"{med(True, server, 'xmit_ns'):,.0f} ({med(True, server, 'xmit_runs'):.1f}) | "
-            f"{held} |"
-        )
-    md = "\n".join(
-        [
-            "## Write-to-wire holdback (`python -m bench.holdback`)",
-            "",
-            f"Machine: {report.machine()}. Commit {report.git_rev()}. Command: "
-            f"`python -m bench.holdback --requests {a.requests} --rounds {a.rounds}`.",
-            "",
-            f"Per request: `{PATH}` (a head and 8 small body writes) over one keep-alive "
-            "connection from a Python client, the agent with the measure compiled out "
-            "(`PARALLAX_AGENT_NO_HOLDS=1`) and with it, rounds interleaved, medians of "
-            f"{a.rounds}. BPF ns/req counts every run of the agent's programs during the "
-            "requests (kernel.bpf_stats_enabled), the client's packets included: "
-            "`px_hold_xmit` runs for every packet on the node (ACKs too) and stops at one "
-            "array load while no followed socket holds a write.",
-            "",
-            *rows,
-        ]
-    )
+    md = _section(runs, a.requests, a.rounds)
     print(md)
     if not a.no_write:
         report.write_section("holdback", md)
     return 0
+
+
+def _section(runs: dict[str, list[dict[str, dict[str, float]]]], n: int, rounds: int) -> str:
+    def med(kind: str, server: str, key: str) -> float:
+        return statistics.median(r[server][key] for r in runs[kind])
+
+    rows = [
+        "| Server | BPF ns/req, measure off | on, raw hook | on, BTF hook | added: raw | "
+        "added: BTF | `sock_send_length` (off → on) | departure hook ns/req, raw → BTF "
+        "(runs/req) | held writes per request |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for server, label in (("nodelay", "TCP_NODELAY (none held)"), ("nagle", "Nagle (writes held)")):
+        off, raw, btf = (med(k, server, "bpf_ns") for k in KINDS)
+        per_req = statistics.median(r["nagle"]["held_writes"] for r in runs["btf"])
+        held = f"{per_req / (n + WARM):.1f}" if server == "nagle" else "—"
+        rows.append(
+            f"| {label} | {off:,.0f} | {raw:,.0f} | {btf:,.0f} | **{raw - off:+,.0f}** | "
+            f"**{btf - off:+,.0f}** | {med('off', server, 'send_ns'):,.0f} → "
+            f"{med('btf', server, 'send_ns'):,.0f} | {med('raw', server, 'xmit_ns'):,.0f} → "
+            f"{med('btf', server, 'xmit_ns'):,.0f} ({med('btf', server, 'xmit_runs'):.1f}) | "
+            f"{held} |"
+        )
+    per_round = ", ".join(
+        f"{k} " + "/".join(f"{r['nagle']['bpf_ns']:,.0f}" for r in runs[k]) for k in KINDS
+    )
+    return "\n".join(
+        [
+            "## Write-to-wire holdback (`python -m bench.holdback`)",
+            "",
+            f"Machine: {report.machine()}. Commit {report.git_rev()}. Command: "
+            f"`python -m bench.holdback --requests {n} --rounds {rounds}`.",
+            "",
+            f"Per request: `{PATH}` (a head and 8 small body writes) over one keep-alive "
+            "connection from a Python client; the agent with the measure compiled out "
+            "(`PARALLAX_AGENT_NO_HOLDS=1`), with it and its departure hook on "
+            "net:net_dev_queue as a raw tracepoint (`PARALLAX_AGENT_HOLD_RAW_TP=1`: helper "
+            "reads of the skb), and as a BTF tracepoint (direct loads; the agent's default "
+            f"where the kernel loads it); rounds interleaved, medians of {rounds}. BPF ns/req "
+            "counts every run of the agent's programs during the requests "
+            "(kernel.bpf_stats_enabled), the client's packets included: the departure hook "
+            "runs for every packet on the node (ACKs too) and stops at one array load while "
+            "no followed socket holds a write.",
+            "",
+            *rows,
+            "",
+            f"Nagle server, BPF ns/req per round: {per_round}.",
+        ]
+    )
 
 
 if __name__ == "__main__":

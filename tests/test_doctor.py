@@ -92,10 +92,12 @@ def test_doctor_verdict_matches_this_machine() -> None:
     assert (p.returncode == 0) is expected
     # No GPU here: NVML must degrade, not fail the verdict.
     assert by_name["NVML"]["status"] in ("ok", "degraded")
-    # sk_data_ready as a BTF tracepoint: loadable where BPF and the kernel's BTF are
-    sdr = by_name["sk_data_ready as BTF tracepoint"]
+    # sk_data_ready and net_dev_queue as BTF tracepoints: loadable where BPF and the
+    # kernel's BTF are
     has_btf = Path("/sys/kernel/btf/vmlinux").exists()
-    assert (sdr["status"] == "ok") == (bpf_ok and has_btf and os.geteuid() == 0), sdr
+    for tp in ("sk_data_ready", "net_dev_queue"):
+        c = by_name[f"{tp} as BTF tracepoint"]
+        assert (c["status"] == "ok") == (bpf_ok and has_btf and os.geteuid() == 0), c
 
 
 def test_doctor_as_an_unprivileged_user_explains_instead_of_failing() -> None:

@@ -41,7 +41,7 @@ COUNTERS = (
 COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 
 
-_SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
+SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
 
 
 class LoadError(Exception):
@@ -156,9 +156,10 @@ def cflags(opts: Any, macros: set[str]) -> list[str]:
 
 def variants(
     opts: Any, macros: set[str], have_ids: set[str], degraded: list[str]
-) -> tuple[bool, bool, int | None, list[tuple[str, list[str]]]]:
-    """(socket hooks possible, raw syscalls possible, the sk_data_ready BTF type id, the
-    (hooks, cflags) to try in order of preference)."""
+) -> tuple[bool, bool, dict[str, int], list[tuple[str, list[str]]]]:
+    """(socket hooks possible, raw syscalls possible, the BTF type ids of the tracepoints
+    some programs attach to as tp_btf, by typedef name, the (hooks, cflags) to try in order
+    of preference)."""
     x86 = platform.machine() == "x86_64"
     # Reads and writes seen from the socket layer, no syscall tracepoint at all (x86-64:
     # the syscall's arguments come from its user pt_regs; Linux >= 6.5). Else syscalls
@@ -183,9 +184,9 @@ def variants(
     # (hooks, cflags) in order of preference. Per-thread state in task-local storage (no
     # hash lookups); kernels without it for tracepoint programs get the hash-map variant.
     variants: list[tuple[str, list[str]]] = []
-    sdr_btf_id: int | None = None
+    btf_ids: dict[str, int] = {}
     if sock:
-        sock_flags, sdr_btf_id = _socket_flags(opts, macros, degraded)
+        sock_flags, btf_ids = _socket_flags(opts, macros, degraded)
         variants.append(("socket", sock_flags))
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
@@ -196,13 +197,15 @@ def variants(
                     + (["-DPX_TASK_STORAGE"] if ts else []),
                 )
             )
-    return sock, raw, sdr_btf_id, variants
+    return sock, raw, btf_ids, variants
 
 
-def _socket_flags(opts: Any, macros: set[str], degraded: list[str]) -> tuple[list[str], int | None]:
+def _socket_flags(
+    opts: Any, macros: set[str], degraded: list[str]
+) -> tuple[list[str], dict[str, int]]:
     """The socket hooks' flags — the BTF offsets of the few fields they read directly —
-    and the sk_data_ready BTF typedef's id (None: not as a BTF tracepoint)."""
-    sdr_btf_id: int | None = None
+    and the BTF typedef ids of the tracepoints their tp_btf programs attach to."""
+    btf_ids: dict[str, int] = {}
     sock_flags = ["-DPX_SOCK_HOOKS", "-DPX_TASK_STORAGE"]
     # srtt read from the socket at each request (its offset from the kernel's BTF)
     # instead of tcp:tcp_probe, which runs for every segment of every TCP socket
@@ -215,7 +218,7 @@ def _socket_flags(opts: Any, macros: set[str], degraded: list[str]) -> tuple[lis
             ("task_struct", "pid"),
             *_SOCKET_FLAGS,
         ],
-        [_SDR_BTF_TYPEDEF],
+        [SDR_BTF_TYPEDEF],
     )
     if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
         sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
@@ -224,9 +227,10 @@ def _socket_flags(opts: Any, macros: set[str], degraded: list[str]) -> tuple[lis
         sock_flags.append(f"-DPX_OFF_SKC_NUM={num}")
         # ... and for sk_data_ready as a BTF tracepoint (agent.kernel.tpbtf): sockets on other
         # ports stop at a direct load of their port, before any map lookup
-        sdr_btf_id = typedef[_SDR_BTF_TYPEDEF]
+        sdr_btf_id = typedef[SDR_BTF_TYPEDEF]
         if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
             sock_flags.append("-DPX_SDR_BTF")
+            btf_ids[SDR_BTF_TYPEDEF] = sdr_btf_id
     # the current task's ids by direct loads (the task pointer is fetched anyway)
     for member in ("tgid", "pid"):
         if (o := off[("task_struct", member)]) is not None:
@@ -241,8 +245,11 @@ def _socket_flags(opts: Any, macros: set[str], degraded: list[str]) -> tuple[lis
         sock_flags.append("-DPX_LAZY_SEND_START")
         sock_flags += [f"-D{m}={o}" for m, o in zip(_SOCKET_FLAG_MACROS, chain, strict=True)]
     if opts.holdback != "off":
-        sock_flags += holdback.cflags(degraded)
-    return sock_flags, sdr_btf_id
+        hold_flags, hold_id = holdback.cflags(degraded)
+        sock_flags += hold_flags
+        if hold_id is not None:
+            btf_ids[holdback.XMIT_TYPEDEF] = hold_id
+    return sock_flags, btf_ids
 
 
 def compile_first(

@@ -1,5 +1,6 @@
 """Write-to-wire holdback (bpf/agent/hold.h): the BTF fields its programs read, compiled in
-as -D offsets, and its departure hook (net:net_dev_queue, a raw tracepoint)."""
+as -D offsets, and its departure hook (net:net_dev_queue: a BTF tracepoint where the kernel
+loads one, else a raw tracepoint)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import logging
 import os
 from typing import Any
 
-from agent.kernel import btf
+from agent.kernel import btf, tpbtf
 
 log = logging.getLogger("parallax.agent")
 NO_HOLDS = "PARALLAX_AGENT_NO_HOLDS"  # bench: the agent without the measure, side by side
+RAW_XMIT = "PARALLAX_AGENT_HOLD_RAW_TP"  # bench, tests: the departure hook as a raw tracepoint
 XMIT, XMIT_FN = b"net_dev_queue", b"px_hold_xmit"
+XMIT_TYPEDEF, XMIT_BTF_FN = "btf_trace_net_dev_queue", "px_hold_xmit_btf"
 # Write-to-wire holdback (bpf/agent/hold.h): the fields it reads, by macro. tcp_sock.nonagle
 # is a bitfield (its byte and shift); the rest whole members.
 _HOLD_FIELDS = {
@@ -32,11 +35,12 @@ _HOLD_FIELDS = {
 _HOLD_SIZES = {"PX_OFF_TCP_NONAGLE": 4}  # the bitfields among them, by width
 
 
-def cflags(degraded: list[str]) -> list[str]:
+def cflags(degraded: list[str]) -> tuple[list[str], int | None]:
     """The -D flags of the write-to-wire holdback measure, or none (with a degraded line)
-    where the running kernel's BTF lacks a field it reads."""
+    where the running kernel's BTF lacks a field it reads; and the BTF id of the departure
+    hook's tracepoint (None: the raw tracepoint only)."""
     if os.environ.get(NO_HOLDS):
-        return []
+        return [], None
     bits = btf.member_bits(list(_HOLD_FIELDS.values()))
     flags = ["-DPX_HOLDS"]
     for macro, key in _HOLD_FIELDS.items():
@@ -46,19 +50,27 @@ def cflags(degraded: list[str]) -> list[str]:
             line = f"{key[0]}.{key[1]} not in the kernel's BTF: write-to-wire holdback not measured"
             log.warning("degraded: %s", line)
             degraded.append(line)
-            return []
+            return [], None
         flags.append(f"-D{macro}={got[0] // 8}")
         if macro == "PX_OFF_TCP_NONAGLE":
             flags.append(f"-DPX_SHIFT_TCP_NONAGLE={got[0] % 8}")
-    return flags
+    xmit_id = btf.lookup([], [XMIT_TYPEDEF])[1][XMIT_TYPEDEF]  # the parse above, cached
+    if xmit_id is not None:
+        flags.append("-DPX_HOLD_BTF")
+    return flags, xmit_id
 
 
-def attach(b: Any, degraded: list[str]) -> None:
-    """Attach the departure hook; where it fails the writes are still checked, and each
-    held one is counted untimed."""
+def attach(b: Any, degraded: list[str], btf_id: int | None) -> list[str]:
+    """Attach the departure hook, as a BTF tracepoint where ``btf_id`` is given and the
+    kernel loads it (the tracepoint's name when so), else the raw one; where both fail the
+    writes are still checked, and each held one is counted untimed."""
+    btf = btf_id is not None and not os.environ.get(RAW_XMIT)
+    if btf and tpbtf.attach_in_place(b, XMIT_BTF_FN, "net:net_dev_queue", btf_id or 0):
+        return [XMIT.decode()]
     try:
         b.attach_raw_tracepoint(tp=XMIT, fn_name=XMIT_FN)
     except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
         line = f"net:net_dev_queue did not attach ({e}): write-to-wire holdback untimed"
         log.warning("degraded: %s", line)
         degraded.append(line)
+    return []

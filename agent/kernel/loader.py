@@ -87,7 +87,7 @@ def load(opts: Options) -> Loaded:
     cflags = build.cflags(opts, macros) + retransmits.cflags(degraded)
     text = program_text(BPF_SOURCE)
     have_ids = {tp.id for tp in have}
-    sock, raw, sdr_btf_id, variants = build.variants(opts, macros, have_ids, degraded)
+    sock, raw, btf_ids, variants = build.variants(opts, macros, have_ids, degraded)
     try:
         b, hooks, extra = build.compile_first(BPF, text, cflags, variants, sock, raw, degraded)
     except build.NoVariant as e:
@@ -96,13 +96,14 @@ def load(opts: Options) -> Loaded:
         btf.forget()
     _configure(b, opts)
     attached_btf: list[str] = []
-    if "-DPX_SDR_BTF" in extra and sdr_btf_id is not None and not os.environ.get(_NO_TP_BTF):
-        attached_btf = _use_sdr_btf(b, sdr_btf_id)
+    if "-DPX_SDR_BTF" in extra and (sdr_id := btf_ids.get(build.SDR_BTF_TYPEDEF)):
+        attached_btf = _use_sdr_btf(b, sdr_id)
     lazy = "-DPX_LAZY_SEND_START" in extra
     if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
         attach_send_start(b)
     if "-DPX_HOLDS" in extra:
-        holdback.attach(b, degraded)
+        hold_id = btf_ids.get(holdback.XMIT_TYPEDEF) if "-DPX_HOLD_BTF" in extra else None
+        attached_btf += holdback.attach(b, degraded, hold_id)
     attached = sorted(
         {
             k.decode() if isinstance(k, bytes) else str(k)
@@ -117,7 +118,6 @@ _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
 
 
 _SDR = b"sock:sk_data_ready"
-_NO_TP_BTF = "PARALLAX_AGENT_NO_TP_BTF"  # tests: keep the classic sk_data_ready program
 
 
 def _use_sdr_btf(b: Any, btf_id: int) -> list[str]:
@@ -125,18 +125,8 @@ def _use_sdr_btf(b: Any, btf_id: int) -> list[str]:
     attached: attached first, then the classic one detached (for that moment both run; an
     arrival stamped twice keeps the first). Where the kernel refuses it, the classic one
     stays: the same arrival times at the cost of a hash lookup per socket."""
-    try:
-        prog = tpbtf.TpBtfProgram(b, "px_sdr_btf", _SDR.decode(), btf_id)
-    except tpbtf.TpBtfError as e:
-        log.info("sk_data_ready stays a classic tracepoint: tp_btf did not load (%s)", e)
+    if tpbtf.attach_in_place(b, "px_sdr_btf", _SDR.decode(), btf_id) is None:
         return []
-    try:
-        prog.attach()
-    except tpbtf.TpBtfError as e:
-        prog.close()
-        log.info("sk_data_ready stays a classic tracepoint: %s", e)
-        return []
-    b.px_tp_btf = {_SDR: prog}
     if _SDR in b.tracepoint_fds:
         try:
             b.detach_tracepoint(tp=_SDR)

@@ -14,8 +14,13 @@ from the BTF id).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from typing import Any
+
+log = logging.getLogger("parallax.agent")
+# tests and benches: every hook stays a classic tracepoint
+NO_TP_BTF = "PARALLAX_AGENT_NO_TP_BTF"
 
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _BPF_PROG_LOAD = 5
@@ -57,31 +62,34 @@ class _ProgLoadAttr(ctypes.Structure):
 
 def load(insns: int, insn_cnt: int, name: str, btf_id: int) -> int:
     """Load ``insn_cnt`` instructions at address ``insns`` as a tp_btf program attaching to
-    the tracepoint whose ``btf_trace_<name>`` typedef is ``btf_id``; its fd."""
+    the tracepoint whose ``btf_trace_<name>`` typedef is ``btf_id``; its fd. Loaded without
+    the verifier's log (a log longer than its buffer fails the load with ENOSPC), and only
+    where that fails once more with it, for the error's last line."""
     sysno = _SYS_BPF.get(os.uname().machine)
     if sysno is None:
         raise TpBtfError(f"no bpf() system call number for {os.uname().machine}")
-    log = ctypes.create_string_buffer(1 << 16)
     lic = ctypes.create_string_buffer(b"GPL")
     attr = _ProgLoadAttr(
         prog_type=_PROG_TYPE_TRACING,
         insn_cnt=insn_cnt,
         insns=insns,
         license=ctypes.addressof(lic),
-        log_level=1,
-        log_size=len(log),
-        log_buf=ctypes.addressof(log),
         prog_name=name.encode()[:15],
         expected_attach_type=_TRACE_RAW_TP,
         attach_btf_id=btf_id,
     )
     libc = ctypes.CDLL(None, use_errno=True)
     fd = int(libc.syscall(sysno, _BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
-    if fd < 0:
-        err = os.strerror(ctypes.get_errno())
-        last = log.value.decode(errors="replace").strip().splitlines()[-1:]
-        raise TpBtfError(f"{name}: {err}" + (f" ({last[0]})" if last else ""))
-    return fd
+    if fd >= 0:
+        return fd
+    err = os.strerror(ctypes.get_errno())
+    log = ctypes.create_string_buffer(1 << 20)
+    attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
+    fd = int(libc.syscall(sysno, _BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
+    if fd >= 0:  # (a load that failed once and not twice: keep it)
+        return fd
+    last = log.value.decode(errors="replace").strip().splitlines()[-1:]
+    raise TpBtfError(f"{name}: {err}" + (f" ({last[0]})" if last else ""))
 
 
 def probe(btf_id: int) -> None:
@@ -129,3 +137,24 @@ class TpBtfProgram:
         if self.prog_fd >= 0:
             os.close(self.prog_fd)
             self.prog_fd = -1
+
+
+def attach_in_place(b: Any, fn_name: str, tracepoint: str, btf_id: int) -> TpBtfProgram | None:
+    """Load and attach ``fn_name`` as a tp_btf program and keep it with bcc's ``b`` (the
+    loader detaches, reattaches and closes it there); None, with an info line, where the
+    kernel refuses it or NO_TP_BTF is set: the caller keeps its classic program."""
+    if os.environ.get(NO_TP_BTF):
+        return None
+    try:
+        prog = TpBtfProgram(b, fn_name, tracepoint, btf_id)
+    except TpBtfError as e:
+        log.info("%s stays a classic tracepoint: tp_btf did not load (%s)", tracepoint, e)
+        return None
+    try:
+        prog.attach()
+    except TpBtfError as e:
+        prog.close()
+        log.info("%s stays a classic tracepoint: %s", tracepoint, e)
+        return None
+    b.px_tp_btf = {**getattr(b, "px_tp_btf", {}), tracepoint.encode(): prog}
+    return prog

@@ -157,12 +157,33 @@ static __always_inline void px_hold_blocked(u64 sk, u64 t) {
         g->hold_block_t = t;
 }
 
-// net:net_dev_queue (raw): a packet handed to the device layer. Every packet on the node
-// comes here; while no followed socket has a held write, it stops at one array load.
-int px_hold_xmit(struct bpf_raw_tracepoint_args *ctx) {
+// A segment of socket `sk` left (skb fields: head, data, len, transport_header): its end —
+// the TCP header's seq plus its payload (GSO: all of it) — releases the writes held to it.
+static __always_inline void px_hold_departed(u64 sk, struct px_hold *h, u64 head, u64 data,
+                                             u32 len, u16 th) {
+    u8 tcph[13] = {};
+    if (bpf_probe_read_kernel(tcph, sizeof(tcph), (void *)(head + th)))
+        return;
+    u32 seq = ((u32)tcph[4] << 24) | ((u32)tcph[5] << 16) | ((u32)tcph[6] << 8) | tcph[7];
+    u32 hl = (u32)(head + th - data) + (u32)(tcph[12] >> 4) * 4;
+    if (len <= hl)
+        return;  // no payload: an ACK, a lone FIN
+    struct px_agg *g = px_aggs.lookup(&sk);
+    px_hold_release(sk, h, g, seq + (len - hl), bpf_ktime_get_ns());
+}
+
+// Whether any followed socket holds a write: while none does, every departure hook stops
+// at this one array load.
+static __always_inline int px_hold_any(void) {
     u32 zero = 0;
     s64 *cnt = px_hold_count.lookup(&zero);
-    if (!cnt || *cnt <= 0)
+    return cnt && *cnt > 0;
+}
+
+// net:net_dev_queue (raw): a packet handed to the device layer. Every packet on the node
+// comes here. Replaced by px_hold_xmit_btf where the kernel loads that.
+int px_hold_xmit(struct bpf_raw_tracepoint_args *ctx) {
+    if (!px_hold_any())
         return 0;
     u64 skb = ctx->args[0];
     u64 sk = 0;
@@ -171,7 +192,6 @@ int px_hold_xmit(struct bpf_raw_tracepoint_args *ctx) {
     struct px_hold *h = px_holds.lookup(&sk);
     if (!h || !h->n)
         return 0;
-    // The segment's end: its TCP header's seq plus its payload (GSO: all of it).
     u64 head = 0, data = 0;
     u32 len = 0;
     u16 th = 0;
@@ -180,15 +200,28 @@ int px_hold_xmit(struct bpf_raw_tracepoint_args *ctx) {
         bpf_probe_read_kernel(&len, sizeof(len), (void *)(skb + PX_OFF_SKB_LEN)) ||
         bpf_probe_read_kernel(&th, sizeof(th), (void *)(skb + PX_OFF_SKB_TH)))
         return 0;
-    u8 tcph[13] = {};
-    if (bpf_probe_read_kernel(tcph, sizeof(tcph), (void *)(head + th)))
-        return 0;
-    u32 seq = ((u32)tcph[4] << 24) | ((u32)tcph[5] << 16) | ((u32)tcph[6] << 8) | tcph[7];
-    u32 hl = (u32)(head + th - data) + (u32)(tcph[12] >> 4) * 4;
-    if (len <= hl)
-        return 0;  // no payload: an ACK, a lone FIN
-    struct px_agg *g = px_aggs.lookup(&sk);
-    px_hold_release(sk, h, g, seq + (len - hl), bpf_ktime_get_ns());
+    px_hold_departed(sk, h, head, data, len, th);
     return 0;
 }
+
+#ifdef PX_HOLD_BTF
+// The same hook as a BTF tracepoint (tp_btf, loaded by agent/kernel/tpbtf.py): the skb is a
+// typed pointer, so its five fields are direct loads the verifier checks against the
+// kernel's BTF instead of five helper calls (the TCP header, in the packet's data, is
+// still read by the helper).
+int px_hold_xmit_btf(u64 *ctx) {
+    if (!px_hold_any())
+        return 0;
+    u64 skb = ctx[0];
+    u64 sk = *(u64 *)(skb + PX_OFF_SKB_SK);
+    if (!sk)
+        return 0;
+    struct px_hold *h = px_holds.lookup(&sk);
+    if (!h || !h->n)
+        return 0;
+    px_hold_departed(sk, h, *(u64 *)(skb + PX_OFF_SKB_HEAD), *(u64 *)(skb + PX_OFF_SKB_DATA),
+                     *(u32 *)(skb + PX_OFF_SKB_LEN), *(u16 *)(skb + PX_OFF_SKB_TH));
+    return 0;
+}
+#endif
 #endif

@@ -11,6 +11,7 @@ that does not read for 300 ms makes a large write wait for send-buffer space (sn
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from agent.kernel.holdback import RAW_XMIT
 from tests.agent.helpers import (
     PY,
     Agent,
@@ -35,9 +37,16 @@ GAP_MS = 30
 CHUNKS = 24
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("holdback")
+# The departure hook's program as the agent loads it on this kernel (a BTF tracepoint, its
+# name cut to 15 bytes) and as a raw tracepoint, the fallback where tp_btf does not load.
+HOOKS = {"btf": "px_hold_xmit_bt", "raw": "px_hold_xmit"}
+
+
+@pytest.fixture(scope="module", params=list(HOOKS))
+def env(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp(f"holdback-{request.param}")
     logs = {name: tmp / f"{name}.jsonl" for name in ("nagle", "nodelay")}
     procs: dict[str, Proc] = {}
     ports: dict[str, int] = {}
@@ -47,16 +56,23 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(logs[name]), *extra]
             )
             ports[name] = procs[name].port()
-        agent = Agent(tmp, list(ports.values()))
+        if request.param == "raw":
+            os.environ[RAW_XMIT] = "1"
+        try:
+            agent = Agent(tmp, list(ports.values()))
+        finally:
+            os.environ.pop(RAW_XMIT, None)
     except Exception:
         for p in procs.values():
             p.stop()
         raise
     try:
+        progs = {str(p.get("name")) for p in agent_progs(agent)}
+        assert HOOKS[request.param] in progs, progs
         # the first request makes the agent time blocking writes' starts (http.server blocks)
         http_request(ports["nagle"], get_head("/warm?n=10"))
         wait_log(agent, "timing write starts")
-        yield {"agent": agent, "ports": ports, "logs": logs}
+        yield {"agent": agent, "ports": ports, "logs": logs, "hook": HOOKS[request.param]}
     finally:
         rc = agent.stop()
         for p in procs.values():
@@ -163,7 +179,7 @@ def test_tcp_nodelay_holds_nothing(env: dict[str, Any]) -> None:
     # chunks arrive as written (a busy machine delays the client's wake-up now and then)
     assert sorted(client)[len(client) // 2] < 2000, client
     # measured (the departure program is loaded), and nothing held: 0, not absent
-    assert "px_hold_xmit" in {p.get("name") for p in agent_progs(agent)}
+    assert env["hook"] in {p.get("name") for p in agent_progs(agent)}
     assert rec["wire_hold_writes"] == 0, rec
     assert rec["wire_hold_max_us"] == 0, rec
     assert rec["wire_hold_reason"] is None, rec
@@ -230,7 +246,7 @@ def test_holdback_off(tmp_path: Path) -> None:
         _stream(port, f"/stream?n=8&gap_ms={GAP_MS}")
         rec = _record(agent, port, "/stream", 0, 8)
         assert rec["wire_hold_writes"] is None and rec["wire_hold_max_us"] is None, rec
-        assert "px_hold_xmit" not in {p.get("name") for p in agent_progs(agent)}
+        assert not {p.get("name") for p in agent_progs(agent)} & set(HOOKS.values())
     finally:
         rc = agent.stop()
         srv.stop()
