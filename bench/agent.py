@@ -339,7 +339,7 @@ def _range(xs: list[float], fmt: str = ".0f") -> str:
     return f"{min(xs):{fmt}}–{max(xs):{fmt}}" if xs else "?"
 
 
-def _busy_loops() -> list[subprocess.Popen[bytes]]:
+def busy_loops() -> list[subprocess.Popen[bytes]]:
     """One nice-19 busy loop per CPU: the vCPUs never halt between requests, so the
     programs do not run on a CPU just woken from idle (cold caches, lower clocks)."""
     return [
@@ -348,7 +348,7 @@ def _busy_loops() -> list[subprocess.Popen[bytes]]:
     ]
 
 
-def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         p.kill()
         p.wait(10)
@@ -555,12 +555,12 @@ def main(argv: list[str] | None = None) -> int:
             r = rates[0]
 
             def busy_run() -> dict[str, float]:
-                loops = _busy_loops()
+                loops = busy_loops()
                 try:
                     time.sleep(0.2)
                     return wrk(port, a.seconds, conns, luas[r])
                 finally:
-                    _stop_all(loops)
+                    stop_all(loops)
 
             for i in range(4):
                 for kind, fn in (
