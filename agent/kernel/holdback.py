@@ -64,8 +64,11 @@ def attach(b: Any, degraded: list[str], btf_id: int | None) -> list[str]:
     """Attach the departure hook, as a BTF tracepoint where ``btf_id`` is given and the
     kernel loads it (the tracepoint's name when so), else the raw one; where both fail the
     writes are still checked, and each held one is counted untimed."""
-    btf = btf_id is not None and not os.environ.get(RAW_XMIT)
-    if btf and tpbtf.attach_in_place(b, XMIT_BTF_FN, "net:net_dev_queue", btf_id or 0):
+    if (
+        btf_id is not None
+        and not os.environ.get(RAW_XMIT)
+        and tpbtf.attach_in_place(b, XMIT_BTF_FN, "net:net_dev_queue", btf_id)
+    ):
         return [XMIT.decode()]
     try:
         b.attach_raw_tracepoint(tp=XMIT, fn_name=XMIT_FN)
