@@ -14,7 +14,7 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.kernel import btf, headers, tpbtf, tracefs
+from agent.kernel import btf, build, headers, holdback, tpbtf, tracefs
 from agent.kernel.tracepoints import TRACEPOINTS
 
 # Capability bits (linux/capability.h)
@@ -163,11 +163,14 @@ def check_io_hooks(tfs: Path | None) -> Check:
     )
 
 
-# The tracepoints the agent attaches as BTF tracepoints where the kernel loads them, and
-# what the classic program instead costs.
+# The tracepoints the agent attaches as BTF tracepoints where the kernel loads them (by the
+# typedef the loader attaches to), and what the classic program instead costs.
 _TP_BTF = {
-    "sk_data_ready": "a map lookup for every socket's data arrival",
-    "net_dev_queue": "five helper reads of the skb per packet while a write is held",
+    build.SDR_BTF_TYPEDEF: ("sk_data_ready", "a map lookup for every socket's data arrival"),
+    holdback.XMIT_TYPEDEF: (
+        "net_dev_queue",
+        "five helper reads of the skb per packet while a write is held",
+    ),
 }
 
 
@@ -175,11 +178,11 @@ def check_tp_btf() -> list[Check]:
     """Whether sk_data_ready and net_dev_queue can run as BTF tracepoints
     (agent/kernel/tpbtf.py): a one-instruction tp_btf program on each, loaded and closed
     (needs the agent's privileges)."""
-    _, ids = btf.lookup([], [f"btf_trace_{tp}" for tp in _TP_BTF])
+    _, ids = btf.lookup([], list(_TP_BTF))
     out = []
-    for tp, cost in _TP_BTF.items():
+    for typedef, (tp, cost) in _TP_BTF.items():
         name = f"{tp} as BTF tracepoint"
-        btf_id = ids[f"btf_trace_{tp}"]
+        btf_id = ids[typedef]
         classic = f"the classic program instead: {cost}"
         if btf_id is None:
             out.append(Check(name, "info", f"no kernel BTF for it → {classic}"))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent.kernel.holdback import RAW_XMIT
+from agent.kernel.holdback import RAW_XMIT, XMIT_BTF_FN, XMIT_FN
 from tests.agent.helpers import (
     PY,
     Agent,
@@ -38,8 +38,9 @@ CHUNKS = 24
 
 
 # The departure hook's program as the agent loads it on this kernel (a BTF tracepoint, its
-# name cut to 15 bytes) and as a raw tracepoint, the fallback where tp_btf does not load.
-HOOKS = {"btf": "px_hold_xmit_bt", "raw": "px_hold_xmit"}
+# name cut to the kernel's 15 bytes) and as a raw tracepoint, the fallback where tp_btf
+# does not load.
+HOOKS = {"btf": XMIT_BTF_FN[:15], "raw": XMIT_FN.decode()}
 
 
 @pytest.fixture(scope="module", params=list(HOOKS))
