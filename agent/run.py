@@ -35,7 +35,7 @@ from agent.gpu.stage import GpuStage
 from agent.identity import resource
 from agent.identity.processes import Processes
 from agent.identity.resource import ResourceStage
-from agent.kernel import loader
+from agent.kernel import loader, perf_close
 from agent.kernel.clock import MonoClock
 from agent.shedding import Shedding
 
@@ -428,6 +428,10 @@ class Agent:
         error = None
         with self.m.scrape_lock:  # no /metrics read of the maps from here on
             self._live = False
+        # /metrics' server notices a shutdown at its next poll (up to 0.5 s): asked now, it
+        # waits beside the flush below instead of after it
+        srv_stop = threading.Thread(target=srv.shutdown, name="px-metrics-stop", daemon=True)
+        srv_stop.start()
         try:
             self.shutdown()
         except Exception as e:  # noqa: BLE001  (the exporters must still be flushed)
@@ -438,7 +442,7 @@ class Agent:
             self.export.finish()
         if self.resource is not None:
             self.resource.close()
-        srv.shutdown()
+        srv_stop.join()
         log.info(
             "stopped: %d records; %d in-flight responses flushed as partial; %d requests"
             " never answered (not recorded); %d records shed by the export queue; %d requests"
@@ -463,7 +467,7 @@ class Agent:
         4. each response in progress becomes a partial record (``partial``: true) covering
            what was written so far; requests read but not answered yet are counted
            (``parallax_agent_unanswered_requests_total`` and the exit line), not recorded;
-        5. the programs are detached."""
+        5. the programs are detached (the TLS probes with them, all closing at once)."""
         loader.quiesce(self.bpf, sorted(self.procs.pids))
         time.sleep(0.02)
         for _ in range(1000):
@@ -476,8 +480,13 @@ class Agent:
         # the final counts, for the metrics exported at exit
         self._counts = {p: (s.seen, s.kept) for p, s in loader.port_stats(self.bpf).items()}
         self.ring.close()
-        self.procs.close()
+        # the TLS probes and the programs' own hooks close at once: each close waits out a
+        # grace period (agent.kernel.perf_close)
+        closing = perf_close.in_parallel([self.procs.close], name="px-procs-close")
         loader.detach(self.bpf)
+        errors = closing.wait()
+        if errors:  # an internal error: reported as one in _stop_run, as before
+            raise errors[0]
 
 
 def main(cfg: RunConfig, stop: threading.Event | None = None) -> int:

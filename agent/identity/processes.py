@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -85,8 +86,13 @@ class Processes:
         # the kernel counts listeners per port over every namespace: seeded the same way
         listen = procinfo.listen_counts(procinfo.all_pids())
         loader.seed_listen(bpf, listen)
-        # with every process traced, the servers are the owners of listening sockets
-        servers = self.pids or set(procinfo.listeners(set(listen)))
+        # With every process traced, the servers are the owners of listening sockets. With
+        # --port or --pid, only the traced ones: none yet when nothing listens on the ports
+        # (rescan probes each owner as it appears), not every server on the node.
+        servers = set(self.pids)
+        if not self.ports and not self.explicit_pids:
+            servers = set(procinfo.listeners(set(listen)))
+        servers.discard(os.getpid())  # never the agent itself (its /metrics listens)
         if socket_hooks:
             self.accept_probes = uprobes.AcceptProbes(bpf)
             self.accept_probes.add(servers)
@@ -138,6 +144,7 @@ class Processes:
             if changes != self._listen_changes and (self.accept_probes is not None or tls_on):
                 self._listen_changes = changes
                 servers = set(procinfo.listeners(None))  # one read of the tables
+                servers.discard(os.getpid())
                 if self.accept_probes is not None:
                     self.accept_probes.add(servers)
                 if self.tls_probes is not None:

@@ -7,6 +7,7 @@ each missing optional one is logged once with what it degrades (agent.kernel.tra
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import os
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.kernel import btf, build, headers, holdback, retransmits, ringbuf, tpbtf
+from agent.kernel import btf, build, headers, holdback, perf_close, retransmits, ringbuf, tpbtf
 
 # the build's names the loader's callers use (re-exported)
 from agent.kernel.build import BPF_DIR as BPF_DIR  # noqa: PLC0414
@@ -155,6 +156,7 @@ def _configure(b: Any, opts: Options) -> None:
     v = cfg.Leaf()
     v.all_pids = 0 if (opts.pids or opts.ports) else 1
     v.all_ports = 0 if opts.ports else 1
+    v.self_tgid = os.getpid()
     if 0 < len(opts.ports) <= len(v.ports):  # few ports: held where px_sdr_btf reads them
         v.nports = len(opts.ports)
         for i, port in enumerate(opts.ports):
@@ -389,11 +391,18 @@ class Ring:
 
 
 def detach(b: Any) -> None:
+    """Every program off its hook. The perf events bcc attached (tracepoints, libc's accept
+    uprobes) close all at once through bcc's own detach calls, waited for
+    (agent.kernel.perf_close); bcc's clean-up then finds none left to close in turn."""
     for prog in _tp_btf(b).values():
         try:
             prog.close()
         except OSError as e:
             print(f"parallax-agent: detach: {e}", file=sys.stderr)
+    closes = [functools.partial(b.detach_tracepoint, tp) for tp in list(b.tracepoint_fds)]
+    closes += [functools.partial(b.detach_uprobe_event, ev) for ev in list(b.uprobe_fds)]
+    for err in perf_close.in_parallel(closes, name="px-detach").wait():
+        print(f"parallax-agent: detach: {str(err).splitlines()[0][:200]}", file=sys.stderr)
     try:
         b.cleanup()
     except Exception as e:  # noqa: BLE001  (shutdown must finish)

@@ -49,17 +49,18 @@ never on the main loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
 import re
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.identity import procinfo
+from agent.kernel import perf_close
 from agent.kernel.uprobes import mapped_path, prepare_attach, uretprobe_hazard
 
 log = logging.getLogger("parallax.agent")
@@ -103,7 +104,7 @@ class TlsProbes:
         self._procs: dict[int, _Proc] = {}
         self._offsets: dict[FileKey, dict[str, int]] = {}  # file → symbol → file offset
         self._prog_fds: dict[str, int] = {}
-        self._closing: list[threading.Thread] = []
+        self._closing: list[perf_close.Closing] = []
         self._warned: set[int] = set()  # pids whose probes failed, said once each
         self.why = ""  # why there are no probes at all (the attach line)
         if mode == "off":
@@ -311,26 +312,15 @@ class TlsProbes:
         p.perf_fds, p.fd = [], -1
 
     def _close_later(self, perf_fds: list[int], file_fd: int = -1) -> None:
-        """Close perf events on threads of their own (each close waits for the kernel's
-        grace period); the probed file's fd after them."""
+        """Close perf events all at once, off the loop (agent.kernel.perf_close: each close
+        waits for the kernel's grace period); the probed file's fd after them."""
         if not perf_fds and file_fd < 0:
             return
         from bcc import lib  # noqa: PLC0415
 
-        def close_all() -> None:
-            ts = [
-                threading.Thread(target=lib.bpf_close_perf_event_fd, args=(f,), daemon=True)
-                for f in perf_fds
-            ]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            if file_fd >= 0:
-                os.close(file_fd)
-
-        t = threading.Thread(target=close_all, name="px-tls-close", daemon=True)
-        t.start()
+        closes = [functools.partial(lib.bpf_close_perf_event_fd, f) for f in perf_fds]
+        then = functools.partial(os.close, file_fd) if file_fd >= 0 else None
+        t = perf_close.in_parallel(closes, then, name="px-tls-close")
         self._closing = [x for x in self._closing if x.is_alive()] + [t]
 
     def close(self) -> None:
@@ -338,8 +328,9 @@ class TlsProbes:
         for p in self._procs.values():
             self._release(p)
         self._procs.clear()
-        for t in self._closing:
-            t.join(10)
+        for c in self._closing:
+            for e in c.wait(10):
+                log.warning("closing TLS probes: %s", e)
         self._closing.clear()
 
     def describe(self) -> str:

@@ -26,6 +26,9 @@ struct px_cfg {
     // Per-request sampling (sample.h): OpenTelemetry's rejection threshold on 32 bits; a
     // request is kept when its randomness >= it. 0 keeps every request.
     u32 sample_th;
+    // The agent's own tgid: with every process traced, not the agent's (its /metrics and
+    // health endpoints would become records of its own).
+    u32 self_tgid;
 };
 
 BPF_ARRAY(px_config, struct px_cfg, 1);
@@ -58,7 +61,7 @@ static __always_inline u32 px_epoch(void) {
 
 static __always_inline int px_pid_on(struct px_cfg *cfg, u32 tgid) {
     if (cfg->all_pids)
-        return 1;
+        return tgid != cfg->self_tgid;
     u8 *v = px_pids.lookup(&tgid);
     return v && *v;
 }

@@ -111,6 +111,29 @@ def test_sigterm_mid_stream_flushes_a_partial_record_and_exits_0(tmp_path: Path)
         srv.stop()
 
 
+def test_with_every_process_traced_the_agent_is_not(tmp_path: Path) -> None:
+    """No --port, no --pid: every server on the node is traced, but not the agent: its
+    /metrics (scraped by Prometheus, its health probes by the kubelet) is no record of its
+    own, and its own libraries get no probes."""
+    srv, port = _server(tmp_path)
+    agent = Agent(tmp_path, [])
+    try:
+        for _ in range(3):
+            agent.metrics()
+        ctx = trace_context.generate()
+        head = f"GET /plain?n=10 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"
+        assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
+        assert agent.wait_for(lambda r: r["trace_id"] == ctx.trace_id)  # tracing works
+        agent.metrics()
+        time.sleep(0.5)  # a drain or more after the last scrape
+        mine = [r for r in agent.records() if r["local_port"] == agent.metrics_port]
+        assert mine == [], mine[:2]
+        assert f"TLS: probes on pid {agent.p.pid} " not in agent.err.read_text()
+    finally:
+        assert agent.stop() == 0
+        srv.stop()
+
+
 def _spawn_with_pid(argv: list[str], pid: int, tries: int = 50) -> Proc | None:
     """Start a process that gets ``pid`` (ns_last_pid = pid − 1, then fork): the reuse of
     a traced process's pid by an unrelated one."""

@@ -16,6 +16,7 @@ which checks that their very first one is read.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import urllib.request
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.stack import free_port
 from parallax_contracts import trace_context
 from tests.agent.helpers import (
     PY,
@@ -164,6 +166,35 @@ def test_a_process_serving_no_tls_loses_its_probes(env: ServerSet, tmp_path: Pat
     finally:
         assert agent.stop() == 0
         srv.stop()
+
+
+def test_nothing_listening_on_the_ports_probes_no_one(env: ServerSet, tmp_path: Path) -> None:
+    """--port with no listener yet (the agent started before its app, or on a node the app
+    is not scheduled on): no process is probed, neither the other servers on the node
+    (``env``'s map libssl and libc) nor the agent itself (its /metrics listens), until a
+    server takes the port; then that one is. (Every listener on the node got the accept
+    and TLS probes at start before: a trap per accept and per TLS call for processes the
+    agent does not trace.)"""
+    port = free_port()
+    agent = Agent(tmp_path, [port], NO_BUDGET)
+    srv = None
+    try:
+        time.sleep(1.5)  # a rescan or more
+        assert uprobes(agent) == []
+        assert "TLS: probes on pid" not in agent.err.read_text()
+        log = str(tmp_path / "t")
+        srv = Proc(
+            [PY, "-m", "tests.agent.servers.py_server", "--port", str(port), "--timing-log", log]
+        )
+        assert srv.port() == port
+        wait_log(agent, f"TLS: probes on pid {srv.p.pid} in libssl.so.3 ")
+        assert ("uretprobe", "px_uret_accept") in uprobes(agent)
+        probed = set(re.findall(r"TLS: probes on pid (\d+) ", agent.err.read_text()))
+        assert probed == {str(srv.p.pid)}, probed
+    finally:
+        assert agent.stop() == 0
+        if srv is not None:
+            srv.stop()
 
 
 def test_uvicorn_sse_over_tls(env: ServerSet) -> None:
