@@ -36,6 +36,7 @@ bench-agent: setup
 	$(PY) -m bench.agent
 	$(PY) -m bench.tls
 	$(PY) -m bench.http2
+	$(PY) -m bench.agent_lifecycle
 
 bench-collector: setup
 	$(PY) -m bench.collector
