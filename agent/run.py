@@ -13,6 +13,7 @@ them out; /metrics answers on its own thread.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -432,10 +433,12 @@ class Agent:
         # waits beside the flush below instead of after it
         srv_stop = threading.Thread(target=srv.shutdown, name="px-metrics-stop", daemon=True)
         srv_stop.start()
+        closing: perf_close.Closing | None = None
         try:
-            self.shutdown()
+            closing = self.shutdown()
         except Exception as e:  # noqa: BLE001  (the exporters must still be flushed)
             error = f"{type(e).__name__} at {where(e)}, while stopping"
+        t_closing = time.monotonic()
         # the GPU data up to the end (the stage then releases what it holds with it)
         self.gpu.close(set(self.procs.pids))
         if self.export is not None:
@@ -453,11 +456,19 @@ class Agent:
             self.records.n_shed,
             self._shed_reads,
         )
+        if closing is not None:
+            errors = closing.wait()
+            log.info("detached in %.1f s", time.monotonic() - t_closing)
+            if errors and error is None:  # an internal error, reported as one
+                first = errors[0]
+                error = f"{type(first).__name__} at {where(first)}, while detaching"
         return error
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> perf_close.Closing:
         """SIGTERM/SIGINT: stop tracing new work, take everything the kernel holds, and
         flush what is in flight as partial records before the exporters are flushed.
+        Returns the detach under way (step 5), for the caller to wait for once it has
+        exported the records.
 
         1. the filters are emptied (the programs stay attached but every hook exits at its
            first check), so nothing new starts;
@@ -467,7 +478,7 @@ class Agent:
         4. each response in progress becomes a partial record (``partial``: true) covering
            what was written so far; requests read but not answered yet are counted
            (``parallax_agent_unanswered_requests_total`` and the exit line), not recorded;
-        5. the programs are detached (the TLS probes with them, all closing at once)."""
+        5. the programs are detached, the TLS probes with them, all closing at once."""
         loader.quiesce(self.bpf, sorted(self.procs.pids))
         time.sleep(0.02)
         for _ in range(1000):
@@ -480,13 +491,13 @@ class Agent:
         # the final counts, for the metrics exported at exit
         self._counts = {p: (s.seen, s.kept) for p, s in loader.port_stats(self.bpf).items()}
         self.ring.close()
-        # the TLS probes and the programs' own hooks close at once: each close waits out a
-        # grace period (agent.kernel.perf_close)
-        closing = perf_close.in_parallel([self.procs.close], name="px-procs-close")
-        loader.detach(self.bpf)
-        errors = closing.wait()
-        if errors:  # an internal error: reported as one in _stop_run, as before
-            raise errors[0]
+        # The TLS probes and the programs' own hooks close at once, each waiting out a
+        # grace period (agent.kernel.perf_close): ~0.1 s a uprobe, serialised in the kernel,
+        # so seconds on a node with many TLS-serving processes (8 per process). The records
+        # are exported meanwhile, not after: a stop past the grace period then loses none.
+        return perf_close.in_parallel(
+            [self.procs.close, functools.partial(loader.detach, self.bpf)], name="px-detach"
+        )
 
 
 def main(cfg: RunConfig, stop: threading.Event | None = None) -> int:
