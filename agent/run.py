@@ -440,7 +440,7 @@ class Agent:
             error = f"{type(e).__name__} at {where(e)}, while stopping"
         t_closing = time.monotonic()
         # the GPU data up to the end (the stage then releases what it holds with it)
-        self.gpu.close(set(self.procs.pids))
+        self.gpu.finish(set(self.procs.pids))
         if self.export is not None:
             self.export.finish()
         if self.resource is not None:
@@ -456,13 +456,23 @@ class Agent:
             self.records.n_shed,
             self._shed_reads,
         )
+        errors = self._close_gpu()
         if closing is not None:
-            errors = closing.wait()
+            errors += closing.wait()
             log.info("detached in %.1f s", time.monotonic() - t_closing)
             if errors and error is None:  # an internal error, reported as one
                 first = errors[0]
                 error = f"{type(first).__name__} at {where(first)}, while detaching"
         return error
+
+    def _close_gpu(self) -> list[Exception]:
+        """The GPU side's sources closed (its CUDA uprobes, serialised in the kernel as the
+        agent's own are), after the records left; their errors."""
+        try:
+            self.gpu.close()
+        except Exception as e:  # noqa: BLE001  (an internal error: reported by the caller)
+            return [e]
+        return []
 
     def shutdown(self) -> perf_close.Closing:
         """SIGTERM/SIGINT: stop tracing new work, take everything the kernel holds, and

@@ -172,13 +172,15 @@ class GpuSide:
             push("gpu_records", m.gpu.records, stage.n_attributed)
             push("gpu_hold_expired", m.gpu.hold_expired, stage.n_hold_expired)
 
-    def close(self, servers: set[int] | None = None) -> None:
+    def finish(self, servers: set[int]) -> None:
         """Stopping (the stop event is set): the thread ends, one last round reads what
-        the sources hold (``servers`` given), then they are closed."""
+        the sources hold. Before the records are exported; :meth:`close` may follow them."""
         if self._thread is not None:
             self._thread.join(timeout=5)
-            if servers is not None:
-                self.tick(servers, final=True)
+            self.tick(servers, final=True)
+
+    def close(self) -> None:
+        """The sources closed: the CUDA uprobes (~0.1 s each to close), NVML."""
         if self.cuda is not None:
             self.cuda.close()
         if self.nvml is not None:

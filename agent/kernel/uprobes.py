@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.identity import procinfo
-from agent.kernel import tracefs
+from agent.kernel import perf_close, tracefs
 from agent.kernel.loader import kernel_at_least
 
 log = logging.getLogger("parallax.agent")
@@ -214,18 +214,29 @@ class LibraryProbes:
 
     def _detach(self, f: _Attached) -> None:
         for p in f.probes:
-            detach = self._b.detach_uretprobe if p.ret else self._b.detach_uprobe
-            try:
-                detach(name=f"/proc/self/fd/{f.fd}", sym=p.sym)
-            except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-                log.debug("detach %s %s: %s", f.path, p.sym, e)
+            self._detach_probe(f, p)
         os.close(f.fd)
 
+    def _detach_probe(self, f: _Attached, p: Probe) -> None:
+        detach = self._b.detach_uretprobe if p.ret else self._b.detach_uprobe
+        try:
+            detach(name=f"/proc/self/fd/{f.fd}", sym=p.sym)
+        except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+            log.debug("detach %s %s: %s", f.path, p.sym, e)
+
     def close(self) -> None:
-        for f in self._files.values():
-            self._detach(f)
+        """Every file's probes detached at once (agent.kernel.perf_close: each close waits
+        out a grace period, ~0.1 s a uprobe), then the files closed; waited for."""
+        files = list(self._files.values())
         self._files.clear()
         self._pid_key.clear()
+        calls = [functools.partial(self._detach_probe, f, p) for f in files for p in f.probes]
+
+        def close_files() -> None:
+            for f in files:
+                os.close(f.fd)
+
+        perf_close.in_parallel(calls, close_files).wait()
 
 
 class AcceptProbes(LibraryProbes):
