@@ -16,8 +16,13 @@ demo: setup
 
 test: setup lint test-js test-py
 
+# Two workers, each taking whole files (a module's agent, browser or store stays in one
+# process): the suite waits on servers, agents and browsers two thirds of its time, so two
+# workers on 2 cores take ~11.8 min where one took ~19.5 (docs/benchmarks.md, "Where
+# `make test`'s time goes"). TEST_WORKERS=0 runs it in this process, one test at a time.
+TEST_WORKERS ?= 2
 test-py:
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-js:
 	cd js_probe && npm test --silent

@@ -111,7 +111,9 @@ def test_503_with_retry_after_then_200_delivers_every_span_once() -> None:
 
 def test_unreachable_collector_then_back() -> None:
     port = free_port()
-    exp = OtlpExporter(f"http://127.0.0.1:{port}", batch=50, max_backoff_s=0.5, timeout_s=1)
+    # A timeout well above an answer's time: a post that times out is sent again (at least
+    # once), and under load (make test-py's two workers) a 1 s timeout once did, twice.
+    exp = OtlpExporter(f"http://127.0.0.1:{port}", batch=50, max_backoff_s=0.5, timeout_s=5)
     rx = None
     try:
         exp.export_batch([record(i) for i in range(50)])

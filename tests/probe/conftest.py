@@ -3,6 +3,7 @@ the shared LLM-style server (demo.llm_app) with its timing log, and the beacon s
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -20,18 +21,22 @@ from tests.probe.sink import LLM_JS, OTEL_JS, PROBE_JS, READER_JS, ROOT, Sink
 
 
 def _built() -> None:
-    """The probe, its token reader and the test bundles, built from js_probe/ if missing."""
-    if all(f.exists() for f in (PROBE_JS, READER_JS, OTEL_JS, LLM_JS)):
-        return
+    """The probe, its token reader and the test bundles, built from js_probe/ if missing.
+    Under a lock: pytest's workers (make test-py runs two) would otherwise build the same
+    files at once, and one could load a bundle the other is halfway through writing."""
     if not (ROOT / "js_probe" / "node_modules").exists():
         pytest.fail("js_probe/node_modules missing: run `make setup` (npm ci) first")
-    r = subprocess.run(
-        ["node", "build.mjs", "--otel"],
-        cwd=ROOT / "js_probe",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with open(ROOT / "js_probe" / "node_modules" / ".parallax-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(f.exists() for f in (PROBE_JS, READER_JS, OTEL_JS, LLM_JS)):
+            return
+        r = subprocess.run(
+            ["node", "build.mjs", "--otel"],
+            cwd=ROOT / "js_probe",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     if r.returncode != 0:
         pytest.fail(f"js_probe build failed: {r.stderr.strip() or r.stdout.strip()}")
 
