@@ -47,6 +47,23 @@ fi
 
 # --- Python virtualenv (.venv) from the lock file -----------------------------------
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+# LiteLLM, the gateway the tests put in front of the engine: a venv of its own (it pins
+# python-dateutil below what kubernetes needs), from its lock file. It shares nothing with
+# .venv, so it is built in the background meanwhile (each install took ~1 min, one after
+# the other) and waited for below; its pip output goes to .cache/venvs/litellm.log.
+LSTAMP=.cache/venvs/litellm/.parallax-setup
+LWANT=$(sha256sum tests/agent/llm/litellm.lock | cut -c1-16)
+LITELLM_JOB=""
+if [ ! -x .cache/venvs/litellm/bin/litellm ] || [ "$(cat "$LSTAMP" 2>/dev/null)" != "$LWANT" ]; then
+    say "building .cache/venvs/litellm from tests/agent/llm/litellm.lock (in the background)"
+    mkdir -p .cache/venvs
+    (
+        [ -x .cache/venvs/litellm/bin/python ] || "$PYTHON" -m venv .cache/venvs/litellm
+        .cache/venvs/litellm/bin/pip install -q --disable-pip-version-check -r tests/agent/llm/litellm.lock
+        echo "$LWANT" > "$LSTAMP"
+    ) > .cache/venvs/litellm.log 2>&1 &
+    LITELLM_JOB=$!
+fi
 STAMP=.venv/.parallax-setup
 WANT=$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
@@ -78,16 +95,11 @@ if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
     fi
     .venv/bin/pip install -q --disable-pip-version-check --no-deps .cache/wheels/llama_cpp_python-0.3.36-*.whl
 fi
-# LiteLLM, the gateway the tests put in front of the engine: a venv of its own (it pins
-# python-dateutil below what kubernetes needs), from its lock file.
-LSTAMP=.cache/venvs/litellm/.parallax-setup
-LWANT=$(sha256sum tests/agent/llm/litellm.lock | cut -c1-16)
-if [ ! -x .cache/venvs/litellm/bin/litellm ] || [ "$(cat "$LSTAMP" 2>/dev/null)" != "$LWANT" ]; then
-    say "building .cache/venvs/litellm from tests/agent/llm/litellm.lock"
-    mkdir -p .cache/venvs
-    [ -x .cache/venvs/litellm/bin/python ] || "$PYTHON" -m venv .cache/venvs/litellm
-    .cache/venvs/litellm/bin/pip install -q --disable-pip-version-check -r tests/agent/llm/litellm.lock
-    echo "$LWANT" > "$LSTAMP"
+# LiteLLM's venv, built by the background job started above: its result.
+if [ -n "$LITELLM_JOB" ] && ! wait "$LITELLM_JOB"; then
+    say "building .cache/venvs/litellm failed; the end of .cache/venvs/litellm.log:"
+    tail -n 5 .cache/venvs/litellm.log
+    exit 1
 fi
 
 # --- Compiled collector fast paths (optional: without them the collector runs in Python) -
