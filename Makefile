@@ -18,12 +18,12 @@ test: setup lint test-js test-py
 
 # Two phases. First every test but the browser ones, in two workers that each take whole
 # files (a module's agent or store stays in the process that made it): those tests wait on
-# servers, agents and browsers two thirds of their time, so two workers on 2 cores finish
-# them in ~60 % of the time. Then the browser tests, one at a time: they time paints and
-# chunks in Chromium against tolerances of a few ms, and a neighbour on the same cores made
-# two of them miss (docs/benchmarks.md, "Where `make test`'s time goes"). The second phase
-# runs even when the first fails, so one run shows every failure. TEST_WORKERS=0 runs the
-# first phase in one process too.
+# servers and agents much of their time, so two workers on 2 cores finish them in three
+# quarters of it (605 s against ~820 s). Then the browser tests, one at a time: they time
+# paints and chunks in Chromium against tolerances of a few ms, and a neighbour on the same
+# cores made two of them miss (docs/benchmarks.md, "Where `make test`'s time goes"). The
+# second phase runs even when the first fails, so one run shows every failure.
+# TEST_WORKERS=0 runs the first phase in one process too.
 TEST_WORKERS ?= 2
 test-py:
 	@rc=0; \

@@ -22,8 +22,8 @@ from tests.probe.sink import LLM_JS, OTEL_JS, PROBE_JS, READER_JS, ROOT, Sink
 
 def _built() -> None:
     """The probe, its token reader and the test bundles, built from js_probe/ if missing.
-    Under a lock: pytest's workers (make test-py runs two) would otherwise build the same
-    files at once, and one could load a bundle the other is halfway through writing."""
+    Under a lock: pytest's workers (``-n``) would otherwise build the same files at once,
+    and one could load a bundle the other is halfway through writing."""
     if not (ROOT / "js_probe" / "node_modules").exists():
         pytest.fail("js_probe/node_modules missing: run `make setup` (npm ci) first")
     with open(ROOT / "js_probe" / "node_modules" / ".parallax-build.lock", "w") as lock:
