@@ -23,6 +23,7 @@ pytestmark = pytest.mark.browser
 FIRST_MS = 150
 GAP_MS = 60
 TOKENS = 8
+FRAME_MS = 17  # one rendering frame at 60 Hz
 
 
 def _gaps(xs: list[float]) -> list[float]:
@@ -51,9 +52,12 @@ def _check_pacing(entry: dict[str, Any], server: dict[str, Any], n: int) -> None
     assert len(writes) == n, server
     ttft = entry["first_chunk_ms"] - entry["request_start_ms"]
     assert ttft >= FIRST_MS - 2, f"user TTFT {ttft} ms < the server's first-token wait"
-    # The whole stream's span: first token to last, as written and as read.
+    # The whole stream's span: first token to last, as written and as read. A busy main
+    # thread can hand the first or last message to the script late, which moves the span:
+    # a WebSocket stream's once by 16.0 ms with nothing else running, about one rendering
+    # frame at 60 Hz. Hence a frame of slack; the median check below stays exact.
     span = (got[-1] - got[0]) - (writes[-1] - writes[0])
-    assert abs(span) <= 10, (got, writes)
+    assert abs(span) <= 10 + FRAME_MS, (got, writes)
     if len(got) < n:
         # A fetch body is a byte stream: when the page's main thread is busy for longer than
         # a token gap, two writes arrive as one chunk (what the user saw, and what the probe
