@@ -460,9 +460,9 @@ class Agent:
         if closing is not None:
             errors += closing.wait()
             log.info("detached in %.1f s", time.monotonic() - t_closing)
-            if errors and error is None:  # an internal error, reported as one
-                first = errors[0]
-                error = f"{type(first).__name__} at {where(first)}, while detaching"
+        if errors and error is None:  # an internal error, reported as one
+            first = errors[0]
+            error = f"{type(first).__name__} at {where(first)}, while detaching"
         return error
 
     def _close_gpu(self) -> list[Exception]:
