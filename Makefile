@@ -16,21 +16,23 @@ demo: setup
 
 test: setup lint test-js test-py
 
-# Two phases. First every test but the browser ones, in two workers that each take whole
-# files (a module's agent or store stays in the process that made it): those tests wait on
-# servers and agents much of their time, so two workers on 2 cores finish them in three
-# quarters of it (605 s against ~820 s). Then the browser tests, one at a time: they time
-# paints and chunks in Chromium against tolerances of a few ms, and a neighbour on the same
-# cores made two of them miss (docs/benchmarks.md, "Where `make test`'s time goes"). The
-# second phase runs even when the first fails, so one run shows every failure.
-# TEST_WORKERS=0 runs the first phase in one process too.
+# Two phases. First every test but the browser and serial ones, in two workers that each
+# take whole files (a module's agent or store stays in the process that made it): those
+# tests wait on servers and agents much of their time, so two workers on 2 cores finish
+# them in three quarters of it (605 s against ~820 s). Then the browser tests and the
+# serial ones, one at a time: the browser tests time paints and chunks in Chromium against
+# tolerances of a few ms, and a neighbour on the same cores made two of them miss
+# (docs/benchmarks.md, "Where `make test`'s time goes"); the serial ones set node-wide
+# state (ns_last_pid) that a neighbour's forks race with, and would skip. The second
+# phase runs even when the first fails, so one run shows every failure. TEST_WORKERS=0
+# runs the first phase in one process too.
 TEST_WORKERS ?= 2
 test-py:
 	@rc=0; \
-	echo "test-py 1/2: every test but the browser ones, in $(TEST_WORKERS) workers"; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not browser" || rc=$$?; \
-	echo "test-py 2/2: the browser tests, one at a time"; \
-	$(PY) -m pytest -m browser || rc=$$?; \
+	echo "test-py 1/2: every test but the browser and serial ones, in $(TEST_WORKERS) workers"; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not browser and not serial" || rc=$$?; \
+	echo "test-py 2/2: the browser and serial tests, one at a time"; \
+	$(PY) -m pytest -m "browser or serial" || rc=$$?; \
 	exit $$rc
 
 test-js:

@@ -149,6 +149,7 @@ def _spawn_with_pid(argv: list[str], pid: int, tries: int = 50) -> Proc | None:
     return None
 
 
+@pytest.mark.serial  # another worker's forks would take the pid it waits for
 def test_a_reused_pid_is_not_traced(tmp_path: Path) -> None:
     srv, port = _server(tmp_path, "a")
     pid = srv.p.pid

@@ -47,6 +47,7 @@ def _spawn_with_pid(service: str, pid: int, tries: int = 50) -> Proc | None:
     return None
 
 
+@pytest.mark.serial  # another worker's forks would take the pid it waits for
 @pytest.mark.skipif(os.geteuid() != 0, reason="ns_last_pid needs root")
 def test_a_reused_pid_gets_its_own_service_name() -> None:
     a = processes.Processes([], [])  # every process traced: no rescan drops the pid
