@@ -54,6 +54,8 @@ class Proc:
         raise RuntimeError(f"server did not start: {self.p.stderr.read() if self.p.stderr else ''}")
 
     def stop(self) -> None:
+        """Ends the process and closes its pipes (left to the garbage collector, they
+        surface as ResourceWarnings in whichever later test it runs in)."""
         if self.p.poll() is None:
             self.p.terminate()
             try:
@@ -61,6 +63,9 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait(5)
+        for pipe in (self.p.stdout, self.p.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:

@@ -85,9 +85,6 @@ def _run(
         return res, rec, agent
     finally:
         srv.stop()
-        for pipe in (srv.p.stdout, srv.p.stderr):
-            if pipe is not None:
-                pipe.close()
         rx.close()
 
 
