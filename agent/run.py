@@ -38,6 +38,7 @@ from agent.identity.processes import Processes
 from agent.identity.resource import ResourceStage
 from agent.kernel import loader, perf_close
 from agent.kernel.clock import MonoClock
+from agent.protocols import http1_head
 from agent.shedding import Shedding
 
 log = logging.getLogger("parallax.agent")
@@ -282,7 +283,8 @@ class Agent:
                 else ", sampling: every request (the share adapts to the budget)"
             )
             + f"; {gpu}; "
-            + (self.procs.tls_probes.describe() if self.procs.tls_probes else "TLS: off"),
+            + (self.procs.tls_probes.describe() if self.procs.tls_probes else "TLS: off")
+            + f"; {http1_head.PARSER}",
             file=sys.stderr,
             flush=True,
         )

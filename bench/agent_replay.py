@@ -17,6 +17,10 @@ The replay is also a corpus: a compiled request path must give the same records 
 serving demo/llm_app.py's 8-token streams over HTTP/1.1 (SSE) or h2c for ``--seconds``: a
 record then takes a dozen events (a body event per token), and the per-event cost shows.
 
+``--check``: one more pass with the HTTP/1 heads parsed by the Python reference
+(agent.protocols.http1_head), whose records must equal the compiled parser's (all fields but
+the generated ids): the corpus as a differential test of agent/protocols/_http1_fast.c.
+
 ``--save`` keeps the captured events, ``--load`` replays a kept capture (no root needed):
 two trees compared on the same events, ``PYTHONPATH=<tree> python -m bench.agent_replay
 --load FILE`` in turn. Root, wrk and nginx for a capture (make setup). Prints only;
@@ -36,11 +40,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from agent.connections import Connections
 from agent.export.outputs import RecordQueue
 from agent.kernel import loader
 from agent.kernel.clock import MonoClock
+from agent.protocols import http1_head
 from bench import http2
 from bench.agent import _wait_port, start_nginx
 from demo.stack import free_port
@@ -160,12 +166,16 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out.stdout.split()]
 
 
-def replay(raws: list[bytes], prof: cProfile.Profile | None = None) -> tuple[float, int]:
-    """One pass through a fresh connection table: (CPU seconds, records)."""
+CLOCK = MonoClock()  # one for every pass: their records' wall-clock times compare
+
+
+def replay(
+    raws: list[bytes], prof: cProfile.Profile | None = None, keep: list[Any] | None = None
+) -> tuple[float, int]:
+    """One pass through a fresh connection table: (CPU seconds, records); ``keep`` gets the
+    records."""
     q = RecordQueue(len(raws))
-    conns = Connections(
-        4096, MonoClock(), q, lambda *_: ("nginx", "bench"), lambda _: None, lambda: None
-    )
+    conns = Connections(4096, CLOCK, q, lambda *_: ("nginx", "bench"), lambda _: None, lambda: None)
     on_event = conns.on_event
     if prof is not None:
         prof.enable()
@@ -175,7 +185,36 @@ def replay(raws: list[bytes], prof: cProfile.Profile | None = None) -> tuple[flo
     cpu = time.process_time() - t
     if prof is not None:
         prof.disable()
+    if keep is not None:
+        keep.extend(q.q)
     return cpu, len(q.q)
+
+
+def check(raws: list[bytes]) -> str:
+    """The records with the heads parsed by the module's parsers (compiled, when built) and
+    by the Python reference: equal, but for the ids generated per record."""
+    if http1_head.PARSER.startswith("HTTP/1 heads: Python"):
+        return f"check: nothing to compare ({http1_head.PARSER})"
+    ours: list[Any] = []
+    replay(raws, keep=ours)
+    ref: list[Any] = []
+    saved = http1_head.parse_request, http1_head.parse_response
+    http1_head.parse_request = http1_head._parse_request_py
+    http1_head.parse_response = http1_head._parse_response_py
+    try:
+        replay(raws, keep=ref)
+    finally:
+        http1_head.parse_request, http1_head.parse_response = saved
+
+    def key(rec: dict[str, Any]) -> dict[str, Any]:
+        # span_id is generated per record; so is trace_id where no traceparent came
+        gen = ("span_id",) if rec["parent_span_id"] is not None else ("span_id", "trace_id")
+        return {k: v for k, v in rec.items() if k not in gen}
+
+    diff = sum(1 for a, b in zip(ours, ref, strict=False) if key(a) != key(b))
+    if len(ours) != len(ref) or diff:
+        raise SystemExit(f"check: {len(ours)} records against {len(ref)}, {diff} differ")
+    return f"check: {len(ours)} records, the same with the Python reference's heads"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         " HTTP/1.1 or h2c (Hypercorn)",
     )
     ap.add_argument("--seconds", type=float, default=6.0, help="sse, h2c: the load's length")
+    ap.add_argument("--check", action="store_true", help="compare with the Python heads' records")
     ap.add_argument("--save", type=Path, help="keep the captured events in this file")
     ap.add_argument("--load", type=Path, help="replay the events kept in this file")
     a = ap.parse_args(argv)
@@ -231,6 +271,8 @@ def run(raws: list[bytes], a: argparse.Namespace) -> int:
         f"replay: median {statistics.median(per):.2f} µs per record"
         f" (range {min(per):.2f}-{max(per):.2f}, {a.rounds} rounds)"
     )
+    if a.check:
+        print(check(raws))
     if a.cprofile:
         prof = cProfile.Profile()
         replay(raws, prof)

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     fast = native.compiled()
     if fast is None:
-        print("the compiled encoder is not built (python -m collector.ingest.build_fast)")
+        print("the compiled encoder is not built (python -m parallax_contracts.compiled)")
         return 1
     rows = _rows(args.rows)
     tmp = tempfile.TemporaryDirectory(prefix="native-bench-")

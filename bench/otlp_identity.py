@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     fast = otlp._fast
     if fast is None or native.compiled() is None:
-        raise SystemExit("build the compiled modules first: python -m collector.ingest.build_fast")
+        raise SystemExit("build the compiled modules first: python -m parallax_contracts.compiled")
     now = time.time_ns()
     n = args.spans
     bodies = {"without": _bodies(n, 1)[0], "with": _bodies(n, 1, IDENTITY)[0]}

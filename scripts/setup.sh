@@ -102,9 +102,9 @@ if [ -n "$LITELLM_JOB" ] && ! wait "$LITELLM_JOB"; then
     exit 1
 fi
 
-# --- Compiled collector fast paths (optional: without them the collector runs in Python) -
-# collector/ingest/build_fast.py: each rebuilt only when its .c is newer; one line each.
-.venv/bin/python -m collector.ingest.build_fast | while read -r line; do say "$line"; done
+# --- Compiled fast paths (optional: without them the agent and collector run in Python) -
+# parallax_contracts/compiled.py: each rebuilt only when its .c is newer; one line each.
+.venv/bin/python -m parallax_contracts.compiled | while read -r line; do say "$line"; done
 
 # --- Kernel-header fallback ----------------------------------------------------------
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then

@@ -7,10 +7,12 @@ of the bytes; Cookie, Authorization and bodies are neither parsed nor stored.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qsl
 
-from parallax_contracts import trace_context
+from parallax_contracts import compiled, trace_context
 
 _METHOD = re.compile(rb"^[A-Z]{3,10} ")
 _REQ_LINE = re.compile(rb"^([A-Z]{3,10}) (\S+) HTTP/(1\.[01])$")
@@ -110,8 +112,26 @@ def clean_path(target: str) -> str:
     return path
 
 
-def parse_request(head: bytes) -> RequestHead | None:
-    """``head`` ends with the blank line. None when it is not an HTTP/1.x request."""
+def _query_traceparent(query: str) -> str | None:
+    """The first ``traceparent`` parameter of a query string: EventSource and WebSocket
+    cannot send headers, so the probe puts it there."""
+    for k, v in parse_qsl(query, keep_blank_values=True):
+        if k == "traceparent":
+            return v
+    return None
+
+
+def _server_traceparent(value: bytes) -> trace_context.TraceContext | None:
+    """The trace a Server-Timing value names (its traceparent metric; nothing else read)."""
+    found = _ST_TRACEPARENT.search(value)
+    if found is None:
+        return None
+    return trace_context.parse(found.group(1).decode("ascii").lower())
+
+
+def _parse_request_py(head: bytes) -> RequestHead | None:
+    """``head`` ends with the blank line. None when it is not an HTTP/1.x request.
+    (The reference of the compiled parser: see ``parse_request`` below.)"""
     end = head.find(b"\r\n")
     if end < 0:
         end = max(0, len(head) - 1)  # as head[:-1] would
@@ -144,11 +164,7 @@ def parse_request(head: bytes) -> RequestHead | None:
         chunked = te is not None and b"chunked" in te
     upgrade = _UPGRADE in lower and _header(lower, lower, _UPGRADE) == b"websocket"
     if tp_value is None and "traceparent" in query:
-        # EventSource and WebSocket cannot send headers: the probe puts it in the query
-        for k, v in parse_qsl(query, keep_blank_values=True):
-            if k == "traceparent":
-                tp_value = v
-                break
+        tp_value = _query_traceparent(query)
     return RequestHead(
         method,
         path,
@@ -162,7 +178,9 @@ def parse_request(head: bytes) -> RequestHead | None:
     )
 
 
-def parse_response(data: bytes) -> ResponseHead | None:
+def _parse_response_py(data: bytes) -> ResponseHead | None:
+    """A response's head from the first bytes of its first write; None when they are not
+    an HTTP/1.x status line. (The reference of the compiled parser.)"""
     end = data.find(b"\r\n")
     if end < 0:
         end = len(data)
@@ -184,9 +202,7 @@ def parse_response(data: bytes) -> ResponseHead | None:
     if _SERVER_TIMING in lower:  # only its traceparent metric is read, nothing else
         block = data[end:stop] if stop >= 0 else data[end:]
         st = _header(block, lower, _SERVER_TIMING)
-        found = _ST_TRACEPARENT.search(st) if st is not None else None
-        if found is not None:
-            server_tp = trace_context.parse(found.group(1).decode("ascii").lower())
+        server_tp = _server_traceparent(st) if st is not None else None
     ctype = b""
     if _CONTENT_TYPE in lower:
         ctype = _header(lower, lower, _CONTENT_TYPE) or b""
@@ -203,3 +219,27 @@ def parse_response(data: bytes) -> ResponseHead | None:
         ctype,
         ws_ext,
     )
+
+
+def _load_compiled() -> tuple[
+    Callable[[bytes], RequestHead | None], Callable[[bytes], ResponseHead | None], str
+]:
+    """The compiled parsers (agent/protocols/_http1_fast.c: the same heads, in one walk of
+    the bytes; tests/agent/test_http1_fast.py holds them to the references above), or the
+    references, and which run (for the agent's start-up log)."""
+    fast, why_not = compiled.load(
+        "agent.protocols._http1_fast", compiled.HTTP1_SOURCE, "PARALLAX_HTTP1_FAST"
+    )
+    if fast is None:
+        return _parse_request_py, _parse_response_py, f"HTTP/1 heads: Python (compiled: {why_not})"
+    fast.configure(
+        RequestHead, ResponseHead, trace_context.parse, clean_path, _query_traceparent,
+        _server_traceparent, _METHOD_TEXT,
+    )  # fmt: skip
+    name = Path(fast.__file__ or "?").name
+    return fast.parse_request, fast.parse_response, f"HTTP/1 heads: compiled ({name})"
+
+
+# parse_request(head): ``head`` ends with the blank line; None when it is not an HTTP/1.x
+# request. parse_response(data): the first bytes of a response's first write.
+parse_request, parse_response, PARSER = _load_compiled()

@@ -1,4 +1,5 @@
-# Type stub for the compiled OTLP span decoder (_otlp_fast.c; built by build_fast.py).
+# Type stub for the compiled OTLP span decoder (_otlp_fast.c; built by
+# parallax_contracts/compiled.py).
 from collections.abc import Callable
 from typing import Any
 

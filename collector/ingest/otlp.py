@@ -20,7 +20,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from collector.compiled import load
 from collector.ingest import otlp_common
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, Parsed, outside_window
 from collector.ingest.otlp_common import any_value as _value
@@ -30,6 +29,7 @@ from collector.ingest.otlp_common import as_str as _str
 from collector.store.rows import SpanRow
 from parallax_contracts import sampling
 from parallax_contracts import span_attributes as sa
+from parallax_contracts.compiled import load
 from parallax_contracts.routes import route_template
 
 _ZERO_TRACE = bytes(16)
@@ -495,7 +495,7 @@ def _gpu_columns(raw: list[Any]) -> tuple[Any, ...]:
     )
 
 
-# --- the compiled decoder (collector/ingest/_otlp_fast.c, built by build_fast) ---------
+# --- the compiled decoder (collector/ingest/_otlp_fast.c, parallax_contracts/compiled.py) ---
 # Attribute names in the C decoder's slot order: the ints, the strings and the flags (each
 # in _SLOT_NAMES order), the doubles, the offsets array, then the resource attributes it
 # reads: the three with a column, then the identity kept in ``attributes``

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collector.compiled import load
 from collector.pairing import llm
 from collector.store.rows import EntryRow, PairRow, SpanRow
 from parallax_contracts import span_attributes as sa
+from parallax_contracts.compiled import load
 from parallax_contracts.span_attributes import SOURCE_EBPF
 
 

@@ -1,5 +1,5 @@
 # Type stub for the compiled Native insert encoder (_native_fast.c; built by
-# collector/ingest/build_fast.py).
+# parallax_contracts/compiled.py).
 from typing import Any
 
 def encode(data: list[Any], by_rows: bool, plan: tuple[tuple[bytes, int], ...]) -> bytes | None: ...

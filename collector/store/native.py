@@ -7,7 +7,7 @@ mapped here once per table and column list to the encoder's type codes.
 
 ``encode`` answers None — the caller then inserts through clickhouse-connect, the reference,
 which raises its own errors for bad data — when the compiled module is not built
-(``python -m collector.ingest.build_fast``) or older than its source, is turned off
+(``python -m parallax_contracts.compiled``) or older than its source, is turned off
 (``PARALLAX_NATIVE_FAST=0``), the table or a column type is not one modelled here, the batch
 is empty, or a value is not exactly of the type the encoder expects (see _native_fast.c).
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from collector.compiled import load
 from collector.store import schema
+from parallax_contracts.compiled import load
 
 # Type codes: the enum in _native_fast.c.
 I64, U8, U16, U32, U64, BOOL, F64, STR, LC, MAP = range(1, 11)

@@ -12,7 +12,7 @@ COPY docs/contracts ./docs/contracts
 # constrains the runtime dependencies (`-c`): the test tools it also pins stay out.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && pip install --no-cache-dir -c requirements.lock . \
- && cd / && python -m collector.ingest.build_fast \
+ && cd / && python -m parallax_contracts.compiled \
  && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home /var/lib/parallax --create-home parallax
 ENV PARALLAX_CONTRACTS_DIR=/opt/parallax/docs/contracts

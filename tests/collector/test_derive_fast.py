@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.collector import _bodies
-from collector.ingest import beacons, build_fast, otlp
+from collector.ingest import beacons, otlp
 from collector.pairing import llm, rules
 from collector.pairing.pairer import as_entry, as_span
 from collector.store.rows import EntryRow, PairRow, SpanRow
-from parallax_contracts import genai
+from parallax_contracts import compiled, genai
 from parallax_contracts import span_attributes as sa
 
 NOW = time.time_ns()
@@ -41,10 +41,10 @@ def derive_one() -> Derive:
     """The compiled derivation, built here if setup has not (skipped only without a C
     toolchain: a build that fails where one exists is a failure), configured as the pairer
     configures it."""
-    missing = build_fast.toolchain_missing()
+    missing = compiled.toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
-    ok, msg = build_fast.build(source=build_fast.DERIVE_SOURCE)
+    ok, msg = compiled.build(compiled.DERIVE_SOURCE)
     assert ok, msg
     fast, said = rules._load_compiled()
     assert fast is not None, said
@@ -211,7 +211,7 @@ def test_what_it_does_not_model_goes_to_the_reference(
 def test_a_pair_field_it_does_not_know_turns_it_off() -> None:
     """A column added to PairRow without the C: configure refuses, the pairer says so and
     derives in Python."""
-    missing = build_fast.toolchain_missing()
+    missing = compiled.toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
     from collector.pairing import _derive_fast

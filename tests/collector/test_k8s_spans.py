@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from collector.ingest import build_fast
+from parallax_contracts import compiled
 from parallax_contracts import span_attributes as sa
 from tests.collector.helpers import run_store_script, start_collector, wait_for
 from tests.collector.test_metrics_ingest import metric_value
@@ -151,5 +151,5 @@ def test_sdk_resource_identity_stored_and_queried(tmp_path: Path) -> None:
     assert out["docs"] == [[["shop", "chat-7c9d6b5f4-x2x9q", 1, None]], []]
     # The SDK's protobuf went through the compiled decoder where it is built (both answer
     # the same rows: tests/collector/test_otlp_fast.py).
-    if build_fast.target().exists():
+    if compiled.target(compiled.OTLP_SOURCE).exists():
         assert "OTLP protobuf decoder: compiled" in c.tail()

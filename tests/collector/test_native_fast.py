@@ -28,10 +28,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.collector import _bodies
-from collector.ingest import beacons, build_fast, otlp, otlp_metrics
+from collector.ingest import beacons, otlp, otlp_metrics
 from collector.pairing import rules
 from collector.store import native, schema
 from collector.store.rows import EntryRow, SpanRow
+from parallax_contracts import compiled
 from tests.collector.gpu_sdk import SdkExporter, sample_state
 from tests.collector.helpers import run_store_script
 
@@ -44,10 +45,10 @@ NOT_MODELLED = ["Nullable(String)", "Array(Nullable(Int64))", "Int32", "Map(Stri
 def fast() -> Any:
     """The compiled encoder, built here if setup has not (skipped only without a C
     toolchain: a build that fails where one exists is a failure)."""
-    missing = build_fast.toolchain_missing()
+    missing = compiled.toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
-    ok, msg = build_fast.build(source=build_fast.NATIVE_SOURCE)
+    ok, msg = compiled.build(compiled.NATIVE_SOURCE)
     assert ok, msg
     from collector.store import _native_fast
 

@@ -33,9 +33,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
 from bench.collector import _bodies
-from collector.ingest import build_fast, otlp
+from collector.ingest import otlp
 from collector.ingest.common import FUTURE_SLACK_NS, MAX_DURATION_NS, BadRequestError, Parsed
 from collector.store import schema
+from parallax_contracts import compiled
 from parallax_contracts import span_attributes as sa
 
 NOW = time.time_ns()
@@ -81,10 +82,10 @@ Fast = Callable[[bytes], tuple[list[tuple[Any, ...]], list[str], int] | None]
 
 
 def _built_or_skip(source: Path) -> None:
-    missing = build_fast.toolchain_missing()
+    missing = compiled.toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
-    ok, msg = build_fast.build(source=source)
+    ok, msg = compiled.build(source)
     assert ok, msg
 
 
@@ -92,7 +93,7 @@ def _built_or_skip(source: Path) -> None:
 def fast() -> Fast:
     """The compiled decoder, built here if setup has not (skipped only without a C
     toolchain: a build that fails where one exists is a failure)."""
-    _built_or_skip(build_fast.SOURCE)
+    _built_or_skip(compiled.OTLP_SOURCE)
     from collector.ingest import _otlp_fast
 
     _otlp_fast.configure(otlp._FAST_NAMES, otlp._route, MAX_DURATION_NS, FUTURE_SLACK_NS)
@@ -643,7 +644,7 @@ def _varint(n: int) -> bytes:
 def test_parse_uses_the_compiled_decoder_and_falls_back() -> None:
     """otlp.parse: the compiled decoder when built (else said in DECODER), the reference for
     what it gives up on (a rejected span is counted), and PARALLAX_OTLP_FAST=0 turns it off."""
-    _built_or_skip(build_fast.SOURCE)
+    _built_or_skip(compiled.OTLP_SOURCE)
     code = "from collector.ingest import otlp; print(otlp.DECODER)"
     root = Path(__file__).resolve().parents[2]
     for env, want in (({}, "compiled"), ({"PARALLAX_OTLP_FAST": "0"}, "pure Python")):
@@ -667,11 +668,12 @@ def test_parse_uses_the_compiled_decoder_and_falls_back() -> None:
 def test_build_without_headers_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No Python.h (a Python without its headers): one line saying so, nothing raised, and
     the existing build left alone (the collector then parses in Python)."""
-    before = build_fast.target().stat().st_mtime if build_fast.target().exists() else None
+    so = compiled.target(compiled.OTLP_SOURCE)
+    before = so.stat().st_mtime if so.exists() else None
     monkeypatch.setattr("sysconfig.get_paths", lambda: {"include": str(tmp_path)})
-    ok, msg = build_fast.build(force=True)
+    ok, msg = compiled.build(compiled.OTLP_SOURCE, force=True)
     assert not ok and "Python.h not found" in msg and "\n" not in msg
-    after = build_fast.target().stat().st_mtime if build_fast.target().exists() else None
+    after = so.stat().st_mtime if so.exists() else None
     assert after == before
 
 
