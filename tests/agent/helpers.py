@@ -67,6 +67,21 @@ class Proc:
             if pipe is not None:
                 pipe.close()
 
+    @classmethod
+    def with_pid(
+        cls, argv: list[str], pid: int, env: dict[str, str] | None = None, tries: int = 50
+    ) -> Proc | None:
+        """A process that gets ``pid`` (ns_last_pid = pid − 1, then fork): the reuse of a
+        traced process's pid by an unrelated one. None when another fork kept taking it.
+        Root; a test using it is marked ``serial`` (another worker's forks race with it)."""
+        for _ in range(tries):
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+            p = cls(argv, env)
+            if p.p.pid == pid:
+                return p
+            p.stop()
+        return None
+
 
 def wait_port(port: int, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout

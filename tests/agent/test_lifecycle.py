@@ -137,18 +137,6 @@ def test_with_every_process_traced_the_agent_is_not(tmp_path: Path) -> None:
         srv.stop()
 
 
-def _spawn_with_pid(argv: list[str], pid: int, tries: int = 50) -> Proc | None:
-    """Start a process that gets ``pid`` (ns_last_pid = pid − 1, then fork): the reuse of
-    a traced process's pid by an unrelated one."""
-    for _ in range(tries):
-        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        p = Proc(argv)
-        if p.p.pid == pid:
-            return p
-        p.stop()
-    return None
-
-
 @pytest.mark.serial  # another worker's forks would take the pid it waits for
 def test_a_reused_pid_is_not_traced(tmp_path: Path) -> None:
     srv, port = _server(tmp_path, "a")
@@ -166,7 +154,7 @@ def test_a_reused_pid_is_not_traced(tmp_path: Path) -> None:
         srv.p.kill()
         srv.p.wait(5)
         time.sleep(1.5)  # one /proc rescan
-        other = _spawn_with_pid(
+        other = Proc.with_pid(
             [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "b.jsonl")],
             pid,
         )

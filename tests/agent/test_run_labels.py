@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -37,16 +36,6 @@ def _sleeper(service: str) -> list[str]:
     return [PY, "-c", f"print(1, flush=True); import time; time.sleep(30)  # {service}"]
 
 
-def _spawn_with_pid(service: str, pid: int, tries: int = 50) -> Proc | None:
-    for _ in range(tries):
-        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        p = Proc(_sleeper(service), env={"OTEL_SERVICE_NAME": service})
-        if p.p.pid == pid:
-            return p
-        p.stop()
-    return None
-
-
 @pytest.mark.serial  # another worker's forks would take the pid it waits for
 @pytest.mark.skipif(os.geteuid() != 0, reason="ns_last_pid needs root")
 def test_a_reused_pid_gets_its_own_service_name() -> None:
@@ -58,7 +47,8 @@ def test_a_reused_pid_gets_its_own_service_name() -> None:
         pid = first.p.pid
         assert a.identity(pid, 8080)[1] == "svc-first"
         first.stop()
-        second = _spawn_with_pid("svc-second", pid)
+        env = {"OTEL_SERVICE_NAME": "svc-second"}
+        second = Proc.with_pid(_sleeper("svc-second"), pid, env)
         if second is None:
             pytest.skip("another process kept taking the pid")
         second.port()
