@@ -4,7 +4,12 @@ per request by thread (``/proc/<pid>/task/*/schedstat``) and its idle CPU before
 with ``--cprofile PATH`` the agent runs under cProfile (the main thread, ~2.4× slower) and
 writes its stats there (read them with ``pstats``).
 
-    python -m bench.agent_threads [--rate 2000] [--seconds 10] [--cprofile PATH]
+``--floor``: the same agent with the handling of each ring record replaced by a count (no
+parsing, no record, nothing exported): what the loop around the request path costs — the
+ring drain, the timers, the per-second work — i.e. the part of the per-request figure that
+a request path in C would leave.
+
+    python -m bench.agent_threads [--rate 2000] [--seconds 10] [--cprofile PATH] [--floor]
 
 Root, wrk and nginx (make setup). Prints only; docs/benchmarks.md holds a run's figures.
 """
@@ -25,6 +30,15 @@ from bench.agent import PACED_LUA, ROOT, _cpu_ns, _wait_port, start_nginx, threa
 from demo.stack import free_port
 
 CONNS = 10
+# The agent with each ring record counted and dropped (--floor).
+FLOOR = """
+import sys
+from agent import cli, connections
+def _count(self, raw):
+    self.n_events += 1
+connections.Connections.on_event = _count
+sys.exit(cli.main(sys.argv[1:]))
+"""
 
 
 def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
@@ -32,8 +46,9 @@ def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
     lua.write_text(PACED_LUA.format(delay_ms=max(1, round(CONNS * 1000 / a.rate))))
     err = tmp / "agent.err"
     prof = ["-m", "cProfile", "-o", str(Path(a.cprofile).resolve())] if a.cprofile else []
+    run = ["-c", FLOOR, "run"] if a.floor else ["-m", "agent.cli", "run"]
     argv = [
-        sys.executable, *prof, "-m", "agent.cli", "run", "--port", str(port),
+        sys.executable, *prof, *run, "--port", str(port),
         "--jsonl", os.devnull, "--cpu-budget", "0", "--metrics-addr", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
     with open(err, "w") as e:
@@ -68,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=2000, help="offered requests/s (paced)")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--cprofile", metavar="PATH", help="run the agent under cProfile")
+    ap.add_argument("--floor", action="store_true", help="ring records counted, not handled")
     a = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
         print("bench.agent_threads: needs root, wrk and nginx (make setup)", file=sys.stderr)
