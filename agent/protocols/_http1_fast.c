@@ -167,9 +167,14 @@ fail:
     return NULL;
 }
 
-static int configured(void) {
+/* Whether a call may go on: configured, and given bytes (else the error is set). */
+static int usable(PyObject *arg, const char *who) {
     if (request_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_http1_fast.configure() was not called");
+        return 0;
+    }
+    if (!PyBytes_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes bytes", who);
         return 0;
     }
     return 1;
@@ -211,12 +216,8 @@ static int request_line(const char *p, Py_ssize_t end, Py_ssize_t *t0, Py_ssize_
 
 static PyObject *parse_request(PyObject *self, PyObject *arg) {
     (void)self;
-    if (!configured())
+    if (!usable(arg, "parse_request"))
         return NULL;
-    if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "parse_request() takes bytes");
-        return NULL;
-    }
     const char *p = PyBytes_AS_STRING(arg);
     Py_ssize_t len = PyBytes_GET_SIZE(arg);
     Py_ssize_t end = find_crlf(p, 0, len);
@@ -327,12 +328,8 @@ static int status_line(const char *p, Py_ssize_t end, int *minor) {
 
 static PyObject *parse_response(PyObject *self, PyObject *arg) {
     (void)self;
-    if (!configured())
+    if (!usable(arg, "parse_response"))
         return NULL;
-    if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "parse_response() takes bytes");
-        return NULL;
-    }
     const char *p = PyBytes_AS_STRING(arg);
     Py_ssize_t len = PyBytes_GET_SIZE(arg);
     Py_ssize_t end = find_crlf(p, 0, len);
