@@ -232,10 +232,13 @@ def _load_compiled() -> tuple[
     )
     if fast is None:
         return _parse_request_py, _parse_response_py, f"HTTP/1 heads: Python (compiled: {why_not})"
-    fast.configure(
-        RequestHead, ResponseHead, trace_context.parse, clean_path, _query_traceparent,
-        _server_traceparent, _METHOD_TEXT,
-    )  # fmt: skip
+    try:
+        fast.configure(
+            RequestHead, ResponseHead, trace_context.parse, clean_path, _query_traceparent,
+            _server_traceparent, _METHOD_TEXT,
+        )  # fmt: skip
+    except (TypeError, ValueError) as e:  # a build that does not fit this Python
+        return _parse_request_py, _parse_response_py, f"HTTP/1 heads: Python (compiled: {e})"
     name = Path(fast.__file__ or "?").name
     return fast.parse_request, fast.parse_response, f"HTTP/1 heads: compiled ({name})"
 

@@ -192,3 +192,22 @@ def test_not_bytes_is_a_type_error(fast: tuple[Parse, Parse]) -> None:
     for f in fast:
         with pytest.raises(TypeError):
             f(cast(Any, bytearray(b"GET / HTTP/1.1\r\n\r\n")))
+
+
+def test_a_build_that_does_not_fit_falls_back_to_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled module whose configure() refuses this Python's heads (a build from
+    another tree): the agent parses in Python and says why, it does not fail to start."""
+
+    class Misfit:
+        __file__ = "_http1_fast.so"
+
+        @staticmethod
+        def configure(*_: object) -> None:
+            raise ValueError("configure: more methods than MAX_METHODS")
+
+    monkeypatch.setattr(compiled, "load", lambda *_: (Misfit, ""))
+    req, resp, said = http1_head._load_compiled()
+    assert req is http1_head._parse_request_py and resp is http1_head._parse_response_py
+    assert said == "HTTP/1 heads: Python (compiled: configure: more methods than MAX_METHODS)"
