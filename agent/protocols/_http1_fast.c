@@ -36,6 +36,14 @@ static PyObject *method_text[MAX_METHODS];
 
 static inline unsigned char lower(unsigned char c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
+/* Whether p[i:i+n] lowercased is `w` (lowercase, n bytes); the caller bounds i + n. */
+static int lower_is(const char *p, Py_ssize_t i, const char *w, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (lower((unsigned char)p[i + k]) != (unsigned char)w[k])
+            return 0;
+    return 1;
+}
+
 /* The first "\r\n" at or after `from`, before `end`; -1 if none. */
 static Py_ssize_t find_crlf(const char *p, Py_ssize_t from, Py_ssize_t end) {
     while (from + 1 < end) {
@@ -78,11 +86,7 @@ static void find_headers(const char *p, Py_ssize_t b0, Py_ssize_t b1, unsigned w
             Py_ssize_t n = header_names[h].len;
             if (!(wanted & (1u << h)) || name + n > b1)
                 continue;
-            const char *want = header_names[h].name;
-            Py_ssize_t k = 0;
-            while (k < n && lower((unsigned char)p[name + k]) == (unsigned char)want[k])
-                k++;
-            if (k < n)
+            if (!lower_is(p, name, header_names[h].name, n))
                 continue;
             /* the value ends at the line's end: the name holds no "\r\n" */
             Py_ssize_t s = name + n, e = next < 0 ? b1 : next;
@@ -99,26 +103,19 @@ static void find_headers(const char *p, Py_ssize_t b0, Py_ssize_t b1, unsigned w
     }
 }
 
-/* _length: 1-19 ASCII digits, else -1 (malformed). */
-static long long length_of(const char *p, span_t v) {
+/* _length: a length of 1-19 ASCII digits into *x (unsigned: 19 digits may exceed a signed
+ * 64-bit); 0 when malformed. */
+static int length_of(const char *p, span_t v, unsigned long long *x) {
     Py_ssize_t n = v.stop - v.start;
     if (n <= 0 || n > 19)
-        return -1;
-    unsigned long long x = 0;
+        return 0;
+    *x = 0;
     for (Py_ssize_t k = v.start; k < v.stop; k++) {
         if (p[k] < '0' || p[k] > '9')
-            return -1;
-        x = x * 10 + (unsigned long long)(p[k] - '0');
+            return 0;
+        *x = *x * 10 + (unsigned long long)(p[k] - '0');
     }
-    return x > (unsigned long long)LLONG_MAX ? -2 : (long long)x;
-}
-
-static PyObject *length_obj(const char *p, span_t v) {
-    /* 19 digits may exceed a signed 64-bit: parsed unsigned then */
-    unsigned long long x = 0;
-    for (Py_ssize_t k = v.start; k < v.stop; k++)
-        x = x * 10 + (unsigned long long)(p[k] - '0');
-    return PyLong_FromUnsignedLongLong(x);
+    return 1;
 }
 
 /* The lowercased value's bytes. */
@@ -134,14 +131,9 @@ static PyObject *lower_bytes(const char *p, span_t v) {
 
 /* Whether the lowercased value contains "chunked". */
 static int has_chunked(const char *p, span_t v) {
-    static const char w[] = "chunked";
-    for (Py_ssize_t i = v.start; i + 7 <= v.stop; i++) {
-        int k = 0;
-        while (k < 7 && lower((unsigned char)p[i + k]) == (unsigned char)w[k])
-            k++;
-        if (k == 7)
+    for (Py_ssize_t i = v.start; i + 7 <= v.stop; i++)
+        if (lower_is(p, i, "chunked", 7))
             return 1;
-    }
     return 0;
 }
 
@@ -262,31 +254,18 @@ static PyObject *parse_request(PyObject *self, PyObject *arg) {
             Py_XDECREF(query);
             if (tp_value == Py_None)
                 Py_CLEAR(tp_value);
-            else if (tp_value == NULL) {
-                Py_DECREF(path);
-                return NULL;
-            }
         }
     }
-    if (tp_value == NULL && PyErr_Occurred()) {
+    if (tp_value == NULL && PyErr_Occurred()) { /* a decode or the reference's call failed */
         Py_DECREF(path);
         return NULL;
     }
-    long long content_length = 0;
-    if (h[H_CONTENT_LENGTH].start >= 0) {
-        /* malformed: taken as no body */
-        content_length = length_of(p, h[H_CONTENT_LENGTH]);
-        if (content_length < 0 && content_length != -2)
-            content_length = 0;
-    }
+    unsigned long long content_length = 0; /* absent or malformed: taken as no body */
+    if (h[H_CONTENT_LENGTH].start >= 0 && !length_of(p, h[H_CONTENT_LENGTH], &content_length))
+        content_length = 0;
     int chunked = h[H_TRANSFER_ENCODING].start >= 0 && has_chunked(p, h[H_TRANSFER_ENCODING]);
-    int upgrade = 0;
-    if (h[H_UPGRADE].start >= 0 && h[H_UPGRADE].stop - h[H_UPGRADE].start == 9) {
-        static const char w[] = "websocket";
-        upgrade = 1;
-        for (int k = 0; k < 9 && upgrade; k++)
-            upgrade = lower((unsigned char)p[h[H_UPGRADE].start + k]) == (unsigned char)w[k];
-    }
+    int upgrade = h[H_UPGRADE].start >= 0 && h[H_UPGRADE].stop - h[H_UPGRADE].start == 9 &&
+                  lower_is(p, h[H_UPGRADE].start, "websocket", 9);
     PyObject *tc = tp_value != NULL ? PyObject_CallOneArg(trace_parse, tp_value) : Py_NewRef(Py_None);
     PyObject *items[9] = {
         Py_NewRef(method_text[method]),
@@ -294,8 +273,7 @@ static PyObject *parse_request(PyObject *self, PyObject *arg) {
         Py_NewRef(version_text[minor]),
         tc,
         PyBool_FromLong(tp_value != NULL),
-        content_length == -2 ? length_obj(p, h[H_CONTENT_LENGTH])
-                             : PyLong_FromLongLong(content_length),
+        PyLong_FromUnsignedLongLong(content_length),
         PyBool_FromLong(chunked),
         PyBool_FromLong(upgrade),
         PyLong_FromSsize_t(len),
@@ -352,13 +330,11 @@ static PyObject *parse_response(PyObject *self, PyObject *arg) {
                  1u << H_CONTENT_LENGTH | 1u << H_TRANSFER_ENCODING | 1u << H_SERVER_TIMING |
                      1u << H_CONTENT_TYPE | 1u << H_WS_EXTENSIONS,
                  h);
-    PyObject *content_length = Py_NewRef(Py_None);
-    if (h[H_CONTENT_LENGTH].start >= 0) {
-        long long n = length_of(p, h[H_CONTENT_LENGTH]);
-        if (n >= 0 || n == -2)
-            Py_SETREF(content_length, n == -2 ? length_obj(p, h[H_CONTENT_LENGTH])
-                                              : PyLong_FromLongLong(n));
-    }
+    unsigned long long n; /* absent or malformed: None */
+    PyObject *content_length = h[H_CONTENT_LENGTH].start >= 0 &&
+                                       length_of(p, h[H_CONTENT_LENGTH], &n)
+                                   ? PyLong_FromUnsignedLongLong(n)
+                                   : Py_NewRef(Py_None);
     PyObject *server_tp = Py_NewRef(Py_None);
     if (h[H_SERVER_TIMING].start >= 0) {
         PyObject *st = PyBytes_FromStringAndSize(
