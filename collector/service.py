@@ -390,10 +390,24 @@ async def _serve(collector: Collector, query_sock: socket.socket) -> None:
     _exit()
     await asyncio.gather(*tasks, return_exceptions=True)
     if not up:
-        for t in tasks:
-            if t.done() and not t.cancelled() and t.exception():
-                log.error("%s", t.exception())
-        raise SystemExit(1)
+        raise ListenError(_why_not(tasks, s))
+
+
+class ListenError(Exception):
+    """A server ended before both were up; the message is the one line that says which."""
+
+
+def _why_not(tasks: list[asyncio.Task[None]], s: Settings) -> str:
+    # Only the message's first line: granian's error carries a Rust backtrace where
+    # RUST_BACKTRACE is set, which once pushed the reason out of a failed test's log tail.
+    for t, address, flag in zip(
+        tasks, (s.admin_listen, s.listen), ("--admin-listen", "--listen"), strict=True
+    ):
+        e = t.exception() if t.done() and not t.cancelled() else None
+        if e is not None:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return f"could not listen on {address} ({flag}): {why}"
+    return f"could not listen on {s.listen} / {s.admin_listen}"
 
 
 def edge_settings_error(s: Settings) -> str | None:
@@ -428,7 +442,6 @@ def run(settings: Settings, plugins: Sequence[Plugin] | None = None) -> int:
 
 
 def _run(collector: Collector, query_sock: socket.socket) -> int:
-    settings = collector.settings
     try:
         collector.start()
     except (StartupError, SpoolLockedError) as e:
@@ -437,9 +450,9 @@ def _run(collector: Collector, query_sock: socket.socket) -> int:
     t = time.monotonic()
     try:
         asyncio.run(_serve(collector, query_sock))
-    except SystemExit:
+    except ListenError as e:
         collector.stop(2.0)
-        log.error("could not listen on %s / %s", settings.listen, settings.admin_listen)
+        log.error("%s", e)
         return 1
     collector.stop()
     log.info("stopped after %.0f s", time.monotonic() - t)
