@@ -155,9 +155,15 @@ def sla_table(report: dict[str, Any]) -> str:
     return "\n".join([*lines, *([""] if sentences else []), *sentences])
 
 
-ENGINE_SCRIPT = """([page, ms, period, every, t0]) => {
+# Armed first, started after: each page waits for ``window.__t0`` (its shared clock's zero,
+# Date.now() ms), set on every page once all are armed. Arming inside the 500 ms before a
+# start given at once let a slow evaluate on a busy machine start a page after the burst
+# (CI once saw no engine chat queued).
+ENGINE_SCRIPT = """([page, ms, period, every]) => {
     window.__demo = {done: 0, errors: 0, finished: false};
     (async () => {
+        while (window.__t0 === undefined) await new Promise((r) => setTimeout(r, 5));
+        const t0 = window.__t0;
         for (let k = 0; t0 + k * period < t0 + ms; k++) {
             if (page > 0 && k % every !== 0) continue;  // page 0 every period, the rest in bursts
             await new Promise((r) => setTimeout(r, Math.max(0, t0 + k * period - Date.now())));
@@ -196,11 +202,13 @@ def drive(browser_url: str, seconds: float, progress: Any) -> int:
         for page in engine_pages:
             page.goto(browser_url, wait_until="load")
             page.wait_for_function("typeof window.chat === 'function'")
-        t0 = time.time() * 1000 + 500  # the pages' shared clock (Date.now(), ms)
         for i, page in enumerate(engine_pages):
-            args = [i, seconds * 1000, ENGINE_PERIOD_S * 1000, ENGINE_BURST_EVERY, t0]
+            args = [i, seconds * 1000, ENGINE_PERIOD_S * 1000, ENGINE_BURST_EVERY]
             page.evaluate(ENGINE_SCRIPT, args)
             pages.append(page)
+        t0 = time.time() * 1000 + 500
+        for page in engine_pages:
+            page.evaluate("(t0) => { window.__t0 = t0; }", t0)
         start = time.monotonic()
         while True:
             states = [p.evaluate("window.__demo") for p in pages]
