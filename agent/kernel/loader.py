@@ -262,12 +262,19 @@ def reattach(b: Any, hooks: list[bytes]) -> None:
             (b.attach_raw_tracepoint if raw else b.attach_tracepoint)(tp=tp, fn_name=fn)
 
 
+PID_TRACED = 1  # px_pids bit (bpf/agent/defs.h PX_PID_TRACED); PID_TLS: agent.kernel.tls_probes
+
+
 def set_pids(b: Any, pids: list[int], on: bool = True) -> None:
+    """Trace ``pids``, keeping their other bits (a server found by a rescan got its TLS
+    probes' bit first: overwritten, its TLS connections went unread); with ``on`` False,
+    clear them whole (gone, or the agent stopping)."""
     t = b["px_pids"]
     limit = len(t)
     for p in pids:
         if 0 <= p < limit:
-            t[t.Key(p)] = t.Leaf(1 if on else 0)
+            k = t.Key(p)
+            t[k] = t.Leaf(int(t[k].value) | PID_TRACED if on else 0)
 
 
 def remove_pids(b: Any, pids: list[int]) -> None:

@@ -34,7 +34,8 @@
 #define PX_H2_DEAD 4  // ... and tracing paused since: user space gave it up, nothing is sent
 #define PX_MARKS 8  // writes whose sequence ranges a connection keeps (tcp.h, retransmit waits)
 #define PX_TAILS 4096  // closed connections whose sockets may still retransmit (px_tails)
-#define PX_PID_TLS 2   // px_pids bit: the process carries the TLS probes (agent/tls.py)
+#define PX_PID_TRACED 1  // px_pids bit: the process is traced (agent/kernel/loader.py set_pids)
+#define PX_PID_TLS 2     // px_pids bit: the process carries the TLS probes (agent/kernel/tls_probes.py)
 
 #define WAGG_END 1      // chunked terminator seen: the response is complete
 #define WAGG_PARTIAL 2  // stream-length limit reached: more follows

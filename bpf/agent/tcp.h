@@ -115,6 +115,23 @@ static __always_inline void px_tail_end(u64 sk, int ns, u16 lport) {
     px_tails.delete(&sk);
 }
 
+// A process that opens a listener on a traced port (--port) is traced from then on, in the
+// listen() call itself: user space finds it at its next rescan (~1 s; agent/identity/
+// processes.py), and a server's requests before that were never seen (a pod restarted under
+// a running agent lost its first second; a TLS one, all of them). The rescan still does the
+// rest (probes, identity); process exit clears the mark (sched_process_exit).
+static __always_inline void px_trace_listener(u16 lport) {
+    struct px_cfg *cfg = px_cfg_get();
+    if (!cfg || cfg->all_pids || !px_port_ok(lport))
+        return;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (tgid == cfg->self_tgid)
+        return;
+    u8 *v = px_pids.lookup(&tgid);
+    if (v && !(*v & PX_PID_TRACED))
+        *v |= PX_PID_TRACED;
+}
+
 TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     if (args->protocol != PX_IPPROTO_TCP)
         return 0;
@@ -167,6 +184,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
     if (ns == TCP_LISTEN || os == TCP_LISTEN) {
         // listening sockets per port: only connections accepted on one are followed
         px_count(C_LISTEN_CHG);
+        if (ns == TCP_LISTEN)
+            px_trace_listener(args->sport);
         u32 k = args->sport;
         u32 *n = px_listen.lookup(&k);
         if (n) {

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from demo.stack import free_port
 from parallax_contracts import trace_context
 from tests.agent.helpers import PY, Agent, Proc, http_request, timing_log
 
@@ -39,6 +40,35 @@ def _app_log(path: Path, pred: Callable[[dict[str, Any]], bool]) -> list[dict[st
         if found or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
+
+
+def test_a_server_started_after_the_agent_is_traced_from_its_first_request(
+    tmp_path: Path,
+) -> None:
+    """The agent on a --port nothing listens on yet (a pod restarted under a running
+    DaemonSet agent); then a server takes the port and is asked at once: every request is
+    recorded, its first included. The kernel traces the process in its listen() call
+    (bpf/agent/tcp.h px_trace_listener); user space finds it at its next rescan, up to a
+    second later, and the requests before that were lost."""
+    port = free_port()
+    agent = Agent(tmp_path, [port])
+    log = str(tmp_path / "t.jsonl")
+    srv = Proc(
+        [PY, "-m", "tests.agent.servers.py_server", "--port", str(port), "--timing-log", log]
+    )
+    try:
+        assert srv.port() == port
+        ctxs = [trace_context.generate() for _ in range(3)]
+        for ctx in ctxs:  # within milliseconds of the listen(), before any rescan
+            head = f"GET /plain HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"
+            assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
+        ids = {c.trace_id for c in ctxs}
+        recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=3)
+        assert sorted(r["trace_id"] for r in recs) == sorted(ids), agent.err.read_text()
+        assert all(r["path"] == "/plain" and r["status"] == 200 for r in recs), recs
+    finally:
+        assert agent.stop() == 0
+        srv.stop()
 
 
 def test_server_killed_mid_stream_ends_with_a_partial_record_and_frees_its_state(

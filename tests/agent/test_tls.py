@@ -197,6 +197,34 @@ def test_nothing_listening_on_the_ports_probes_no_one(env: ServerSet, tmp_path: 
             srv.stop()
 
 
+def test_a_tls_server_started_after_the_agent_is_read(env: ServerSet, tmp_path: Path) -> None:
+    """A TLS server that takes a traced port after the agent started (found by a rescan,
+    probed then): its requests are recorded with their plaintext. The rescan marked the
+    process traced after its probes' bit was set, and overwrote that bit: none was."""
+    port = free_port()
+    agent = Agent(tmp_path, [port], NO_BUDGET)
+    tls = ["--tls-cert", str(env.cert), "--tls-key", str(env.key)]
+    log = str(tmp_path / "t")
+    srv = Proc(
+        [PY, "-m", "tests.agent.servers.py_server", "--port", str(port), "--timing-log", log, *tls]
+    )
+    try:
+        assert srv.port() == port
+        wait_log(agent, f"TLS: probes on pid {srv.p.pid} in libssl.so.3 ")
+        ctxs = [trace_context.generate() for _ in range(3)]
+        for ctx in ctxs:
+            with tls_connect(port) as c:
+                resp = http_request(0, get_head("/plain", ctx.header()), sock=c)
+            assert resp.startswith(b"HTTP/1.1 200"), resp[:100]
+        ids = {c.trace_id for c in ctxs}
+        recs = agent.wait_for(lambda r: r["trace_id"] in ids, count=3)
+        assert sorted(r["trace_id"] for r in recs) == sorted(ids), agent.err.read_text()
+        assert all(r["tls"] is True and r["path"] == "/plain" for r in recs), recs
+    finally:
+        assert agent.stop() == 0
+        srv.stop()
+
+
 def test_uvicorn_sse_over_tls(env: ServerSet) -> None:
     """asyncio's memory BIO: TTFB, TTFT and every token gap within 1 ms of the app's clock;
     the traceparent read from the decrypted head; the plaintext's byte count."""
