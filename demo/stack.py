@@ -239,14 +239,15 @@ class Stack:
         raise StartError(f"{proc.name} did not answer {url}:\n{proc.tail()}")
 
     # -- the pieces ---------------------------------------------------------------------------
-    def llm_app(self, *extra: str, name: str = "llm_app", node: bool = False) -> str:
-        """Start the LLM-style app (Python, or the Node.js twin); return its base URL."""
+    def llm_app(self, *extra: str, name: str = "llm_app", node: bool = False, port: int = 0) -> str:
+        """Start the LLM-style app (Python, or the Node.js twin) on ``port`` (0: any);
+        return its base URL."""
         timing = self.workdir / f"{name}.timing.jsonl"
         if node:
             argv = ["node", str(Path(__file__).parent / "llm_app.mjs")]
         else:
             argv = [sys.executable, "-m", "demo.llm_app"]
-        p = self.spawn(name, [*argv, "--port", "0", "--timing-log", str(timing), *extra])
+        p = self.spawn(name, [*argv, "--port", str(port), "--timing-log", str(timing), *extra])
         return self.wait_line(p, "listening on").split()[-1]
 
     def engine(self, model: Path, name: str = "engine") -> tuple[Proc, str]:
@@ -352,11 +353,12 @@ class Stack:
         self.wait_http(p, f"http://127.0.0.1:{metrics}/readyz", timeout=120)
         return f"http://127.0.0.1:{metrics}"
 
-    def nginx(self, upstream_port: int, buffering: bool, name: str = "nginx") -> int:
-        """nginx (Debian's) as a reverse proxy in front of the app, on its own config;
-        ``buffering`` toggles ``proxy_buffering``, the classic way to break token streams.
-        It forwards ``traceparent`` unchanged, so the agent sees two hops with one parent."""
-        port = free_port()
+    def nginx(self, upstream_port: int, buffering: bool, name: str = "nginx", port: int = 0) -> int:
+        """nginx (Debian's) as a reverse proxy in front of the app, on its own config and on
+        ``port`` (0: a free one); ``buffering`` toggles ``proxy_buffering``, the classic way
+        to break token streams. It forwards ``traceparent`` unchanged, so the agent sees two
+        hops with one parent."""
+        port = port or free_port()
         d = self.workdir / name
         (d / "tmp").mkdir(parents=True, exist_ok=True)
         conf = d / "nginx.conf"

@@ -1,7 +1,8 @@
 """One latency-trap scenario on loopback: app (+ relay or nginx) → agent → collector ← probe.
 
 A scenario starts its own app under its own service name (so one collector can hold every
-scenario side by side), the agent on the server ports, and Chromium pages running the chat
+scenario side by side), the agent on the server ports (or takes its ports from an agent the
+scenarios share: ``TracedPorts``), and Chromium pages running the chat
 page with the probe; it drives a fixed number of chats, hands the beacons over, waits until
 the collector has paired them, and returns the SLA report for its service together with the
 pairs and the app's own timing log — the ground truth the tests compare against.
@@ -52,6 +53,10 @@ DRIVE_JS = """([kind, n, extra]) => {
 }"""
 
 
+# The scenarios' agent: no CPU budget, as the scenarios check every pair, and on a loaded
+# test machine the agent would otherwise trace a sample (its budget is 5 % of the node).
+AGENT_ARGS = ("--cpu-budget", "0")
+
 # How often the collector is asked whether the pairs and the SLA evaluation are in: its
 # answers come after the chats, so asking often changes nothing measured (each wait was
 # ~1 s at a 1 s poll: docs/benchmarks.md, "Where the two phases' time goes now").
@@ -82,6 +87,21 @@ class Scenario:
 
 
 @dataclass
+class TracedPorts:
+    """An agent already running on ``ports`` (started before any server listens on them),
+    shared by the scenarios of a module: each takes its server ports from here and reads
+    the agent's records of those ports. An agent's start is ~5 s of bcc compile, which a
+    scenario would otherwise pay each time (docs/benchmarks.md, "Where the two phases'
+    time goes now")."""
+
+    ports: list[int]
+    jsonl: Path
+
+    def take(self) -> int:
+        return self.ports.pop()
+
+
+@dataclass
 class Outcome:
     report: dict[str, Any]  # the SLA document's routes for this service
     pairs: list[dict[str, Any]]
@@ -103,11 +123,21 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def run(sc: Scenario, stack: Stack, ingest: str, query: str, timeout_s: float = 120) -> Outcome:
+def run(
+    sc: Scenario,
+    stack: Stack,
+    ingest: str,
+    query: str,
+    timeout_s: float = 120,
+    traced: TracedPorts | None = None,
+) -> Outcome:
+    """One scenario; its agent is ``traced``'s when given, else one of its own in ``stack``."""
     started = dt.datetime.now(dt.UTC)
     os.environ["OTEL_SERVICE_NAME"] = sc.service  # inherited by the app: its service name
     try:
-        app = stack.llm_app(*sc.app_args, name=sc.service, node=sc.node)
+        app = stack.llm_app(
+            *sc.app_args, name=sc.service, node=sc.node, port=traced.take() if traced else 0
+        )
     finally:
         del os.environ["OTEL_SERVICE_NAME"]
     app_port = int(app.rsplit(":", 1)[1])
@@ -117,12 +147,12 @@ def run(sc: Scenario, stack: Stack, ingest: str, query: str, timeout_s: float = 
         relay_port = stack.relay(app_port, sc.delay_ms, sc.jitter_ms)
         browser_base = f"http://127.0.0.1:{relay_port}"
     elif sc.topology == "nginx":
-        nginx_port = stack.nginx(app_port, sc.buffering, name=f"{sc.service}-nginx")
+        name = f"{sc.service}-nginx"
+        nginx_port = stack.nginx(app_port, sc.buffering, name, traced.take() if traced else 0)
         ports.insert(0, nginx_port)
         browser_base = f"http://127.0.0.1:{nginx_port}"
-    # no CPU budget: the scenarios check every pair, and on a loaded test machine the
-    # agent would otherwise trace a sample (its budget is 5 % of the node)
-    stack.agent(ports, ingest, "--cpu-budget", "0")
+    if traced is None:
+        stack.agent(ports, ingest, *AGENT_ARGS)
     url = chat_url(browser_base, ingest, flush_ms=1000, **sc.page_params)
     per_page = -(-sc.requests // sc.pages)
     with chromium() as browser:
@@ -149,8 +179,9 @@ def run(sc: Scenario, stack: Stack, ingest: str, query: str, timeout_s: float = 
     pairs = wait_pairs(query, started, sc.service, int(chats * 0.95), deadline)
     report = wait_sla(query, sc.service, len(pairs) * 0.9, deadline)
     timing = _read_jsonl(stack.workdir / f"{sc.service}.timing.jsonl")
-    agent = _read_jsonl(stack.workdir / "agent.jsonl")
-    stack.close()  # agent, app, proxy: the next scenario brings its own
+    records = _read_jsonl(traced.jsonl if traced else stack.workdir / "agent.jsonl")
+    agent = [r for r in records if r.get("local_port") in ports]
+    stack.close()  # app, proxy (and agent, if its own): the next scenario brings its own
     return Outcome(report, pairs, timing, agent, chats)
 
 

@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from demo.stack import Stack
-from tests.e2e.harness import Scenario, get_json, run
+from tests.e2e.harness import Scenario, TracedPorts, get_json, run
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -32,9 +32,11 @@ def firing(query: str, service: str) -> list[dict[str, object]]:
     return [a for a in doc.get("alerts", []) if a.get("labels", {}).get("service") == service]
 
 
-def test_clean_app_straight_to_browser(collector: tuple[str, str], stack: Stack) -> None:
+def test_clean_app_straight_to_browser(
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts
+) -> None:
     ingest, query = collector
-    out = run(Scenario("e2e-clean", app_args=FAST), stack, ingest, query)
+    out = run(Scenario("e2e-clean", app_args=FAST), stack, ingest, query, traced=traced)
     ttfb = out.route("/v1/chat")["metrics"]["ttfb"]
     assert ttfb["verdict"] in CLEAN_VERDICTS, ttfb
     assert ttfb["n"] >= 100, ttfb
@@ -52,7 +54,9 @@ def test_clean_app_straight_to_browser(collector: tuple[str, str], stack: Stack)
     assert all(p["server_ttfb_ms"] is not None and p["user_ttfb_ms"] for p in nav), nav
 
 
-def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack) -> None:
+def test_network_delay_shows_as_network(
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts
+) -> None:
     ingest, query = collector
     one_way, jitter = 15.0, 4.0
     # 300 chats, as for the event-loop lag: the interval's low end must clear the band.
@@ -64,7 +68,7 @@ def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack
         jitter_ms=jitter,
         requests=300,
     )
-    out = run(sc, stack, ingest, query)
+    out = run(sc, stack, ingest, query, traced=traced)
     ttfb = out.route("/v1/chat")["metrics"]["ttfb"]
     delta_p95 = ttfb["parts"]["network_p95_ms"]
     delta_median = statistics.median(p["network_ms"] for p in out.pairs if p["network_ms"])
@@ -79,7 +83,9 @@ def test_network_delay_shows_as_network(collector: tuple[str, str], stack: Stack
 
 
 @pytest.mark.parametrize(("render_ms", "expect"), [(60, "out_of_band"), (2, "ok")])
-def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, expect: str) -> None:
+def test_render_lag(
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts, render_ms: int, expect: str
+) -> None:
     ingest, query = collector
     # 300 chats: a P95 interval from ~120 samples is too wide to clear a 50 ms band; two
     # pages, not three: frames are what is measured, and a busier renderer delays them.
@@ -92,7 +98,7 @@ def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, ex
         requests=300,
         pages=2,
     )
-    out = run(sc, stack, ingest, query)
+    out = run(sc, stack, ingest, query, traced=traced)
     vis = out.route("/v1/chat")["metrics"]["visible_ttft"]
     render = vis["parts"]["render_delay_p95_ms"]
     # The chunk is shown R ms after it arrives, and the paint is dated by a double rAF after
@@ -105,7 +111,9 @@ def test_render_lag(collector: tuple[str, str], stack: Stack, render_ms: int, ex
         assert "render" in vis["sentence"], vis["sentence"]
 
 
-def test_event_loop_lag_shows_as_server_queue(collector: tuple[str, str], stack: Stack) -> None:
+def test_event_loop_lag_shows_as_server_queue(
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts
+) -> None:
     ingest, query = collector
     block = 50.0
     # 300 chats: with ~120 the distribution-free interval's upper bound for the server P95 is
@@ -116,7 +124,7 @@ def test_event_loop_lag_shows_as_server_queue(collector: tuple[str, str], stack:
         app_args=[*FAST, "--block-ms", str(block), "--block-every-ms", "100"],
         requests=300,
     )
-    out = run(sc, stack, ingest, query)
+    out = run(sc, stack, ingest, query, traced=traced)
     ttfb = out.route("/v1/chat")["metrics"]["ttfb"]
     recv = ttfb["parts"]["recv_queue_p95_ms"]
     # A request arriving during a 50 ms stall waits the rest of it in the receive queue: the
@@ -140,7 +148,9 @@ def test_event_loop_lag_shows_as_server_queue(collector: tuple[str, str], stack:
 
 @pytest.mark.nginx
 @pytest.mark.parametrize("buffering", [True, False])
-def test_buffering_proxy(collector: tuple[str, str], stack: Stack, buffering: bool) -> None:
+def test_buffering_proxy(
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts, buffering: bool
+) -> None:
     ingest, query = collector
     svc = f"e2e-nginx-{'on' if buffering else 'off'}"
     sc = Scenario(
@@ -150,7 +160,7 @@ def test_buffering_proxy(collector: tuple[str, str], stack: Stack, buffering: bo
         buffering=buffering,
         app_args=["--first-token-ms", "30", "--token-gap-ms", "25", "--tokens", "8"],
     )
-    out = run(sc, stack, ingest, query)
+    out = run(sc, stack, ingest, query, traced=traced)
     route = out.route("/v1/stream")
     itl = route["metrics"]["itl"]
     # The agent sees both hops; the origin (app) writes tokens 25 ms apart either way.
@@ -186,13 +196,19 @@ def _gaps(offsets: list[int]) -> list[int]:
 
 
 def test_clock_skew_is_estimated_and_changes_nothing(
-    collector: tuple[str, str], stack: Stack
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts
 ) -> None:
     """The browser's wall clock runs 3 s ahead (a page-level shift: see SHIFT_CLOCK_JS for
     why not libfaketime); its monotonic clock is untouched."""
     ingest, query = collector
     shift_ms = 3000.0
-    out = run(Scenario("e2e-skew", app_args=FAST, clock_shift_ms=shift_ms), stack, ingest, query)
+    out = run(
+        Scenario("e2e-skew", app_args=FAST, clock_shift_ms=shift_ms),
+        stack,
+        ingest,
+        query,
+        traced=traced,
+    )
     thetas = [p["theta_ms"] for p in out.pairs if p.get("theta_ms") is not None]
     assert len(thetas) >= 100
     # θ = server − browser: the browser is 3 s ahead, so θ ≈ −3000 ms; the best (lowest-δ)
@@ -203,9 +219,11 @@ def test_clock_skew_is_estimated_and_changes_nothing(
     assert ttfb["verdict"] in CLEAN_VERDICTS, ttfb  # durations never cross clocks
 
 
-def test_node_app_gives_the_same_records(collector: tuple[str, str], stack: Stack) -> None:
+def test_node_app_gives_the_same_records(
+    collector: tuple[str, str], stack: Stack, traced: TracedPorts
+) -> None:
     ingest, query = collector
-    out = run(Scenario("e2e-node", app_args=FAST, node=True), stack, ingest, query)
+    out = run(Scenario("e2e-node", app_args=FAST, node=True), stack, ingest, query, traced=traced)
     chat = [r for r in out.agent_records if r.get("path") == "/v1/chat"]
     assert len(chat) >= 100
     # Node writes headers with the first token: TTFB = TTFT ≈ the 40 ms first-token wait.
