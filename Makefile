@@ -5,6 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Tests that need eBPF fail instead of skipping when this is 1 (.ci/run sets it).
 export PARALLAX_REQUIRE_EBPF ?= 0
+# Bytecode, kept in one cache outside the sources. Where the environment sets
+# PYTHONDONTWRITEBYTECODE (these machines do) and setup installs with --no-compile, every
+# Python process compiled each module it imported from source, every time: the suite starts
+# hundreds (collectors, agents, apps, CLIs, pytest workers). tests/sla/test_cli.py took 47 s
+# so and 23 s with the cache (docs/benchmarks.md, "Bytecode").
+export PYTHONPYCACHEPREFIX := $(CURDIR)/.cache/pyc
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: setup demo test test-py test-js lint manifests bench bench-llm bench-agent bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts clean lock
 
