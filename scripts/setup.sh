@@ -70,7 +70,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; th
     say "building .venv with $PYTHON from requirements.lock"
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
     # --no-compile: pip would byte-compile all 2.2 GB of packages, one file at a time (117 s
-    # against 49 s without, on 2 cores); Python compiles a module when it is first imported.
+    # against 49 s without, on 2 cores); Python compiles a module when it is first imported,
+    # into the Makefile's bytecode cache (PYTHONPYCACHEPREFIX), once for every later process.
     .venv/bin/pip install -q --disable-pip-version-check --no-compile -r requirements.lock
     .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
     echo "$WANT" > "$STAMP"
