@@ -122,7 +122,9 @@ static __always_inline void px_tail_end(u64 sk, int ns, u16 lport) {
 // rest (probes, identity); process exit clears the mark (sched_process_exit).
 static __always_inline void px_trace_listener(u16 lport) {
     struct px_cfg *cfg = px_cfg_get();
-    if (!cfg || cfg->all_pids || !px_port_ok(lport))
+    // (only where ports are listed: with --pid alone every port is traced, and the pids
+    // named are the ones to trace; without either, every process is)
+    if (!cfg || cfg->all_pids || cfg->all_ports || !px_port_ok(lport))
         return;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (tgid == cfg->self_tgid)
