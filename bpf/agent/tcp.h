@@ -118,8 +118,8 @@ static __always_inline void px_tail_end(u64 sk, int ns, u16 lport) {
 // A process that opens a listener on a traced port (--port) is traced from then on, in the
 // listen() call itself: user space finds it at its next rescan (~1 s; agent/identity/
 // processes.py), and a server's requests before that were never seen (a pod restarted under
-// a running agent lost its first second; a TLS one, all of them). The rescan still does the
-// rest (probes, identity); process exit clears the mark (sched_process_exit).
+// a running agent lost its first second). The rescan still does the rest (probes, identity);
+// process exit clears the mark (sched_process_exit). Workers it forks wait for the rescan.
 static __always_inline void px_trace_listener(u16 lport) {
     struct px_cfg *cfg = px_cfg_get();
     // (only where ports are listed: with --pid alone every port is traced, and the pids
