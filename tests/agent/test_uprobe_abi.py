@@ -30,7 +30,7 @@ def test_the_agents_accept_probe_leaves_the_place_to_other_tools(tmp_path: Path)
     srv = Proc([PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t")])
     port = srv.port()
     agent = Agent(tmp_path, [port])  # root: bcc makes its probes through perf_event_open
-    other = BPF(text="int px_test_other(void *ctx) { return 0; }")
+    other = BPF(text=b"int px_test_other(void *ctx) { return 0; }")  # bytes, as bcc wants
     attach = libbcc.lib["bpf_attach_uprobe"]  # the C signature: all seven arguments
     attach.restype = ct.c_int
     attach.argtypes = [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p, ct.c_ulonglong, ct.c_int,
