@@ -98,10 +98,16 @@ def test_disk_full_is_a_state_and_loses_nothing_acknowledged(small_disk: Path) -
         m = httpx.get(f"{c.query}/metrics", timeout=5).text
         assert metric(m, "parallax_collector_spool_disk_full") == 0
         # Full again, then a graceful stop while full: the store cannot take the rest
-        # either (it shares the disk), so it stays in the spool.
-        fill(filler, leave=0)
-        post_spans(c.ingest, ledger, requests=8, spans=100)
-        assert ledger.codes[503] > 0
+        # either (it shares the disk), so it stays in the spool. The store frees the parts
+        # its merges replaced on its own time: where that gave room back before the posts
+        # (a fresh clone saw all 8 accepted, and no second "disk full"), fill it again.
+        before = ledger.codes[503]
+        for _ in range(5):
+            fill(filler, leave=0)
+            post_spans(c.ingest, ledger, requests=8, spans=100)
+            if ledger.codes[503] > before:
+                break
+        assert ledger.codes[503] > before, ledger.codes
     finally:
         assert c.stop() == 0, c.tail()
     log = c.log.read_text()
