@@ -106,8 +106,9 @@ def test_reader_next_to_the_core_loaded_once_and_replayed(
     first = by_path["completions"]
     assert first["kind"] == "fetch" and "reason" not in first, first
     # held, then replayed: the first answer token is the read that brought the page's code
-    # its first content (the probe's times are rounded to 0.1 ms)
-    assert abs(first["llm"]["first_token_ms"] - chat["first"]) <= 0.15, (first, chat)
+    # its first content. The two stamps are that read's, taken a few microtasks apart (0.3 ms
+    # once in CI, with the probe's times rounded to 0.1 ms); the next read is 10 ms later.
+    assert abs(first["llm"]["first_token_ms"] - chat["first"]) <= 1.0, (first, chat)
     assert first["llm"]["tokens"] == 6 and first["llm"]["end"] == "complete"
     assert first["llm"]["first_token_ms"] < first["start_ms"] + 400  # before the reader came
     assert by_path["messages"]["llm"]["dialect"] == "anthropic.messages"
