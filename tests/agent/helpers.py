@@ -132,11 +132,7 @@ class Agent:
         raise RuntimeError(f"agent did not attach: {self.err.read_text()}")
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.jsonl.exists():
-            return []
-        # a batch is one write, but a read may meet it half-written: whole lines only
-        lines = self.jsonl.read_text().split("\n")[:-1]
-        return [json.loads(x) for x in lines if x.strip()]
+        return jsonl(self.jsonl)
 
     def wait_for(
         self, pred: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 10.0
@@ -226,10 +222,17 @@ def wait_log(agent: Agent, text: str, timeout: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def timing_log(path: Path) -> list[dict[str, Any]]:
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file another process appends to (the agent's records, a
+    server's timing log): a batch is one write, but a read may meet it half-written, so
+    whole lines only."""
     if not path.exists():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = path.read_text().split("\n")[:-1]
+    return [json.loads(x) for x in lines if x.strip()]
+
+
+timing_log = jsonl
 
 
 def server_record(

@@ -22,6 +22,7 @@ from typing import Any
 
 from demo.browser import chat_url, chromium, flush_beacons
 from demo.stack import Stack
+from tests.agent.helpers import jsonl
 
 # A browser whose wall clock is off by S ms: Date and performance.timeOrigin shifted, the
 # monotonic clock (performance.now) untouched — as on a laptop without NTP. A page-level
@@ -117,12 +118,6 @@ class Outcome:
         raise AssertionError(f"route {path} not in {[r['route'] for r in self.report['routes']]}")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def run(
     sc: Scenario,
     stack: Stack,
@@ -178,8 +173,8 @@ def run(
         time.sleep(0.5)
     pairs = wait_pairs(query, started, sc.service, int(chats * 0.95), deadline)
     report = wait_sla(query, sc.service, len(pairs) * 0.9, deadline)
-    timing = _read_jsonl(stack.workdir / f"{sc.service}.timing.jsonl")
-    records = _read_jsonl(traced.jsonl if traced else stack.workdir / "agent.jsonl")
+    timing = jsonl(stack.workdir / f"{sc.service}.timing.jsonl")
+    records = jsonl(traced.jsonl if traced else stack.workdir / "agent.jsonl")
     agent = [r for r in records if r.get("local_port") in ports]
     stack.close()  # app, proxy (and agent, if its own): the next scenario brings its own
     return Outcome(report, pairs, timing, agent, chats)
