@@ -13,7 +13,7 @@ from pathlib import Path
 
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
 _MAGIC = 0xEB9F
-_STRUCT, _UNION, _TYPEDEF = 4, 5, 8
+_STRUCT, _UNION, _TYPEDEF, _FUNC = 4, 5, 8, 12
 _MAX_KIND = 19  # BTF_KIND_ENUM64
 # bytes after the 12-byte common header, per kind: fixed, and per vlen entry
 _EXTRA = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8), 14: (4, 0)}
@@ -70,6 +70,17 @@ def forget() -> None:
 
 def _name(strings: bytes, off: int) -> str:
     return strings[off : strings.index(b"\0", off)].decode()
+
+
+def func_ids(data: bytes) -> dict[str, int]:
+    """The type id of each function (BTF_KIND_FUNC) in a program's BTF, by name: what a
+    program's func_info names (agent.kernel.objcache loads programs with it, as bcc does)."""
+    types, strings, _ = _parse(data)
+    return {
+        _name(strings, name_off): tid
+        for tid, (name_off, kind, _size, _kflag) in enumerate(types)
+        if kind == _FUNC and name_off
+    }
 
 
 def member_offset(struct_name: str, member: str, path: Path = VMLINUX) -> int | None:

@@ -265,9 +265,11 @@ def compile_first(
     b = None
     hooks = ""
     err: Exception | None = None
+    from agent.kernel import objcache  # noqa: PLC0415  (imports bcc, configured by now)
+
     for hooks, extra in variants:
         try:
-            b = bpf_class(text=text, cflags=[*cflags, *extra])
+            b = objcache.compile_or_load(bpf_class, text, [*cflags, *extra])
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception; next variant)
             err = e
             continue

@@ -18,12 +18,12 @@ import logging
 import os
 from typing import Any
 
+from agent.kernel import sys_bpf
+
 log = logging.getLogger("parallax.agent")
 # tests and benches: every hook stays a classic tracepoint
 NO_TP_BTF = "PARALLAX_AGENT_NO_TP_BTF"
 
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
-_BPF_PROG_LOAD = 5
 _PROG_TYPE_TRACING = 26
 _TRACE_RAW_TP = 23
 
@@ -32,44 +32,11 @@ class TpBtfError(Exception):
     pass
 
 
-class _ProgLoadAttr(ctypes.Structure):
-    # union bpf_attr, the BPF_PROG_LOAD member, up to attach_btf_obj_fd (the kernel
-    # accepts a shorter attr; the fields it has beyond are read as zero)
-    _fields_ = [
-        ("prog_type", ctypes.c_uint32),
-        ("insn_cnt", ctypes.c_uint32),
-        ("insns", ctypes.c_uint64),
-        ("license", ctypes.c_uint64),
-        ("log_level", ctypes.c_uint32),
-        ("log_size", ctypes.c_uint32),
-        ("log_buf", ctypes.c_uint64),
-        ("kern_version", ctypes.c_uint32),
-        ("prog_flags", ctypes.c_uint32),
-        ("prog_name", ctypes.c_char * 16),
-        ("prog_ifindex", ctypes.c_uint32),
-        ("expected_attach_type", ctypes.c_uint32),
-        ("prog_btf_fd", ctypes.c_uint32),
-        ("func_info_rec_size", ctypes.c_uint32),
-        ("func_info", ctypes.c_uint64),
-        ("func_info_cnt", ctypes.c_uint32),
-        ("line_info_rec_size", ctypes.c_uint32),
-        ("line_info", ctypes.c_uint64),
-        ("line_info_cnt", ctypes.c_uint32),
-        ("attach_btf_id", ctypes.c_uint32),
-        ("attach_btf_obj_fd", ctypes.c_uint32),
-    ]
-
-
 def load(insns: int, insn_cnt: int, name: str, btf_id: int) -> int:
     """Load ``insn_cnt`` instructions at address ``insns`` as a tp_btf program attaching to
-    the tracepoint whose ``btf_trace_<name>`` typedef is ``btf_id``; its fd. Loaded without
-    the verifier's log (a log longer than its buffer fails the load with ENOSPC), and only
-    where that fails once more with it, for the error's last line."""
-    sysno = _SYS_BPF.get(os.uname().machine)
-    if sysno is None:
-        raise TpBtfError(f"no bpf() system call number for {os.uname().machine}")
+    the tracepoint whose ``btf_trace_<name>`` typedef is ``btf_id``; its fd."""
     lic = ctypes.create_string_buffer(b"GPL")
-    attr = _ProgLoadAttr(
+    attr = sys_bpf.ProgLoadAttr(
         prog_type=_PROG_TYPE_TRACING,
         insn_cnt=insn_cnt,
         insns=insns,
@@ -78,18 +45,10 @@ def load(insns: int, insn_cnt: int, name: str, btf_id: int) -> int:
         expected_attach_type=_TRACE_RAW_TP,
         attach_btf_id=btf_id,
     )
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = int(libc.syscall(sysno, _BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
-    if fd >= 0:
-        return fd
-    err = os.strerror(ctypes.get_errno())
-    log = ctypes.create_string_buffer(1 << 20)
-    attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
-    fd = int(libc.syscall(sysno, _BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr)))
-    if fd >= 0:  # (a load that failed once and not twice: keep it)
-        return fd
-    last = log.value.decode(errors="replace").strip().splitlines()[-1:]
-    raise TpBtfError(f"{name}: {err}" + (f" ({last[0]})" if last else ""))
+    try:
+        return sys_bpf.prog_load(attr, name)
+    except sys_bpf.BpfError as e:
+        raise TpBtfError(e.strerror) from None
 
 
 def probe(btf_id: int) -> None:
@@ -109,12 +68,12 @@ class TpBtfProgram:
         self.tracepoint = tracepoint
         self.link_fd = -1
         fn = fn_name.encode()
-        start = lib.bpf_function_start(b.module, fn)
-        size = lib.bpf_function_size(b.module, fn)
-        if not start or size <= 0:
-            raise TpBtfError(f"{fn_name}: not compiled")
-        insns = ctypes.cast(start, ctypes.c_void_p).value or 0
-        self.prog_fd: int = load(insns, size // 8, fn_name, btf_id)
+        try:
+            insns: bytes = b.dump_func(fn)
+        except Exception as e:  # (bcc raises bare Exception)
+            raise TpBtfError(f"{fn_name}: not compiled") from e
+        code = ctypes.create_string_buffer(insns, len(insns))
+        self.prog_fd: int = load(ctypes.addressof(code), len(insns) // 8, fn_name, btf_id)
 
     @property
     def attached(self) -> bool:
