@@ -101,6 +101,7 @@ class Agent:
         ports: list[int],
         extra: list[str] | None = None,
         wrapper: list[str] | None = None,  # e.g. setpriv with fewer capabilities
+        env: dict[str, str] | None = None,  # added to this process's environment
     ) -> None:
         self.jsonl = tmp / "agent.jsonl"
         self.err = tmp / "agent.err"
@@ -120,7 +121,13 @@ class Agent:
             argv += ["--port", str(p)]
         argv += extra or []
         with open(self.err, "w") as err:
-            self.p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+            self.p = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, **env} if env else None,
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if "attached" in self.err.read_text():
