@@ -9,8 +9,10 @@ exported) and to the process's exit (closing every attachment: agent.kernel.perf
 Three cases: ``--port`` of one Python server (it maps libssl: the agent puts 8 TLS uprobes
 on it, whose closes are the slowest), of ``--servers`` of them (a node with many
 TLS-serving processes, an ingress's workers), and ``--port`` nobody listens on
-(tracepoints only). ``--base TREE``: another checkout (a ``git worktree``
-of an older commit) run alternately with this one, same venv, same cache, each round.
+(tracepoints only). This tree runs twice: with its compiled program kept between starts
+(the default) and with ``PARALLAX_AGENT_BPF_CACHE=off``. ``--base TREE``: another
+checkout (a ``git worktree`` of an older commit) run alternately with this one, same venv,
+same cache, each round.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from demo.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+CACHE_ENV = "PARALLAX_AGENT_BPF_CACHE"  # (agent.kernel.objcache.ENV: that module imports bcc)
 Run = tuple[float, float, float, bool]
 
 
-def one(tree: Path, ports: list[int], cache: Path) -> Run:
+def one(tree: Path, ports: list[int], cache: Path, extra_env: dict[str, str]) -> Run:
     """(start, SIGTERM to the "stopped:" line, SIGTERM to exit, TLS probes attached) of one
     agent run from ``tree``, seconds."""
     d = Path(tempfile.mkdtemp(prefix="px-lifecycle-"))
@@ -40,7 +43,7 @@ def one(tree: Path, ports: list[int], cache: Path) -> Run:
     argv = [PY, "-m", "agent.cli", "run", "--jsonl", str(d / "a.jsonl")]
     argv += [a for p in ports for a in ("--port", str(p))]
     argv += ["--metrics-addr", f"127.0.0.1:{free_port()}"]
-    env = {**os.environ, "PARALLAX_CACHE_DIR": str(cache)}
+    env = {**os.environ, "PARALLAX_CACHE_DIR": str(cache), **extra_env}
     t0 = time.monotonic()
     with open(err, "w") as f:
         p = subprocess.Popen(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=f)
@@ -91,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.agent_lifecycle: needs root (the agent loads BPF programs)", file=sys.stderr)
         return 1
     cache = ROOT / ".cache"
-    trees = [("this tree", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
+    # this tree twice: its compiled program kept between starts (agent.kernel.objcache; the
+    # first start of all fills it), and compiled at every start as before
+    trees = [("this tree", ROOT, {}), ("this tree, compiling", ROOT, {CACHE_ENV: "off"})]
+    trees += [("base", args.base.resolve(), {})] if args.base else []
     ports, srvs = _servers(args.servers)
     cases = [
         ("1 Python server (8 TLS uprobes)", ports[:1]),
@@ -103,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)
         for r in range(args.rounds):
             for case, on in cases:
-                for name, tree in trees if r % 2 == 0 else trees[::-1]:
-                    res = one(tree, on, cache)
+                for name, tree, env in trees if r % 2 == 0 else trees[::-1]:
+                    res = one(tree, on, cache, env)
                     got.setdefault((case, name), []).append(res)
                     print(f"round {r + 1}, {case}, {name}:", *(f"{x:.2f}" for x in res[:3]))
     finally:

@@ -72,13 +72,16 @@ class CudaProbes:
             raise loader.LoadError("no kernel headers: run `make setup`")
         from bcc import BPF  # noqa: PLC0415  (Debian's python3-bpfcc)
 
+        from agent.kernel import objcache  # noqa: PLC0415  (imports bcc)
+
         cflags = [
             f"-DPX_GPU_PID_MAX={loader.pid_max()}",
             f"-DPX_GPU_BUCKETS={MAX_BUCKETS}",
             f"-DPX_GPU_BUCKET_SHIFT={BUCKET_SHIFT}",
         ]
         try:
-            self.bpf: Any = BPF(text=loader.program_text(Path(CUDA_SOURCE)), cflags=cflags)
+            text = loader.program_text(Path(CUDA_SOURCE))
+            self.bpf: Any = objcache.compile_or_load(BPF, text, cflags)
         except Exception as e:
             raise loader.LoadError(f"the CUDA probes did not compile: {e}") from e
         self.waits_seen = not uretprobe_hazard()

@@ -143,6 +143,8 @@ def compile_or_load(bpf_class: Any, text: bytes, cflags: list[str]) -> Any:
         return b
     except FileNotFoundError:
         pass
+    except sys_bpf.BpfError as e:  # (a privilege short, say: the compile's load will say)
+        log.info("BPF program cache %s: the kernel refused it (%s): compiling", path.name, e)
     except (Uncachable, OSError, ValueError, KeyError, TypeError) as e:
         log.warning("BPF program cache %s not used (%s): compiling", path, e)
     except Exception as e:  # noqa: BLE001  (bcc's attach raises bare Exception)
