@@ -152,9 +152,27 @@ def compile_or_load(bpf_class: Any, text: bytes, cflags: list[str]) -> Any:
     b = bpf_class(text=text, cflags=cflags)
     try:
         _write(d, path, dump(b))
+        _prune(d, keep=path)
+        log.info("compiled BPF program kept for the next start (%s)", path.name[:12])
     except (Uncachable, OSError) as e:
-        log.info("compiled BPF program not cached (%s)", e)
+        log.info("compiled BPF program not kept (%s)", e)
     return b
+
+
+KEEP = 8  # programs kept per directory, the most recently written: a kernel or bcc upgrade,
+# or a changed flag, leaves the old ones behind
+
+
+def _prune(d: Path, keep: Path) -> None:
+    def written(p: Path) -> int:
+        try:
+            return p.stat().st_mtime_ns
+        except OSError:  # (another agent's prune took it)
+            return 0
+
+    for p in sorted(d.glob("*.json"), key=written, reverse=True)[KEEP:]:
+        if p != keep:
+            p.unlink(missing_ok=True)
 
 
 def _safe(st: os.stat_result, what: Path) -> None:

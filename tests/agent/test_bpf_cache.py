@@ -103,3 +103,19 @@ def test_a_cache_others_may_write_is_not_read(tmp_path: Path, server: int) -> No
     err = agent.err.read_text()
     assert "writable by others" in err and FROM_CACHE not in err, err[-2000:]
     assert list(cache.iterdir()) == []  # nothing written there either
+
+
+def test_only_the_most_recent_programs_are_kept(tmp_path: Path) -> None:
+    """A kernel or bcc upgrade, or a changed flag, leaves a program behind: the directory
+    keeps the KEEP most recently written ones (and always the one just written)."""
+    import os
+
+    from agent.kernel import objcache
+
+    files = [tmp_path / f"{i:02d}.json" for i in range(objcache.KEEP + 3)]
+    for i, f in enumerate(files):
+        f.write_text("{}")
+        os.utime(f, ns=(i * 10**9, i * 10**9))  # 00 the oldest
+    objcache._prune(tmp_path, keep=files[0])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([files[0].name] + [f.name for f in files[-objcache.KEEP :]]), left
