@@ -180,9 +180,15 @@ def test_buffering_proxy(
     if buffering:
         # nginx holds the stream and writes it in a burst: far fewer body writes than tokens.
         assert statistics.median(nginx_chunks) <= 3, nginx_chunks
-        assert itl["verdict"] == "out_of_band" or route["metrics"]["ttft"]["verdict"] == (
-            "out_of_band"
-        ), route["metrics"]
+        # nginx's buffering holds the response head too (the user's first byte comes with
+        # the burst, ~220 ms in): TTFB diverges by the whole stream, its interval clear of
+        # the band (lower bound 206-213 ms in four runs). TTFT's and ITL's intervals, from
+        # ~110 chats, can straddle the band (lower bounds +2.4 ms and -184 ms seen, a fresh
+        # clone failed on both): any of the three out of band is the trap caught.
+        caught = [
+            k for k in ("ttfb", "ttft", "itl") if route["metrics"][k]["verdict"] == "out_of_band"
+        ]
+        assert caught, route["metrics"]
         sentences = " ".join(m["sentence"] for m in route["metrics"].values())
         assert "proxy" in sentences or "buffer" in sentences, sentences
     else:
