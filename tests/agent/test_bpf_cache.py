@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ FROM_CACHE = "BPF program loaded from the cache"
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Any:
+def server(tmp_path: Path) -> Iterator[int]:
     srv = Proc(
         [PY, "-m", "tests.agent.servers.py_server", "--timing-log", str(tmp_path / "t.jsonl")]
     )
@@ -32,62 +34,56 @@ def server(tmp_path: Path) -> Any:
         srv.stop()
 
 
-def _start(tmp: Path, name: str, port: int, cache: Path) -> Agent:
+@dataclass
+class Run:
+    record: dict[str, Any]  # the agent's record of one streamed request
+    held: list[tuple[str, str, int]]  # the programs the kernel held for it
+    err: str  # what it said
+
+
+def _run(tmp: Path, name: str, port: int, cache: Path) -> Run:
+    """One agent with ``cache`` as its program cache: started, one streamed request through
+    the traced server, the programs the kernel holds for it, stopped."""
     d = tmp / name
     d.mkdir()
-    return Agent(d, [port], env={CACHE_ENV: str(cache)})
-
-
-def _traced(agent: Agent, port: int) -> dict[str, Any]:
-    """One streamed request through the traced server: the agent's record of it."""
-    ctx = trace_context.generate()
-    head = f"GET /stream?n=5&gap_ms=5 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"
-    assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
-    return one_record(agent, ctx)
-
-
-def _held(agent: Agent) -> list[tuple[str, str, int]]:
-    """The programs the kernel holds for the agent: type, name (in full where the program
-    has its function's BTF, as bcc loads it) and translated size."""
-    progs = agent_progs(agent)
-    return sorted((p["type"], str(p.get("name")), int(p.get("bytes_xlated", 0))) for p in progs)
+    agent = Agent(d, [port], env={CACHE_ENV: str(cache)})
+    try:
+        ctx = trace_context.generate()
+        head = f"GET /stream?n=5&gap_ms=5 HTTP/1.1\r\ntraceparent: {ctx.header()}\r\n\r\n"
+        assert http_request(port, head.encode()).startswith(b"HTTP/1.1 200")
+        record = one_record(agent, ctx)
+        # type, name (in full where the program has its function's BTF, as bcc loads it)
+        # and translated size
+        progs = agent_progs(agent)
+        held = sorted((p["type"], str(p.get("name")), int(p.get("bytes_xlated", 0))) for p in progs)
+    finally:
+        assert agent.stop() == 0
+    return Run(record, held, agent.err.read_text())
 
 
 def test_a_second_start_loads_what_the_first_compiled(tmp_path: Path, server: int) -> None:
     cache = tmp_path / "cache"
-    first = _start(tmp_path, "first", server, cache)
-    try:
-        rec1, held1 = _traced(first, server), _held(first)
-    finally:
-        assert first.stop() == 0
-    assert FROM_CACHE not in first.err.read_text()
+    first = _run(tmp_path, "first", server, cache)
+    assert FROM_CACHE not in first.err
     [saved] = list(cache.iterdir())
     assert saved.suffix == ".json"
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
 
-    second = _start(tmp_path, "second", server, cache)
-    try:
-        rec2, held2 = _traced(second, server), _held(second)
-    finally:
-        assert second.stop() == 0
-    assert FROM_CACHE in second.err.read_text(), second.err.read_text()[-2000:]
+    second = _run(tmp_path, "second", server, cache)
+    assert FROM_CACHE in second.err, second.err[-2000:]
     # the same programs, the same translated sizes: the verifier was given the same code
-    assert held2 == held1 and len(held1) >= 10, (held1, held2)
-    assert any(name.startswith("tracepoint__sock__") for _, name, _ in held2), held2
+    assert second.held == first.held and len(first.held) >= 10, (first.held, second.held)
+    assert any(name.startswith("tracepoint__sock__") for _, name, _ in second.held)
     for k in ("method", "path", "status", "chunks", "partial"):
-        assert rec2[k] == rec1[k], (k, rec1, rec2)
-    assert rec2["chunks"] >= 5
+        assert second.record[k] == first.record[k], (k, first.record, second.record)
+    assert second.record["chunks"] >= 5
 
     # half the file (a disk filled while it was written by hand, say): compiled and saved
     saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
-    third = _start(tmp_path, "third", server, cache)
-    try:
-        assert _traced(third, server)["chunks"] >= 5
-    finally:
-        assert third.stop() == 0
-    err = third.err.read_text()
-    assert FROM_CACHE not in err and "not used" in err and "compiling" in err, err[-2000:]
+    third = _run(tmp_path, "third", server, cache)
+    assert third.record["chunks"] >= 5
+    assert FROM_CACHE not in third.err and "not used" in third.err, third.err[-2000:]
     assert json.loads(saved.read_text())["funcs"], "the compile was saved again, whole"
 
 
@@ -95,13 +91,9 @@ def test_a_cache_others_may_write_is_not_read(tmp_path: Path, server: int) -> No
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(0o777)
-    agent = _start(tmp_path, "agent", server, cache)
-    try:
-        assert _traced(agent, server)["chunks"] >= 5
-    finally:
-        assert agent.stop() == 0
-    err = agent.err.read_text()
-    assert "writable by others" in err and FROM_CACHE not in err, err[-2000:]
+    run = _run(tmp_path, "agent", server, cache)
+    assert run.record["chunks"] >= 5
+    assert "writable by others" in run.err and FROM_CACHE not in run.err, run.err[-2000:]
     assert list(cache.iterdir()) == []  # nothing written there either
 
 
