@@ -6,7 +6,10 @@
 set -eu
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-say() { printf 'setup: %s\n' "$*"; }
+START=$(date +%s)
+# each line says when it came, in seconds since the start: where a fresh machine's set-up
+# time goes (122-159 s measured, docs/benchmarks.md)
+say() { printf 'setup: [%3ss] %s\n' "$(($(date +%s) - START))" "$*"; }
 
 # --- Debian packages ---------------------------------------------------------------
 ARCH=$(dpkg --print-architecture)
@@ -75,6 +78,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; th
     .venv/bin/pip install -q --disable-pip-version-check --no-compile -r requirements.lock
     .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
     echo "$WANT" > "$STAMP"
+    say ".venv built"
 fi
 # bcc comes from Debian (python3-bpfcc). Expose that one package to the venv, not all of
 # Debian's dist-packages, so nothing else leaks in.
@@ -97,10 +101,13 @@ if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
     .venv/bin/pip install -q --disable-pip-version-check --no-deps .cache/wheels/llama_cpp_python-0.3.36-*.whl
 fi
 # LiteLLM's venv, built by the background job started above: its result.
-if [ -n "$LITELLM_JOB" ] && ! wait "$LITELLM_JOB"; then
-    say "building .cache/venvs/litellm failed; the end of .cache/venvs/litellm.log:"
-    tail -n 5 .cache/venvs/litellm.log
-    exit 1
+if [ -n "$LITELLM_JOB" ]; then
+    if ! wait "$LITELLM_JOB"; then
+        say "building .cache/venvs/litellm failed; the end of .cache/venvs/litellm.log:"
+        tail -n 5 .cache/venvs/litellm.log
+        exit 1
+    fi
+    say ".cache/venvs/litellm built"
 fi
 
 # --- Compiled fast paths (optional: without them the agent and collector run in Python) -
@@ -110,6 +117,7 @@ fi
 # --- Kernel-header fallback ----------------------------------------------------------
 if [ ! -e "/lib/modules/$(uname -r)/build" ]; then
     .venv/bin/python -m agent.kernel.headers build --quiet
+    say "kernel-header fallback ready"
 fi
 
 # --- Browser probe (npm, from the lock file) ----------------------------------------
@@ -120,5 +128,6 @@ if [ -f js_probe/package-lock.json ]; then
         (cd js_probe && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
     fi
     (cd js_probe && npm run --silent build)
+    say "js_probe built"
 fi
 say "ok ($ROOT)"
