@@ -49,14 +49,20 @@ BCC_TESTED = {"0.26.0"}
 _LD_IMM64, _PSEUDO_MAP_FD = 0x18, 1
 # bcc loads a program under its function's name less these prefixes (15 bytes kept)
 _NAME_PREFIXES = (b"tracepoint__", b"raw_tracepoint__")
+# map type → bcc's table class, as bcc's own Table() chooses (it asks the module for the type)
 _TABLES: dict[int, type] = {
-    1: bcc_table.HashTable,
-    2: bcc_table.Array,
-    5: bcc_table.PerCpuHash,
-    6: bcc_table.PerCpuArray,
-    9: bcc_table.LruHash,
-    10: bcc_table.LruPerCpuHash,
-    27: bcc_table.RingBuf,
+    bcc_table.BPF_MAP_TYPE_HASH: bcc_table.HashTable,
+    bcc_table.BPF_MAP_TYPE_ARRAY: bcc_table.Array,
+    bcc_table.BPF_MAP_TYPE_PERCPU_HASH: bcc_table.PerCpuHash,
+    bcc_table.BPF_MAP_TYPE_PERCPU_ARRAY: bcc_table.PerCpuArray,
+    bcc_table.BPF_MAP_TYPE_LRU_HASH: bcc_table.LruHash,
+    bcc_table.BPF_MAP_TYPE_LRU_PERCPU_HASH: bcc_table.LruPerCpuHash,
+    bcc_table.BPF_MAP_TYPE_RINGBUF: bcc_table.RingBuf,
+}
+_PER_CPU = {
+    bcc_table.BPF_MAP_TYPE_PERCPU_HASH,
+    bcc_table.BPF_MAP_TYPE_PERCPU_ARRAY,
+    bcc_table.BPF_MAP_TYPE_LRU_PERCPU_HASH,
 }
 
 
@@ -416,8 +422,9 @@ class CachedBPF(BPF):  # type: ignore[misc]
             raise Exception(f"Unknown table type {m.type}")
         key_t = keytype or BPF._decode_table_type(json.loads(m.key_desc))
         leaf_t = leaftype or BPF._decode_table_type(json.loads(m.leaf_desc))
-        extra = {"reducer": reducer} if m.type in (5, 6, 10) else {}  # the per-CPU ones
-        args = (self, i, fd, key_t, leaf_t) + ((name,) if m.type == 27 else ())
+        extra = {"reducer": reducer} if m.type in _PER_CPU else {}
+        ring = m.type == bcc_table.BPF_MAP_TYPE_RINGBUF
+        args = (self, i, fd, key_t, leaf_t) + ((name,) if ring else ())
         t = cls(*args, **extra)
         # (bcc's TableBase asks the module for these: there is none)
         t.ttype, t.flags, t.max_entries = m.type, m.flags, m.max_entries
