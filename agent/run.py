@@ -402,6 +402,9 @@ class Agent:
             m.map_fill.labels(name).set(n)
         push("evicted", m.evicted, conns.n_evicted)
         push("unanswered", m.unanswered, conns.stats.unanswered)
+        h1 = conns.stats
+        push("h1:unmatched", m.http1_unframed.labels("unmatched_response"), h1.unmatched_responses)
+        push("h1:desync", m.http1_unframed.labels("desync"), h1.desync)
         push("lost_exchanges", m.lost_exchanges, conns.stats.lost_exchanges)
         for reason, n in list(conns.h2_stats.desync.items()):
             push("h2_desync:" + reason, m.h2_desync.labels(reason), n)

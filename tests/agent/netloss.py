@@ -210,6 +210,7 @@ def serve(host: str) -> None:
 
 def client(host: str, port: int, n: int, concurrency: int, sizes: list[int]) -> None:
     ids: list[str] = []
+    ports: dict[str, int] = {}  # trace id -> the client's port (a failure's clue)
     failed: list[str] = []
     lock = threading.Lock()
     todo = iter(range(n))
@@ -221,8 +222,10 @@ def client(host: str, port: int, n: int, concurrency: int, sizes: list[int]) -> 
             f"GET /r?n={size} HTTP/1.1\r\nHost: {host}\r\ntraceparent: {ctx.header()}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
+        lport = 0
         try:
             with socket.create_connection((host, port), timeout=60) as s:
+                lport = s.getsockname()[1]
                 s.sendall(req)
                 got = b""
                 while d := s.recv(65536):
@@ -232,6 +235,7 @@ def client(host: str, port: int, n: int, concurrency: int, sizes: list[int]) -> 
             ok, got = False, str(e).encode()
         with lock:
             (ids if ok else failed).append(ctx.trace_id if ok else got[:80].decode("latin-1"))
+            ports[ctx.trace_id] = lport
 
     def worker() -> None:
         while True:
@@ -247,7 +251,8 @@ def client(host: str, port: int, n: int, concurrency: int, sizes: list[int]) -> 
         t.start()
     for t in ts:
         t.join()
-    json.dump({"ids": ids, "failed": failed, "wall_s": time.monotonic() - t0}, sys.stdout)
+    out = {"ids": ids, "ports": ports, "failed": failed, "wall_s": time.monotonic() - t0}
+    json.dump(out, sys.stdout)
 
 
 # -- a run with the agent -----------------------------------------------------------------
@@ -263,6 +268,10 @@ class Result:
     untimed: int  # records with retransmits and no wait
     wall_s: float
     missing: list[str]  # trace ids of answered requests without a record (a failure's clue)
+    # of those, the client's port, and what the agent recorded on a connection from that
+    # port over the run (its trace id, status, retransmits): none, or a record whose trace
+    # id is not the request's
+    missing_ports: dict[str, tuple[int, list[str]]]
 
     def line(self) -> str:
         k = self.kernel
@@ -279,6 +288,10 @@ class Result:
             f" {self.with_retrans} requests with retransmits, {len(waits)} timed,"
             f" {self.untimed} not{spread}"
             + (f"; not recorded: {', '.join(self.missing[:5])}" if self.missing else "")
+            + "".join(
+                f"; {tid} from port {port}: on that port {seen or 'no record'}"
+                for tid, (port, seen) in list(self.missing_ports.items())[:5]
+            )
         )
 
 
@@ -302,6 +315,13 @@ def run(net: NetLoss, agent: Any, loss: int, n: int, concurrency: int, sizes: li
     net.set_loss(0)
     after = net.counts()
     rt = [r for r in recs if r["retransmits"]]
+    missing = sorted(ids - {r["trace_id"] for r in recs})
+    by_port: dict[int, list[str]] = {}
+    if missing:
+        for r in agent.records():
+            by_port.setdefault(r["peer_port"], []).append(
+                f"{r['trace_id']} {r['status']} rtx {r['retransmits']}"
+            )
     return Result(
         loss=loss,
         requests=n - len(out["failed"]),
@@ -312,7 +332,8 @@ def run(net: NetLoss, agent: Any, loss: int, n: int, concurrency: int, sizes: li
         with_retrans=len(rt),
         untimed=sum(1 for r in rt if r["retransmit_wait_us"] is None),
         wall_s=out["wall_s"],
-        missing=sorted(ids - {r["trace_id"] for r in recs}),
+        missing=missing,
+        missing_ports={t: (out["ports"][t], by_port.get(out["ports"][t], [])) for t in missing[:5]},
     )
 
 

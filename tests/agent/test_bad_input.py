@@ -202,3 +202,38 @@ def test_stream_over_the_limit_gives_a_partial_then_the_final_record(
     assert 1 <= partial[0]["chunks"] < 8 and final[0]["chunks"] == 8
     assert partial[0]["duration_us"] >= 1_000_000 > final[0]["duration_us"] - 1_700_000
     assert partial[0]["span_id"] != final[0]["span_id"]
+
+
+# A server that answers before any request: what Node's HTTP server does when a
+# connection's request does not come in time (408), and others on an idle connection.
+_GREETER = """
+import socket
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(16)
+print(ls.getsockname()[1], flush=True)
+while True:
+    c, _ = ls.accept()
+    c.sendall(b"HTTP/1.1 408 Request Timeout\\r\\nContent-Length: 0\\r\\n\\r\\n")
+    c.close()
+"""
+
+
+def test_a_response_without_its_request_is_counted_not_recorded(tmp_path: Path) -> None:
+    srv = Proc([PY, "-c", _GREETER])
+    try:
+        port = srv.port()
+        agent = Agent(tmp_path, [port])
+        try:
+            for _ in range(3):
+                assert _send_raw(port, b"", wait=0.05).startswith(b"HTTP/1.1 408")
+            name = 'parallax_agent_http1_unframed_total{reason="unmatched_response"}'
+            got = agent.wait_metric(name, lambda v: v >= 3)
+            assert got == 3, agent.metrics()
+            assert agent.metrics()['parallax_agent_http1_unframed_total{reason="desync"}'] == 0
+        finally:
+            rc = agent.stop()
+    finally:
+        srv.stop()
+    assert rc == 0, agent.err.read_text()[-2000:]
+    assert agent.records() == []

@@ -66,16 +66,20 @@ def _one_request(port: int) -> str:
 
 
 def _run(
-    tmp_path: Path, cg: PodCgroup, extra: list[str]
+    tmp_path: Path, cg: PodCgroup, extra: list[str], after: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any], Agent]:
     """One request to the server in the pod's cgroup through an agent with ``extra``: (the
-    span's resource attributes over OTLP, the JSONL record, the stopped agent)."""
+    span's resource attributes over OTLP, the JSONL record, the stopped agent). ``after``:
+    a line of the agent's log to wait for first (the pod list read: nothing in the agent
+    waits for the API, so a request before it has the container id and pod uid only)."""
     rx = OtlpReceiver()
     srv = cg.server(tmp_path / "t.jsonl")
     try:
         port = srv.port()
         agent = Agent(tmp_path, [port], ["--otlp", rx.url, *extra])
         try:
+            if after is not None:
+                wait_log(agent, after)
             trace_id = _one_request(port)
             [rec] = agent.wait_for(lambda r: r["trace_id"] == trace_id)
         finally:
@@ -107,7 +111,7 @@ def test_spans_carry_the_pod_they_were_served_by(tmp_path: Path, k8s_env: PodCgr
     api = ApiReplay()
     api.lists.append(Json(_pod_list(cg)))
     try:
-        res, rec, agent = _run(tmp_path, cg, ["--k8s-api", api.url])
+        res, rec, agent = _run(tmp_path, cg, ["--k8s-api", api.url], "kubernetes: 5 pods")
     finally:
         api.close()
     k8s = {k: v for k, v in res.items() if k.startswith(("k8s.", "container.", "host."))}

@@ -31,7 +31,8 @@ from tests.conftest import require_ebpf_strict
 
 pytestmark = pytest.mark.ebpf
 SIZES = [200, 20000]
-# the agent's own counts of what it could not record (a failure's message shows them)
+# the agent's own counts of what it could not record, and of the requests its kernel
+# program saw and kept (a failure's message shows them: which side lost a request)
 _LOSS_COUNTERS = tuple(
     s.name
     for s in (
@@ -40,6 +41,13 @@ _LOSS_COUNTERS = tuple(
         am.P_LOST_EVENTS,
         am.P_SHED_RECORDS,
         am.P_LOST_EXCHANGES,
+        am.P_HTTP1_UNFRAMED,
+        am.P_CONN_EVICTIONS,
+        am.P_TRACEPARENT_MISSED,
+        am.P_UNPARSED,
+        am.P_LISTEN_DROPS,
+        am.P_REQUESTS_SEEN,
+        am.P_REQUESTS_TRACED,
     )
 )
 
