@@ -22,6 +22,8 @@ demo: setup
 	@$(PY) -m demo
 
 test: setup lint test-js test-py
+# lint has type-checked the probe's tests already (npm run typecheck): test-js only runs them
+test: JS_TEST = test:run
 
 # Two phases. First every test but the browser and serial ones, in two workers that each
 # take whole files (a module's agent or store stays in the process that made it): those
@@ -42,8 +44,9 @@ test-py:
 	$(PY) -m pytest -m "browser or serial" || rc=$$?; \
 	exit $$rc
 
+JS_TEST ?= test
 test-js:
-	cd js_probe && npm test --silent
+	cd js_probe && npm run --silent $(JS_TEST)
 
 lint: setup
 	$(VENV)/bin/ruff check .

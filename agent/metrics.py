@@ -194,6 +194,7 @@ class Metrics:
         self.lost_exchanges = _counter(am.P_LOST_EXCHANGES, r)
         self.h2_desync = _counter(am.P_H2_DESYNC, r)
         self.h2_lost_streams = _counter(am.P_H2_LOST_STREAMS, r)
+        self.bpf_missed_runs = KernelCounter(am.P_BPF_MISSED_RUNS, r)
         self.http1_unframed = _counter(am.P_HTTP1_UNFRAMED, r)
         self.unanswered = _counter(am.P_UNANSWERED, r)
         self.shed_requests = _counter(am.P_SHED_REQUESTS, r)

@@ -398,6 +398,8 @@ class Agent:
         for svc, n in list(self.records.n_requests.items()):
             push("req:" + svc, m.requests.labels(svc), n)
         m.lost.set(c["lost_events"])
+        for prog, n in loader.missed_runs(self.bpf).items():
+            m.bpf_missed_runs.labels(prog).set(n)
         for name, n in loader.map_fill(c, self._max_conns).items():
             m.map_fill.labels(name).set(n)
         push("evicted", m.evicted, conns.n_evicted)

@@ -258,6 +258,13 @@ P_H2_LOST_STREAMS = _c(
     P + "h2_lost_streams_total",
     "HTTP/2 streams in flight when their connection desynchronised (not recorded)",
 )
+P_BPF_MISSED_RUNS = _c(
+    P + "bpf_missed_runs_total",
+    "Runs of the agent's kernel programs the kernel skipped because another BPF program was"
+    " running on the same CPU (bpf_prog_info.recursion_misses): those events are lost, and a"
+    " connection whose start was skipped is not followed",
+    "program",
+)
 P_HTTP1_UNFRAMED = _c(
     P + "http1_unframed_total",
     "HTTP/1 exchanges not recorded because the agent could not frame them:"
@@ -372,9 +379,9 @@ PROMETHEUS: tuple[PromSeries, ...] = (
     P_EVENTS, P_REQUESTS, P_LOST_EVENTS, P_SHED_RECORDS, P_MAP_ENTRIES, P_UNPARSED,
     P_TLS_UNPROBED, P_HEAD_TOO_LARGE, P_TRACEPARENT_MISSED, P_LISTEN_OVERFLOWS, P_LISTEN_DROPS,
     P_SYNACK_RETRANSMITS, P_CONN_EVICTIONS, P_LOST_EXCHANGES, P_H2_DESYNC, P_H2_LOST_STREAMS,
-    P_HTTP1_UNFRAMED, P_UNANSWERED, P_SHED_REQUESTS, P_PAUSES, P_SAMPLING_PROBABILITY,
-    P_REQUESTS_SEEN, P_REQUESTS_TRACED, P_REQUEST_TTFB, P_GEN_AI_TTFT, P_GEN_AI_TPOT,
-    P_GEN_AI_DURATION, P_PAUSED, P_EVENT_ERRORS, P_OTLP_FAILED, P_CONNECTIONS,
+    P_BPF_MISSED_RUNS, P_HTTP1_UNFRAMED, P_UNANSWERED, P_SHED_REQUESTS, P_PAUSES,
+    P_SAMPLING_PROBABILITY, P_REQUESTS_SEEN, P_REQUESTS_TRACED, P_REQUEST_TTFB, P_GEN_AI_TTFT,
+    P_GEN_AI_TPOT, P_GEN_AI_DURATION, P_PAUSED, P_EVENT_ERRORS, P_OTLP_FAILED, P_CONNECTIONS,
     P_GPU_UTILIZATION, P_GPU_MEMORY_USED, P_GPU_MEMORY_TOTAL, P_GPU_SM_CLOCK,
     P_GPU_SM_CLOCK_MAX, P_GPU_POWER, P_GPU_POWER_LIMIT, P_GPU_CLOCK_EVENT_REASONS,
     P_GPU_LAUNCHES, P_GPU_HOST_WAIT, P_GPU_PROCESSES, P_GPU_RECORDS, P_GPU_HOLD_EXPIRED,

@@ -42,6 +42,25 @@ COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 
 
 SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
+# The softirq side's tracepoints, as tp_btf programs where the kernel has them
+# (bpf/agent/tcp.h px_state_btf says why): tracepoint -> (its BTF typedef, the function)
+TCP_BTF = {
+    "sock:inet_sock_set_state": ("btf_trace_inet_sock_set_state", "px_state_btf"),
+    "tcp:tcp_retransmit_skb": ("btf_trace_tcp_retransmit_skb", "px_rtx_btf"),
+    "tcp:tcp_retransmit_synack": ("btf_trace_tcp_retransmit_synack", "px_synack_btf"),
+    "tcp:tcp_receive_reset": ("btf_trace_tcp_receive_reset", "px_reset_btf"),
+}
+STATE_BTF_TYPEDEF = TCP_BTF["sock:inet_sock_set_state"][0]
+# what px_state_btf reads from the socket (bpf/agent/tcp.h), with skc_num
+_STATE_FIELDS = [
+    ("sock", "sk_protocol"),
+    ("sock_common", "skc_dport"),
+    ("sock_common", "skc_family"),
+    ("sock_common", "skc_rcv_saddr"),
+    ("sock_common", "skc_daddr"),
+    ("sock_common", "skc_v6_rcv_saddr"),
+    ("sock_common", "skc_v6_daddr"),
+]
 
 
 class LoadError(Exception):
@@ -217,8 +236,9 @@ def _socket_flags(
             ("task_struct", "tgid"),
             ("task_struct", "pid"),
             *_SOCKET_FLAGS,
+            *_STATE_FIELDS,
         ],
-        [SDR_BTF_TYPEDEF],
+        [SDR_BTF_TYPEDEF, *(t for t, _ in TCP_BTF.values())],
     )
     if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
         sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
@@ -231,6 +251,18 @@ def _socket_flags(
         if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
             sock_flags.append("-DPX_SDR_BTF")
             btf_ids[SDR_BTF_TYPEDEF] = sdr_btf_id
+        # ... and the softirq side's programs as BTF tracepoints: a classic program is
+        # skipped when it lands on another BPF program on its CPU (tcp.h px_state_btf)
+        state = [off[k] for k in _STATE_FIELDS]
+        if typedef[STATE_BTF_TYPEDEF] is not None and None not in state:
+            sock_flags.append("-DPX_STATE_BTF")
+            sock_flags += [
+                f"-DPX_OFF_{member.upper()}={o}"
+                for (_, member), o in zip(_STATE_FIELDS, state, strict=True)
+            ]
+            for name, _ in TCP_BTF.values():
+                if (tid := typedef[name]) is not None:
+                    btf_ids[name] = tid
     # the current task's ids by direct loads (the task pointer is fetched anyway)
     for member in ("tgid", "pid"):
         if (o := off[("task_struct", member)]) is not None:

@@ -16,7 +16,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.kernel import btf, build, headers, holdback, perf_close, retransmits, ringbuf, tpbtf
+from agent.kernel import (
+    btf,
+    build,
+    headers,
+    holdback,
+    perf_close,
+    retransmits,
+    ringbuf,
+    sys_bpf,
+    tpbtf,
+)
 
 # the build's names the loader's callers use (re-exported)
 from agent.kernel.build import BPF_DIR as BPF_DIR  # noqa: PLC0414
@@ -97,8 +107,10 @@ def load(opts: Options) -> Loaded:
         btf.forget()
     _configure(b, opts)
     attached_btf: list[str] = []
-    if "-DPX_SDR_BTF" in extra and (sdr_id := btf_ids.get(build.SDR_BTF_TYPEDEF)):
-        attached_btf = _use_sdr_btf(b, sdr_id)
+    for flag, typedef, fn, tp in _IN_PLACE_BTF:
+        # (only where bcc attached the classic program: the tp_btf one is compiled with it)
+        if flag in extra and (btf_id := btf_ids.get(typedef)) and tp in b.tracepoint_fds:
+            attached_btf += _use_btf(b, fn, tp, btf_id)
     lazy = "-DPX_LAZY_SEND_START" in extra
     if "PX_HAVE_TCP_SENDMSG_LOCKED" in macros and hooks == "socket" and not lazy:
         attach_send_start(b)
@@ -119,22 +131,32 @@ _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
 
 
 _SDR = b"sock:sk_data_ready"
+# classic programs a tp_btf one takes the place of, where the kernel loads it: (the build's
+# flag, the tracepoint's BTF typedef, the tp_btf function, the tracepoint)
+_IN_PLACE_BTF = (
+    ("-DPX_SDR_BTF", build.SDR_BTF_TYPEDEF, "px_sdr_btf", _SDR),
+    *(("-DPX_STATE_BTF", t, fn, tp.encode()) for tp, (t, fn) in build.TCP_BTF.items()),
+)
 
 
-def _use_sdr_btf(b: Any, btf_id: int) -> list[str]:
-    """Put px_sdr_btf (tp_btf) in the place of the classic sk_data_ready program that bcc
-    attached: attached first, then the classic one detached (for that moment both run; an
-    arrival stamped twice keeps the first). Where the kernel refuses it, the classic one
-    stays: the same arrival times at the cost of a hash lookup per socket."""
-    if tpbtf.attach_in_place(b, "px_sdr_btf", _SDR.decode(), btf_id) is None:
+def _use_btf(b: Any, fn: str, tp: bytes, btf_id: int) -> list[str]:
+    """Put ``fn`` (tp_btf) in the place of the classic program that bcc attached to ``tp``:
+    attached first, then the classic one detached. For that moment, one system call long
+    at start-up, both run: an arrival stamped twice keeps the first; a state change handled
+    twice at worst counts a listener twice or makes a connection's entry twice (without its
+    SYN-ACK retransmits). Where the kernel refuses it, the classic one stays: px_sdr_btf
+    saves a hash lookup per socket, px_state_btf keeps the state changes that a classic
+    program misses when another BPF program runs on its CPU
+    (``parallax_agent_bpf_missed_runs_total``)."""
+    if tpbtf.attach_in_place(b, fn, tp.decode(), btf_id) is None:
         return []
-    if _SDR in b.tracepoint_fds:
+    if tp in b.tracepoint_fds:  # (always: the caller checked)
         try:
-            b.detach_tracepoint(tp=_SDR)
+            b.detach_tracepoint(tp=tp)
         except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-            # both stay attached: the classic program finds arrivals already stamped
-            log.debug("detaching the classic sk_data_ready: %s", e)
-    return [_SDR.decode()]
+            # both stay attached: the classic program finds the work done
+            log.debug("detaching the classic %s: %s", tp.decode(), e)
+    return [tp.decode()]
 
 
 def _tp_btf(b: Any) -> dict[bytes, tpbtf.TpBtfProgram]:
@@ -325,6 +347,24 @@ def counters(b: Any, names: Iterable[str] = COUNTER_NAMES) -> dict[str, int]:
     """The kernel's counters (summed over CPUs), a map read each: all, or only ``names``."""
     t = b["px_counters"]
     return {n: int(sum(t[ctypes.c_int(COUNTER_NAMES.index(n))])) for n in names}
+
+
+def missed_runs(b: Any) -> dict[str, int]:
+    """Per program (its function's name), the runs the kernel skipped because another BPF
+    program was running on that CPU (bpf_prog_info.recursion_misses, Linux >= 5.12; 0
+    before). A classic tracepoint's program is skipped while any kprobe, tracepoint or
+    perf program runs on its CPU — a softirq's TCP state change over a process-context
+    program, ours or another tool's — and the event is gone: a connection whose start is
+    missed is never followed. A tp_btf program is skipped only over itself."""
+    fds = {k.decode(): f.fd for k, f in getattr(b, "funcs", {}).items() if f.fd >= 0}
+    fds |= {p.fn_name: p.prog_fd for p in _tp_btf(b).values() if p.prog_fd >= 0}
+    out = {}
+    for name, fd in fds.items():
+        try:
+            out[name] = int(sys_bpf.prog_info(fd).recursion_misses)
+        except OSError:
+            continue  # (closed meanwhile: the agent is stopping)
+    return out
 
 
 def map_fill(c: dict[str, int], max_conns: int) -> dict[str, int]:

@@ -86,6 +86,46 @@ class MapInfo(ctypes.Structure):  # struct bpf_map_info
     ]
 
 
+class ProgInfo(ctypes.Structure):  # struct bpf_prog_info, up to recursion_misses (5.12)
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", ctypes.c_uint32),
+        ("xlated_prog_len", ctypes.c_uint32),
+        ("jited_prog_insns", ctypes.c_uint64),
+        ("xlated_prog_insns", ctypes.c_uint64),
+        ("load_time", ctypes.c_uint64),
+        ("created_by_uid", ctypes.c_uint32),
+        ("nr_map_ids", ctypes.c_uint32),
+        ("map_ids", ctypes.c_uint64),
+        ("name", ctypes.c_char * 16),
+        ("ifindex", ctypes.c_uint32),
+        ("gpl_compatible", ctypes.c_uint32),
+        ("netns_dev", ctypes.c_uint64),
+        ("netns_ino", ctypes.c_uint64),
+        ("nr_jited_ksyms", ctypes.c_uint32),
+        ("nr_jited_func_lens", ctypes.c_uint32),
+        ("jited_ksyms", ctypes.c_uint64),
+        ("jited_func_lens", ctypes.c_uint64),
+        ("btf_id", ctypes.c_uint32),
+        ("func_info_rec_size", ctypes.c_uint32),
+        ("func_info", ctypes.c_uint64),
+        ("nr_func_info", ctypes.c_uint32),
+        ("nr_line_info", ctypes.c_uint32),
+        ("line_info", ctypes.c_uint64),
+        ("jited_line_info", ctypes.c_uint64),
+        ("nr_jited_line_info", ctypes.c_uint32),
+        ("line_info_rec_size", ctypes.c_uint32),
+        ("jited_line_info_rec_size", ctypes.c_uint32),
+        ("nr_prog_tags", ctypes.c_uint32),
+        ("prog_tags", ctypes.c_uint64),
+        ("run_time_ns", ctypes.c_uint64),
+        ("run_cnt", ctypes.c_uint64),
+        ("recursion_misses", ctypes.c_uint64),
+    ]
+
+
 class _BtfInfo(ctypes.Structure):  # struct bpf_btf_info
     _fields_ = [
         ("btf", ctypes.c_uint64),
@@ -149,6 +189,13 @@ def prog_load(attr: ProgLoadAttr, name: str) -> int:
 
 def map_info(fd: int) -> MapInfo:
     info = MapInfo()
+    call(OBJ_GET_INFO_BY_FD, _InfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
+    return info
+
+
+def prog_info(fd: int) -> ProgInfo:
+    """A loaded program's info; the kernel fills what it has (a field it lacks stays 0)."""
+    info = ProgInfo()
     call(OBJ_GET_INFO_BY_FD, _InfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
     return info
 

@@ -65,6 +65,7 @@ class TpBtfProgram:
         from bcc import lib  # noqa: PLC0415  (imported once bcc is configured, as in loader)
 
         self._lib = lib
+        self.fn_name = fn_name
         self.tracepoint = tracepoint
         self.link_fd = -1
         fn = fn_name.encode()
