@@ -51,8 +51,9 @@ TCP_BTF = {
     "tcp:tcp_receive_reset": ("btf_trace_tcp_receive_reset", "px_reset_btf"),
 }
 STATE_BTF_TYPEDEF = TCP_BTF["sock:inet_sock_set_state"][0]
-# what px_state_btf reads from the socket (bpf/agent/tcp.h), with skc_num
+# what px_state_btf reads from the socket (bpf/agent/tcp.h)
 _STATE_FIELDS = [
+    ("inet_sock", "inet_sport"),
     ("sock", "sk_protocol"),
     ("sock_common", "skc_dport"),
     ("sock_common", "skc_family"),

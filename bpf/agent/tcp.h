@@ -289,6 +289,15 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state) {
 // went unrecorded, uncounted (tests/agent/test_netloss.py, beside another agent). A tp_btf
 // program is skipped only when it interrupts itself. The socket's fields by direct loads
 // (their offsets from the kernel's BTF); the IPv6 addresses copied, for an IPv6 socket.
+// The local port as the classic records give it: inet_sock.inet_sport (past struct sock,
+// so read with a helper), which outlives skc_num — released, 0, by the time a closed
+// socket's last state changes come.
+static __always_inline u16 px_sk_sport(u64 sk) {
+    u16 be = 0;
+    bpf_probe_read_kernel(&be, sizeof(be), (void *)(sk + PX_OFF_INET_SPORT));
+    return __builtin_bswap16(be);  // (network order; x86)
+}
+
 int px_state_btf(u64 *ctx) {
     u64 sk = ctx[0];
     if (*(u16 *)(sk + PX_OFF_SK_PROTOCOL) != PX_IPPROTO_TCP)
@@ -297,7 +306,7 @@ int px_state_btf(u64 *ctx) {
     s.sk = sk;
     s.os = (int)ctx[1];
     s.ns = (int)ctx[2];
-    s.sport = *(u16 *)(sk + PX_OFF_SKC_NUM);
+    s.sport = px_sk_sport(sk);
     s.dport = __builtin_bswap16(*(u16 *)(sk + PX_OFF_SKC_DPORT));  // (network order; x86)
     s.family = *(u16 *)(sk + PX_OFF_SKC_FAMILY);
     u32 a = *(u32 *)(sk + PX_OFF_SKC_RCV_SADDR);
@@ -507,7 +516,7 @@ int px_rtx_btf(u64 *ctx) {  // (tp_btf: see px_state_btf)
         return 0;
 #endif
     u64 sk = ctx[0];
-    return px_retransmit(sk, *(u16 *)(sk + PX_OFF_SKC_NUM), ctx[1]);
+    return px_retransmit(sk, px_sk_sport(sk), ctx[1]);
 }
 #endif
 #endif
