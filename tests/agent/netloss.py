@@ -272,6 +272,8 @@ class Result:
     # port over the run (its trace id, status, retransmits): none, or a record whose trace
     # id is not the request's
     missing_ports: dict[str, tuple[int, list[str]]]
+    # the kernel's skipped runs of the agent's programs so far (bpf_missed_runs), nonzero
+    missed_runs: dict[str, int]
 
     def line(self) -> str:
         k = self.kernel
@@ -292,18 +294,35 @@ class Result:
                 f"; {tid} from port {port}: on that port {seen or 'no record'}"
                 for tid, (port, seen) in list(self.missing_ports.items())[:5]
             )
+            + (f"; runs the kernel skipped: {self.missed_runs}" if self.missed_runs else "")
         )
 
 
-def run(net: NetLoss, agent: Any, loss: int, n: int, concurrency: int, sizes: list[int]) -> Result:
+def _missed_runs(agent: Any) -> dict[str, int]:
+    """The agent's programs whose runs the kernel skipped (nested on another BPF program)."""
+    head = 'parallax_agent_bpf_missed_runs_total{program="'
+    got = {k[len(head) : -2]: int(v) for k, v in agent.metrics().items() if k.startswith(head)}
+    return {k: v for k, v in got.items() if v}
+
+
+def run(
+    net: NetLoss,
+    agent: Any,
+    loss: int,
+    n: int,
+    concurrency: int,
+    sizes: list[int],
+    wait_s: float = 20.0,
+) -> Result:
     """One run at ``loss`` % against a traced server: the clients, then the agent's records
-    of their trace ids against the kernel's count over the same span."""
+    of their trace ids (waited for up to ``wait_s``) against the kernel's count over the
+    same span."""
     net.set_loss(loss)
     before = net.counts()
     out = net.clients(n, concurrency, sizes)
     ids = set(out["ids"])
     # the last sockets end (their FIN acknowledged) and the agent's records come out
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + wait_s
     recs: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         recs = [r for r in agent.records() if r["trace_id"] in ids]
@@ -333,6 +352,7 @@ def run(net: NetLoss, agent: Any, loss: int, n: int, concurrency: int, sizes: li
         untimed=sum(1 for r in rt if r["retransmit_wait_us"] is None),
         wall_s=out["wall_s"],
         missing=missing,
+        missed_runs=_missed_runs(agent),
         missing_ports={t: (out["ports"][t], by_port.get(out["ports"][t], [])) for t in missing[:5]},
     )
 
