@@ -134,6 +134,18 @@ class SocketMetrics:
         self.synack_retransmits = KernelCounter(am.P_SYNACK_RETRANSMITS, r)
 
 
+class UnrecordedMetrics:
+    """Why requests the agent saw, or should have seen, have no record: one counter each."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.lost_exchanges = _counter(am.P_LOST_EXCHANGES, r)
+        self.h2_desync = _counter(am.P_H2_DESYNC, r)
+        self.h2_lost_streams = _counter(am.P_H2_LOST_STREAMS, r)
+        self.http1_unframed = _counter(am.P_HTTP1_UNFRAMED, r)
+        self.unanswered = _counter(am.P_UNANSWERED, r)
+        self.bpf_missed_runs = KernelCounter(am.P_BPF_MISSED_RUNS, r)  # (the kernel's count)
+
+
 class GenAiMetrics:
     """The GenAI server histograms under Prometheus names (seconds, semconv's buckets),
     observed by agent.export.genai from the records of LLM streams. Label sets are bounded:
@@ -191,12 +203,7 @@ class Metrics:
         self.traceparent_missed = _counter(am.P_TRACEPARENT_MISSED, r)
         self.sockets = SocketMetrics(r)
         self.evicted = _counter(am.P_CONN_EVICTIONS, r)
-        self.lost_exchanges = _counter(am.P_LOST_EXCHANGES, r)
-        self.h2_desync = _counter(am.P_H2_DESYNC, r)
-        self.h2_lost_streams = _counter(am.P_H2_LOST_STREAMS, r)
-        self.bpf_missed_runs = KernelCounter(am.P_BPF_MISSED_RUNS, r)
-        self.http1_unframed = _counter(am.P_HTTP1_UNFRAMED, r)
-        self.unanswered = _counter(am.P_UNANSWERED, r)
+        self.unrecorded = UnrecordedMetrics(r)
         self.shed_requests = _counter(am.P_SHED_REQUESTS, r)
         self.pauses = _counter(am.P_PAUSES, r)
         self.sampling_probability = _gauge(am.P_SAMPLING_PROBABILITY, r)

@@ -398,19 +398,19 @@ class Agent:
         for svc, n in list(self.records.n_requests.items()):
             push("req:" + svc, m.requests.labels(svc), n)
         m.lost.set(c["lost_events"])
-        for prog, n in loader.missed_runs(self.bpf).items():
-            m.bpf_missed_runs.labels(prog).set(n)
         for name, n in loader.map_fill(c, self._max_conns).items():
             m.map_fill.labels(name).set(n)
         push("evicted", m.evicted, conns.n_evicted)
-        push("unanswered", m.unanswered, conns.stats.unanswered)
-        h1 = conns.stats
-        push("h1:unmatched", m.http1_unframed.labels("unmatched_response"), h1.unmatched_responses)
-        push("h1:desync", m.http1_unframed.labels("desync"), h1.desync)
-        push("lost_exchanges", m.lost_exchanges, conns.stats.lost_exchanges)
+        h1, u = conns.stats, m.unrecorded
+        for prog, n in loader.missed_runs(self.bpf).items():
+            u.bpf_missed_runs.labels(prog).set(n)
+        push("unanswered", u.unanswered, h1.unanswered)
+        push("h1:unmatched", u.http1_unframed.labels("unmatched_response"), h1.unmatched_responses)
+        push("h1:desync", u.http1_unframed.labels("desync"), h1.desync)
+        push("lost_exchanges", u.lost_exchanges, h1.lost_exchanges)
         for reason, n in list(conns.h2_stats.desync.items()):
-            push("h2_desync:" + reason, m.h2_desync.labels(reason), n)
-        push("h2_lost_streams", m.h2_lost_streams, conns.h2_stats.lost_streams)
+            push("h2_desync:" + reason, u.h2_desync.labels(reason), n)
+        push("h2_lost_streams", u.h2_lost_streams, conns.h2_stats.lost_streams)
         push("shed_requests", m.shed_requests, c["shed_reads"])
         push("otlp_failed", m.otlp_failed, sum(e.failed for e in self.exporters))
         for label, n in procs.by_port_label(loader.synack_retransmits(self.bpf)).items():
