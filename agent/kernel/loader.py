@@ -150,12 +150,11 @@ def _use_btf(b: Any, fn: str, tp: bytes, btf_id: int) -> list[str]:
     (``parallax_agent_bpf_missed_runs_total``)."""
     if tpbtf.attach_in_place(b, fn, tp.decode(), btf_id) is None:
         return []
-    if tp in b.tracepoint_fds:  # (always: the caller checked)
-        try:
-            b.detach_tracepoint(tp=tp)
-        except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
-            # both stay attached: the classic program finds the work done
-            log.debug("detaching the classic %s: %s", tp.decode(), e)
+    try:
+        b.detach_tracepoint(tp=tp)  # (bcc attached it: the caller checked)
+    except Exception as e:  # noqa: BLE001  (bcc raises bare Exception)
+        # both stay attached: the classic program mostly finds the work done
+        log.debug("detaching the classic %s: %s", tp.decode(), e)
     return [tp.decode()]
 
 

@@ -168,8 +168,7 @@ static __always_inline int px_state_change(struct px_state *st) {
         }
 #ifdef PX_HAVE_TCP_RETRANSMIT_SYNACK
         struct px_synkey sk_key = {};
-        px_synkey_of(&sk_key, st->family, st->daddr, st->daddr6, st->dport,
-                     st->sport);
+        px_synkey_of(&sk_key, st->family, st->daddr, st->daddr6, st->dport, st->sport);
         struct px_synval *sv = px_synq.lookup(&sk_key);
         if (sv) {
             // its SYN-ACKs sent again: the connection's first retransmits (its first
