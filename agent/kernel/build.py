@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import platform
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ STATE_BTF_TYPEDEF = TCP_BTF["sock:inet_sock_set_state"][0]
 # what px_state_btf reads from the socket (bpf/agent/tcp.h)
 _STATE_FIELDS = [
     ("inet_sock", "inet_sport"),
+    ("sock_common", "skc_num"),
     ("sock", "sk_protocol"),
     ("sock_common", "skc_dport"),
     ("sock_common", "skc_family"),
@@ -204,20 +206,38 @@ def variants(
     # (hooks, cflags) in order of preference. Per-thread state in task-local storage (no
     # hash lookups); kernels without it for tracepoint programs get the hash-map variant.
     variants: list[tuple[str, list[str]]] = []
-    btf_ids: dict[str, int] = {}
+    # every variant: the softirq side's programs as BTF tracepoints where the kernel has them
+    tcp_flags, btf_ids = _tcp_btf_flags()
     if sock:
-        sock_flags, btf_ids = _socket_flags(opts, macros, degraded)
-        variants.append(("socket", sock_flags))
+        sock_flags, sock_ids = _socket_flags(opts, macros, degraded)
+        variants.append(("socket", sock_flags + tcp_flags))
+        btf_ids |= sock_ids
     for use_raw in (True, False) if raw else (False,):
         for ts in (True, False):
             variants.append(
                 (
                     "raw syscalls" if use_raw else "syscalls",
                     (["-DPX_RAW_SYSCALLS"] if use_raw else [])
-                    + (["-DPX_TASK_STORAGE"] if ts else []),
+                    + (["-DPX_TASK_STORAGE"] if ts else [])
+                    + tcp_flags,
                 )
             )
     return sock, raw, btf_ids, variants
+
+
+def _tcp_btf_flags() -> tuple[list[str], dict[str, int]]:
+    """The flags that compile the softirq side's tp_btf programs (bpf/agent/tcp.h
+    px_state_btf: a classic program is skipped when it lands on another BPF program on its
+    CPU) — the BTF offsets of the socket fields they read — and their tracepoints' BTF
+    typedef ids; none where BTF lacks one of them (the classic programs stay)."""
+    off, typedef = btf.lookup(_STATE_FIELDS, [t for t, _ in TCP_BTF.values()])
+    state = [off[k] for k in _STATE_FIELDS]
+    # (the ports' byte swap in tcp.h is for a little-endian CPU)
+    if typedef[STATE_BTF_TYPEDEF] is None or None in state or sys.byteorder != "little":
+        return [], {}
+    offsets = zip(_STATE_FIELDS, state, strict=True)
+    flags = ["-DPX_STATE_BTF", *(f"-DPX_OFF_{member.upper()}={o}" for (_, member), o in offsets)]
+    return flags, {name: tid for name, _ in TCP_BTF.values() if (tid := typedef[name]) is not None}
 
 
 def _socket_flags(
@@ -237,9 +257,8 @@ def _socket_flags(
             ("task_struct", "tgid"),
             ("task_struct", "pid"),
             *_SOCKET_FLAGS,
-            *_STATE_FIELDS,
         ],
-        [SDR_BTF_TYPEDEF, *(t for t, _ in TCP_BTF.values())],
+        [SDR_BTF_TYPEDEF],
     )
     if (srtt := off[("tcp_sock", "srtt_us")]) is not None:
         sock_flags.append(f"-DPX_OFF_TCP_SRTT={srtt}")
@@ -252,18 +271,6 @@ def _socket_flags(
         if sdr_btf_id is not None and "PX_HAVE_SK_DATA_READY" in macros:
             sock_flags.append("-DPX_SDR_BTF")
             btf_ids[SDR_BTF_TYPEDEF] = sdr_btf_id
-        # ... and the softirq side's programs as BTF tracepoints: a classic program is
-        # skipped when it lands on another BPF program on its CPU (tcp.h px_state_btf)
-        state = [off[k] for k in _STATE_FIELDS]
-        if typedef[STATE_BTF_TYPEDEF] is not None and None not in state:
-            sock_flags.append("-DPX_STATE_BTF")
-            sock_flags += [
-                f"-DPX_OFF_{member.upper()}={o}"
-                for (_, member), o in zip(_STATE_FIELDS, state, strict=True)
-            ]
-            for name, _ in TCP_BTF.values():
-                if (tid := typedef[name]) is not None:
-                    btf_ids[name] = tid
     # the current task's ids by direct loads (the task pointer is fetched anyway)
     for member in ("tgid", "pid"):
         if (o := off[("task_struct", member)]) is not None:

@@ -18,17 +18,22 @@ from tests.agent.helpers import PY, Agent, Proc, agent_progs, http_request
 pytestmark = pytest.mark.ebpf
 
 
-@pytest.mark.parametrize("tp_btf", [True, False], ids=["tp_btf", "classic"])
+@pytest.mark.parametrize(
+    ("tp_btf", "hooks"),
+    [(True, "socket"), (False, "socket"), (True, "syscalls")],
+    ids=["tp_btf", "classic", "tp_btf-syscall-hooks"],
+)
 def test_ipv6_v4_mapped_and_ipv4_peers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp_btf: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp_btf: bool, hooks: str
 ) -> None:
     if not tp_btf:
         monkeypatch.setenv("PARALLAX_AGENT_NO_TP_BTF", "1")
+    extra = ["--io-hooks", "syscalls"] if hooks == "syscalls" else []
     dual = Proc([PY, "-m", "tests.agent.netloss", "serve", "--host", "::"])
     v4 = Proc([PY, "-m", "tests.agent.netloss", "serve", "--host", "127.0.0.1"])
     try:
         p6, p4 = dual.port(), v4.port()
-        agent = Agent(tmp_path, [p6, p4])
+        agent = Agent(tmp_path, [p6, p4], extra)
         try:
             names = {str(p["name"]) for p in agent_progs(agent)}
             assert ("px_state_btf" in names) == tp_btf, names
