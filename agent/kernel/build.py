@@ -50,6 +50,10 @@ TCP_BTF = {
     "tcp:tcp_retransmit_skb": ("btf_trace_tcp_retransmit_skb", "px_rtx_btf"),
     "tcp:tcp_retransmit_synack": ("btf_trace_tcp_retransmit_synack", "px_synack_btf"),
     "tcp:tcp_receive_reset": ("btf_trace_tcp_receive_reset", "px_reset_btf"),
+    # (and the socket hooks: a classic program holds the CPU against the classic programs
+    # above while it runs; bpf/agent/sock_hooks.h)
+    "sock:sock_recv_length": ("btf_trace_sock_recv_length", "px_recv_btf"),
+    "sock:sock_send_length": ("btf_trace_sock_send_length", "px_send_btf"),
 }
 STATE_BTF_TYPEDEF = TCP_BTF["sock:inet_sock_set_state"][0]
 # what px_state_btf reads from the socket (bpf/agent/tcp.h)

@@ -143,6 +143,25 @@ TRACEPOINT_PROBE(sock, sock_send_length) {
     return 0;
 }
 
+#ifdef PX_STATE_BTF
+// The same two hooks as BTF tracepoints (agent/kernel/tpbtf.py), where the kernel loads them:
+// the arguments come as they are, with no trace record built for them first, and a classic
+// program of this hook does not hold the CPU's bpf_prog_active while it runs — during which
+// the kernel skips every classic tracepoint program a softirq brings (tcp.h px_state_btf:
+// the agent's own, and every other tool's on the node).
+int px_recv_btf(u64 *ctx) {
+    if ((int)ctx[2] & 2)
+        return 0;  // MSG_PEEK
+    px_sock_io(ctx[0], (int)ctx[1], 1);
+    return 0;
+}
+
+int px_send_btf(u64 *ctx) {
+    px_sock_io(ctx[0], (int)ctx[1], 0);
+    return 0;
+}
+#endif
+
 #ifdef PX_HAVE_TCP_SENDMSG_LOCKED
 // The start of a TCP write, before the copy (sock_send_length fires after it, which for a
 // write blocked on a full send buffer is much later). It fires again per segment of a long
