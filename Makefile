@@ -57,12 +57,14 @@ lint: setup
 bench: bench-agent bench-llm bench-collector bench-sla bench-accuracy bench-gpu bench-faults bench-sampling bench-store bench-alerts
 
 # bench.tls, bench.http2: the same per-request costs over TLS, and over HTTP/2 and gRPC,
-# beside plaintext HTTP/1 (~5 min, ~3 min)
+# beside plaintext HTTP/1 (~5 min, ~3 min); bench.tp_btf: the BTF tracepoints against the
+# classic ones (~2 min)
 bench-agent: setup
 	$(PY) -m bench.agent
 	$(PY) -m bench.tls
 	$(PY) -m bench.http2
 	$(PY) -m bench.agent_lifecycle
+	$(PY) -m bench.tp_btf
 
 bench-collector: setup
 	$(PY) -m bench.collector
