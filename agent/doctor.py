@@ -163,27 +163,36 @@ def check_io_hooks(tfs: Path | None) -> Check:
     )
 
 
-# The tracepoints the agent attaches as BTF tracepoints where the kernel loads them (by the
-# typedef the loader attaches to), and what the classic program instead costs.
-_TP_BTF = {
-    build.SDR_BTF_TYPEDEF: ("sk_data_ready", "a map lookup for every socket's data arrival"),
-    holdback.XMIT_TYPEDEF: (
-        "net_dev_queue",
-        "five helper reads of the skb per packet while a write is held",
-    ),
+# What a hook's classic program costs where its BTF twin does not load (the twins:
+# agent.kernel.build.BTF_TWINS, and the holdback's departure hook).
+_SKIPPED = (
+    "skipped while another BPF program runs on its CPU (parallax_agent_bpf_missed_runs_total)"
+)
+_CLASSIC_COST = {
+    "sock:sk_data_ready": "a map lookup for every socket's data arrival",
+    "sock:inet_sock_set_state": f"{_SKIPPED}: a connection's start missed, its requests unrecorded",
+    "net:net_dev_queue": "five helper reads of the skb per packet while a write is held",
 }
 
 
+def _twins() -> dict[str, str]:
+    """BTF typedef → tracepoint, of every hook the agent runs as a BTF tracepoint where it can."""
+    out = {typedef: tp for tp, (typedef, _, _) in build.BTF_TWINS.items()}
+    out[holdback.XMIT_TYPEDEF] = "net:net_dev_queue"
+    return out
+
+
 def check_tp_btf() -> list[Check]:
-    """Whether sk_data_ready and net_dev_queue can run as BTF tracepoints
-    (agent/kernel/tpbtf.py): a one-instruction tp_btf program on each, loaded and closed
-    (needs the agent's privileges)."""
-    _, ids = btf.lookup([], list(_TP_BTF))
+    """Whether each hook can run as a BTF tracepoint (agent/kernel/tpbtf.py): a
+    one-instruction tp_btf program on each, loaded and closed (needs the agent's
+    privileges)."""
+    twins = _twins()
+    _, ids = btf.lookup([], list(twins))
     out = []
-    for typedef, (tp, cost) in _TP_BTF.items():
-        name = f"{tp} as BTF tracepoint"
+    for typedef, tp in twins.items():
+        name = f"{tp.split(':', 1)[1]} as BTF tracepoint"
         btf_id = ids[typedef]
-        classic = f"the classic program instead: {cost}"
+        classic = f"the classic program instead: {_CLASSIC_COST.get(tp, _SKIPPED)}"
         if btf_id is None:
             out.append(Check(name, "info", f"no kernel BTF for it → {classic}"))
             continue

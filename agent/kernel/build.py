@@ -43,19 +43,28 @@ COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 
 
 SDR_BTF_TYPEDEF = "btf_trace_sk_data_ready"
-# The softirq side's tracepoints, as tp_btf programs where the kernel has them
-# (bpf/agent/tcp.h px_state_btf says why): tracepoint -> (its BTF typedef, the function)
-TCP_BTF = {
-    "sock:inet_sock_set_state": ("btf_trace_inet_sock_set_state", "px_state_btf"),
-    "tcp:tcp_retransmit_skb": ("btf_trace_tcp_retransmit_skb", "px_rtx_btf"),
-    "tcp:tcp_retransmit_synack": ("btf_trace_tcp_retransmit_synack", "px_synack_btf"),
-    "tcp:tcp_receive_reset": ("btf_trace_tcp_receive_reset", "px_reset_btf"),
-    # (and the socket hooks: a classic program holds the CPU against the classic programs
-    # above while it runs; bpf/agent/sock_hooks.h)
-    "sock:sock_recv_length": ("btf_trace_sock_recv_length", "px_recv_btf"),
-    "sock:sock_send_length": ("btf_trace_sock_send_length", "px_send_btf"),
+STATE_BTF_TYPEDEF = "btf_trace_inet_sock_set_state"
+# The classic programs a tp_btf twin takes the place of where the kernel loads it (the
+# loader attaches, doctor probes, this module compiles from this one table): tracepoint ->
+# (its BTF typedef, the tp_btf function, the build flag that compiles it).
+# - sk_data_ready: its socket's port by a direct load, before any map lookup;
+# - the softirq side: a classic program is skipped when it lands on another BPF program
+#   on its CPU (bpf/agent/tcp.h px_state_btf says why);
+# - the socket hooks: a classic program of theirs holds the CPU against those while it
+#   runs (bpf/agent/sock_hooks.h).
+BTF_TWINS = {
+    "sock:sk_data_ready": (SDR_BTF_TYPEDEF, "px_sdr_btf", "-DPX_SDR_BTF"),
+    "sock:inet_sock_set_state": (STATE_BTF_TYPEDEF, "px_state_btf", "-DPX_STATE_BTF"),
+    "tcp:tcp_retransmit_skb": ("btf_trace_tcp_retransmit_skb", "px_rtx_btf", "-DPX_STATE_BTF"),
+    "tcp:tcp_retransmit_synack": (
+        "btf_trace_tcp_retransmit_synack",
+        "px_synack_btf",
+        "-DPX_STATE_BTF",
+    ),
+    "tcp:tcp_receive_reset": ("btf_trace_tcp_receive_reset", "px_reset_btf", "-DPX_STATE_BTF"),
+    "sock:sock_recv_length": ("btf_trace_sock_recv_length", "px_recv_btf", "-DPX_STATE_BTF"),
+    "sock:sock_send_length": ("btf_trace_sock_send_length", "px_send_btf", "-DPX_STATE_BTF"),
 }
-STATE_BTF_TYPEDEF = TCP_BTF["sock:inet_sock_set_state"][0]
 # what px_state_btf reads from the socket (bpf/agent/tcp.h)
 _STATE_FIELDS = [
     ("inet_sock", "inet_sport"),
@@ -234,14 +243,15 @@ def _tcp_btf_flags() -> tuple[list[str], dict[str, int]]:
     px_state_btf: a classic program is skipped when it lands on another BPF program on its
     CPU) — the BTF offsets of the socket fields they read — and their tracepoints' BTF
     typedef ids; none where BTF lacks one of them (the classic programs stay)."""
-    off, typedef = btf.lookup(_STATE_FIELDS, [t for t, _ in TCP_BTF.values()])
+    twins = [t for t, _, flag in BTF_TWINS.values() if flag == "-DPX_STATE_BTF"]
+    off, typedef = btf.lookup(_STATE_FIELDS, twins)
     state = [off[k] for k in _STATE_FIELDS]
     # (the ports' byte swap in tcp.h is for a little-endian CPU)
     if typedef[STATE_BTF_TYPEDEF] is None or None in state or sys.byteorder != "little":
         return [], {}
     offsets = zip(_STATE_FIELDS, state, strict=True)
     flags = ["-DPX_STATE_BTF", *(f"-DPX_OFF_{member.upper()}={o}" for (_, member), o in offsets)]
-    return flags, {name: tid for name, _ in TCP_BTF.values() if (tid := typedef[name]) is not None}
+    return flags, {t: tid for t in twins if (tid := typedef[t]) is not None}
 
 
 def _socket_flags(

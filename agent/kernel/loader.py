@@ -107,7 +107,8 @@ def load(opts: Options) -> Loaded:
         btf.forget()
     _configure(b, opts)
     attached_btf: list[str] = []
-    for flag, typedef, fn, tp in _IN_PLACE_BTF:
+    for name, (typedef, fn, flag) in build.BTF_TWINS.items():
+        tp = name.encode()
         # (only where bcc attached the classic program: the tp_btf one is compiled with it)
         if flag in extra and (btf_id := btf_ids.get(typedef)) and tp in b.tracepoint_fds:
             attached_btf += _use_btf(b, fn, tp, btf_id)
@@ -128,15 +129,6 @@ def load(opts: Options) -> Loaded:
 
 
 _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"
-
-
-_SDR = b"sock:sk_data_ready"
-# classic programs a tp_btf one takes the place of, where the kernel loads it: (the build's
-# flag, the tracepoint's BTF typedef, the tp_btf function, the tracepoint)
-_IN_PLACE_BTF = (
-    ("-DPX_SDR_BTF", build.SDR_BTF_TYPEDEF, "px_sdr_btf", _SDR),
-    *(("-DPX_STATE_BTF", t, fn, tp.encode()) for tp, (t, fn) in build.TCP_BTF.items()),
-)
 
 
 def _use_btf(b: Any, fn: str, tp: bytes, btf_id: int) -> list[str]:
