@@ -114,8 +114,10 @@ def test_beside_a_spinning_bpf_program_only_classic_programs_miss(tmp_path: Path
     noise = Proc([PY, "-m", "tests.agent.bpf_noise", "1"])
     results: dict[str, netloss.Result] = {}
     try:
-        assert noise.p.stdout is not None
-        assert noise.p.stdout.readline().strip() == "ready", noise.p.stderr
+        assert noise.p.stdout is not None and noise.p.stderr is not None
+        if noise.p.stdout.readline().strip() != "ready":
+            noise.p.wait(10)
+            pytest.fail(f"tests.agent.bpf_noise did not start: {noise.p.stderr.read()[-2000:]}")
         # (the classic agent's run waits less for records: some are expected to be missing)
         for mode, env, wait_s in (
             ("classic", {"PARALLAX_AGENT_NO_TP_BTF": "1"}, 3.0),
