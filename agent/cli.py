@@ -27,6 +27,7 @@ Authorization or other headers, never bodies.
 PORT_MAX = 65535
 PID_MAX_LIMIT = 4194304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
 HEAD_WINDOW_MIN, HEAD_WINDOW_MAX = 256, 16384  # the kernel's capture buffer, a power of two
+MAX_CONNS_MIN, MAX_CONNS_MAX = 64, 1 << 20  # the kernel's connection maps (entries)
 STREAM_LIMIT_MAX_S = 30 * 86400
 
 
@@ -167,6 +168,15 @@ def _capture_args(r: argparse.ArgumentParser) -> None:
         help="a response streaming longer than this emits a partial record at the"
         " limit, then the final one (default %(default)s; 0 = never; at most"
         f" {STREAM_LIMIT_MAX_S})",
+    )
+    r.add_argument(
+        "--max-conns",
+        type=_int_in(MAX_CONNS_MIN, MAX_CONNS_MAX),
+        default=16384,
+        metavar="N",
+        help="connections followed at once on the node (the kernel's connection maps;"
+        " default %(default)s): past it the least recently used is dropped, and reads on"
+        " it are counted (parallax_agent_unfollowed_reads_total), its requests not recorded",
     )
     r.add_argument(
         "--service-name",
@@ -372,6 +382,7 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
             # rounded as the kernel's buffer is, so that both cut heads alike
             head_window=1 << (args.head_window - 1).bit_length(),
             stream_limit_s=args.stream_limit_s,
+            max_conns=args.max_conns,
             service_names=names,
             disabled_tracepoints=args.disable_tracepoint,
             offs_span_ns=int(args.offset_span_ms * 1e6),

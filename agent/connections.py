@@ -32,7 +32,7 @@ from agent.protocols.websocket import WsConn
 from agent.records import ConnInfo, build
 
 log = logging.getLogger("parallax.agent")
-MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns
+MAX_CONNS = 32768  # user-space connection table (LRU): twice the kernel's px_conns (default)
 # A finished exchange's record waits at most this long for the end of its share of the
 # connection's retransmits (the next request's start, or the socket's end: EV_TAIL); then
 # it takes the connection's counts as the kernel has them. A lost segment is sent again
@@ -97,6 +97,7 @@ class Connections:
         on_plain: Callable[[int], None] = lambda pid: None,
         tcp_now: Callable[[int, int], tuple[int, int, int] | None] = lambda sk, ident: None,
         hold_s: float = TCP_HOLD_S,
+        max_conns: int = MAX_CONNS,
     ) -> None:
         self.head_window = head_window
         self.clock = clock
@@ -110,6 +111,7 @@ class Connections:
         self._on_plain = on_plain  # a plaintext connection's first event (its process)
         self._tcp_now = tcp_now  # a connection's TCP counts now (the kernel's maps)
         self.hold_s = hold_s
+        self.max_conns = max_conns
         self.conns: OrderedDict[Key, ConnState] = OrderedDict()
         # connections with records waiting for their retransmits (oldest wait first), and
         # of those the ones closed by the app, waiting for their socket's end (EV_TAIL)
@@ -167,7 +169,7 @@ class Connections:
                 self._conn_event(typ, raw, key, st, tgid, t, (retrans, wait, timed))
                 return
             if st is None:
-                if len(conns) >= MAX_CONNS:
+                if len(conns) >= self.max_conns:
                     self._evict()
                 st = conns[key] = ConnState(self._new_parser(proto), proto, tgid, key=key)
                 if typ in _WITH_ADDRS:
@@ -263,7 +265,7 @@ class Connections:
                 self._release(st)
         elif typ == _EV_TLS:  # once per connection, before its first plaintext
             if st is None:
-                if len(self.conns) >= MAX_CONNS:
+                if len(self.conns) >= self.max_conns:
                     self._evict()
                 proto = PROTOCOLS[0]
                 st = self.conns[key] = ConnState(self._new_parser(proto), proto, tgid, key=key)

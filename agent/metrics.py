@@ -144,6 +144,7 @@ class UnrecordedMetrics:
         self.http1_unframed = _counter(am.P_HTTP1_UNFRAMED, r)
         self.unanswered = _counter(am.P_UNANSWERED, r)
         self.bpf_missed_runs = KernelCounter(am.P_BPF_MISSED_RUNS, r)  # (the kernel's count)
+        self.unfollowed_reads = KernelCounter(am.P_UNFOLLOWED_READS, r)  # (ditto)
 
 
 class GenAiMetrics:

@@ -53,6 +53,7 @@ class RunConfig:
     metrics_addr: str = "127.0.0.1:9464"
     head_window: int = 4096
     stream_limit_s: float = 60.0
+    max_conns: int = 16384  # the kernel's connection maps (loader.Options.max_conns)
     service_names: dict[int, str] = field(default_factory=dict)
     drain_ms: float = 50.0  # the ring holds ~40k events; fewer wake-ups per request
     disabled_tracepoints: list[str] = field(default_factory=list)
@@ -89,6 +90,7 @@ class Agent:
             on_tls=self._on_tls,
             on_plain=self._on_plain,
             tcp_now=self._tcp_now,
+            max_conns=2 * cfg.max_conns,  # (twice the kernel's maps, as MAX_CONNS is)
         )
         self.exporters: list[Exporter] = []
         self.gpu = GpuSide(cfg.gpu)
@@ -100,11 +102,12 @@ class Agent:
         self.bpf: Any = None
         self.ring: Any = None
         self._send_start_lazy = False  # loader.attach_send_start once a socket blocks
+        self._counts_unfollowed = False  # loader.Loaded.counts_unfollowed
         self._live = False  # the maps may be read for /metrics (loaded, not detached)
         self._pushed: dict[str, int] = {}  # counter values already given to Prometheus
         self._shed_reads = 0
         self._counts: dict[int, tuple[int, int]] = {}
-        self._max_conns = loader.Options.max_conns  # the kernel's px_conns size
+        self._max_conns = cfg.max_conns  # the kernel's px_conns size
         self._tls_unprobed: set[str] = set()  # comm labels of parallax_agent_tls_unprobed
 
     # -- start-up ---------------------------------------------------------------------
@@ -180,6 +183,7 @@ class Agent:
             pids=self.procs.find(),
             head_window=cfg.head_window,
             stream_limit_s=cfg.stream_limit_s,
+            max_conns=cfg.max_conns,
             disabled=cfg.disabled_tracepoints,
             io_hooks=cfg.io_hooks,
             holdback=cfg.holdback,
@@ -193,6 +197,7 @@ class Agent:
             return None
         self.bpf = loaded.bpf
         self._send_start_lazy = loaded.send_start_lazy
+        self._counts_unfollowed = loaded.counts_unfollowed
         return loaded
 
     def _start_tracing(self, loaded: loader.Loaded) -> str:
@@ -404,6 +409,8 @@ class Agent:
         h1, u = conns.stats, m.unrecorded
         for prog, n in loader.missed_runs(self.bpf).items():
             u.bpf_missed_runs.labels(prog).set(n)
+        if self._counts_unfollowed:
+            u.unfollowed_reads.set(c["unfollowed_reads"])
         push("unanswered", u.unanswered, h1.unanswered)
         push("h1:unmatched", u.http1_unframed.labels("unmatched_response"), h1.unmatched_responses)
         push("h1:desync", u.http1_unframed.labels("desync"), h1.desync)

@@ -9,7 +9,11 @@ parsing, no record, nothing exported): what the loop around the request path cos
 ring drain, the timers, the per-second work — i.e. the part of the per-request figure that
 a request path in C would leave.
 
+``--close``: every request on a new connection (``Connection: close``), where the per-second
+work sees a connection accepted in every second.
+
     python -m bench.agent_threads [--rate 2000] [--seconds 10] [--cprofile PATH] [--floor]
+        [--close]
 
 Root, wrk and nginx (make setup). Prints only; docs/benchmarks.md holds a run's figures.
 """
@@ -43,7 +47,10 @@ sys.exit(cli.main(sys.argv[1:]))
 
 def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
     lua = tmp / "paced.lua"
-    lua.write_text(PACED_LUA.format(delay_ms=max(1, round(CONNS * 1000 / a.rate))))
+    lua.write_text(
+        PACED_LUA.format(delay_ms=max(1, round(CONNS * 1000 / a.rate)))
+        + ('wrk.headers["Connection"] = "close"\n' if a.close else "")
+    )
     err = tmp / "agent.err"
     prof = ["-m", "cProfile", "-o", str(Path(a.cprofile).resolve())] if a.cprofile else []
     run = ["-c", FLOOR, "run"] if a.floor else ["-m", "agent.cli", "run"]
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--cprofile", metavar="PATH", help="run the agent under cProfile")
     ap.add_argument("--floor", action="store_true", help="ring records counted, not handled")
+    ap.add_argument("--close", action="store_true", help="a new connection per request")
     a = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
         print("bench.agent_threads: needs root, wrk and nginx (make setup)", file=sys.stderr)

@@ -38,6 +38,7 @@ COUNTERS = (
     ("blocking_conns", "C_BLOCKING"),
     ("requests_seen", "C_REQ_SEEN"),  # every request's first read (bpf/agent/sample.h)
     ("requests_kept", "C_REQ_KEPT"),  # ... of those, kept by sampling
+    ("unfollowed_reads", "C_UNFOLLOWED"),  # reads on a traced port's unfollowed sockets
 )
 COUNTER_NAMES = tuple(name for name, _ in COUNTERS)
 

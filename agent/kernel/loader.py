@@ -74,6 +74,9 @@ class Loaded:
     hooks: str = "syscalls"
     # the write-start hook (tcp_sendmsg_locked) waits for a blocking socket: attach_send_start
     send_start_lazy: bool = False
+    # reads on unfollowed connections are counted (the "unfollowed_reads" counter; the
+    # socket's offsets from BTF: bpf/agent/state.h px_unfollowed_read)
+    counts_unfollowed: bool = False
 
 
 def load(opts: Options) -> Loaded:
@@ -125,7 +128,8 @@ def load(opts: Options) -> Loaded:
         }
         | set(attached_btf)
     )
-    return Loaded(b, attached, degraded, opts.ringbuf_pages * mmap.PAGESIZE, hooks, lazy)
+    ring_bytes = opts.ringbuf_pages * mmap.PAGESIZE
+    return Loaded(b, attached, degraded, ring_bytes, hooks, lazy, "-DPX_STATE_BTF" in extra)
 
 
 _SEND_START, _SEND_START_FN = b"tcp_sendmsg_locked", b"px_send_start"

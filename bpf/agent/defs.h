@@ -46,8 +46,10 @@
 // C_SOCK_CLOSE (connections ended by the socket's own state change, no close()),
 // C_LISTEN_CHG (listening sockets opened or closed: user space rescans /proc then),
 // C_SHED_READS (reads with data by traced processes while paused, over the CPU budget),
-// C_BLOCKING (followed connections whose socket blocks on writes: no O_NONBLOCK) and
-// C_NCOUNTERS are defined by the loader from its one list (agent/loader.py COUNTERS).
+// C_BLOCKING (followed connections whose socket blocks on writes: no O_NONBLOCK),
+// C_UNFOLLOWED (reads with data, by traced processes, on connections to a traced listener
+// the agent does not follow: state.h px_unfollowed_read) and C_NCOUNTERS are defined by the
+// loader from its one list (agent/kernel/build.py COUNTERS).
 
 // Chunk offsets are u32 microseconds (~71 min): an aggregate spanning more is flushed
 // (without a flag: user space merges it into the same response) before it could wrap.

@@ -220,6 +220,29 @@ static __always_inline void px_conn_stamp(struct px_conn *nc) {
     nc->arr_epoch = nc->epoch;
 }
 
+// A read with data by a traced process on a socket with no entry: if it is a TCP connection
+// on a port a listener holds (an accepted one), the agent missed its start or lost its
+// entry — px_conns full (LRU: the least recently used goes), or a state change the kernel
+// skipped — and its requests go unrecorded: counted (C_UNFOLLOWED), so that the loss is
+// never silent. Only on this miss path (a traced process's other sockets: outbound, unix),
+// two loads. Where the socket's offsets are not known (no BTF), not counted, and the
+// metric not served.
+static __always_inline void px_unfollowed_read(u64 sk) {
+#ifdef PX_STATE_BTF
+    u16 proto = 0, num = 0;
+    if (bpf_probe_read_kernel(&proto, sizeof(proto), (void *)(sk + PX_OFF_SK_PROTOCOL)) ||
+        proto != PX_IPPROTO_TCP)
+        return;
+    if (bpf_probe_read_kernel(&num, sizeof(num), (void *)(sk + PX_OFF_SKC_NUM)) ||
+        !px_port_ok(num))
+        return;
+    u32 k = num;
+    u32 *n = px_listen.lookup(&k);
+    if (n && *n)
+        px_count(C_UNFOLLOWED);
+#endif
+}
+
 static __always_inline struct px_conn *px_conn_for(u64 id, u32 fd, u64 sk) {
     struct px_conn *c = px_conns.lookup(&sk);
     u64 key = (id & 0xffffffff00000000ULL) | fd;

@@ -191,6 +191,10 @@ static __always_inline int px_state_change(struct px_state *st) {
         return 0;
     }
     if (ns == TCP_LISTEN || os == TCP_LISTEN) {
+        // A child socket is cloned from its listener, LISTEN included, and set to SYN_RECV
+        // (inet_csk_clone_lock): once per accepted connection, no listener's change.
+        if (ns == TCP_SYN_RECV)
+            return 0;
         // listening sockets per port: only connections accepted on one are followed
         px_count(C_LISTEN_CHG);
         if (ns == TCP_LISTEN)

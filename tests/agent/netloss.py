@@ -37,11 +37,32 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from parallax_contracts import agent_metrics as am
 from parallax_contracts import trace_context
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 TOOLS = ("ip", "nft", "nstat")
+# the agent's own counts of what it could not record, and of the requests its kernel
+# program saw and kept (a failure's message shows them: which side lost a request)
+LOSS_COUNTERS = tuple(
+    s.name
+    for s in (
+        am.P_EVENT_ERRORS,
+        am.P_UNANSWERED,
+        am.P_LOST_EVENTS,
+        am.P_SHED_RECORDS,
+        am.P_LOST_EXCHANGES,
+        am.P_HTTP1_UNFRAMED,
+        am.P_BPF_MISSED_RUNS,
+        am.P_CONN_EVICTIONS,
+        am.P_TRACEPARENT_MISSED,
+        am.P_UNPARSED,
+        am.P_LISTEN_DROPS,
+        am.P_REQUESTS_SEEN,
+        am.P_REQUESTS_TRACED,
+    )
+)
 
 
 def missing_tools() -> str | None:
@@ -274,6 +295,8 @@ class Result:
     missing_ports: dict[str, tuple[int, list[str]]]
     # the kernel's skipped runs of the agent's programs so far (bpf_missed_runs), nonzero
     missed_runs: dict[str, int]
+    # the agent's LOSS_COUNTERS at the run's end, nonzero (shown when a count falls short)
+    counted: dict[str, float]
 
     def line(self) -> str:
         k = self.kernel
@@ -295,7 +318,12 @@ class Result:
                 for tid, (port, seen) in list(self.missing_ports.items())[:5]
             )
             + (f"; runs the kernel skipped: {self.missed_runs}" if self.missed_runs else "")
+            + (f"; the agent counted: {self.counted}" if self.short() else "")
         )
+
+    def short(self) -> bool:
+        """Whether a request went unrecorded or a retransmit uncounted."""
+        return bool(self.missing) or self.agent != self.kernel.retrans_segs
 
 
 def _missed_runs(agent: Any) -> dict[str, int]:
@@ -353,6 +381,7 @@ def run(
         wall_s=out["wall_s"],
         missing=missing,
         missed_runs=_missed_runs(agent),
+        counted={k: v for k, v in agent.metrics().items() if k.startswith(LOSS_COUNTERS) and v},
         missing_ports={t: (out["ports"][t], by_port.get(out["ports"][t], [])) for t in missing[:5]},
     )
 

@@ -75,8 +75,11 @@ static __always_inline void px_on_read_conn(struct px_active *a, struct px_conn 
 static __always_inline void px_on_read(struct px_active *a, u64 id, long ret, u64 t) {
     u64 sk = a->sk;
     struct px_conn *c = px_conn_for(id, a->fd, sk);
-    if (!c)
+    if (!c) {
+        if (ret > 0)
+            px_unfollowed_read(sk);
         return;
+    }
     if (ret <= 0) {
         if (ret == 0)
             c->t_arr = 0;  // the FIN's sk_data_ready: no request arrived
