@@ -27,7 +27,7 @@ from typing import Any
 
 from agent import metrics
 from agent.budget import default_cores
-from agent.connections import Connections
+from agent.connections import MAX_CONNS, Connections
 from agent.diagnostics import where
 from agent.export import genai
 from agent.export.outputs import Exporter, ExportThread, Processor, RecordQueue
@@ -90,7 +90,9 @@ class Agent:
             on_tls=self._on_tls,
             on_plain=self._on_plain,
             tcp_now=self._tcp_now,
-            max_conns=2 * cfg.max_conns,  # (twice the kernel's maps, as MAX_CONNS is)
+            # (twice the kernel's maps, never below the default: this bound is for
+            # connections whose end went unseen, not a memory limit)
+            max_conns=max(MAX_CONNS, 2 * cfg.max_conns),
         )
         self.exporters: list[Exporter] = []
         self.gpu = GpuSide(cfg.gpu)

@@ -55,6 +55,7 @@ LOSS_COUNTERS = tuple(
         am.P_LOST_EXCHANGES,
         am.P_HTTP1_UNFRAMED,
         am.P_BPF_MISSED_RUNS,
+        am.P_UNFOLLOWED_READS,
         am.P_CONN_EVICTIONS,
         am.P_TRACEPARENT_MISSED,
         am.P_UNPARSED,
