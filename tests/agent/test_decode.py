@@ -6,11 +6,15 @@ Pure Python: no kernel."""
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import struct
 from typing import Any
 
 import h2.config
 import h2.connection
+import hypothesis
+from hypothesis import strategies as st
 
 from agent.connections import Connections
 from agent.export.outputs import RecordQueue
@@ -213,3 +217,24 @@ def test_an_open_h2_stream_counts_as_in_flight() -> None:
     assert a.open_requests("svc") == [10 * ms] and a.open_requests("other") == []
     a.on_event(_h2(12 * ms, end, 1, len(end), {}))
     assert a.open_requests("svc") == [] and len(a.out.q) == 1
+
+
+@hypothesis.settings(max_examples=3000, deadline=None)
+@hypothesis.given(
+    raw=st.one_of(
+        st.binary(min_size=16, max_size=16),
+        st.binary(min_size=4, max_size=4).map(lambda a: bytes(10) + b"\xff\xff" + a),
+        st.binary(min_size=4, max_size=4).map(lambda a: bytes(12) + a),
+        st.lists(st.sampled_from([0, 0, 0, 1, 0xFF]), min_size=16, max_size=16).map(bytes),
+    ),
+    v4=st.booleans(),
+)
+def test_addresses_are_written_as_ipaddress_writes_them(raw: bytes, v4: bool) -> None:
+    """addr_text (inet_ntop, once per connection) against ipaddress, the reference: zero
+    runs compressed alike, a v4-mapped address as IPv4, the IPv4-compatible form in hex."""
+    if v4:
+        want = str(ipaddress.IPv4Address(raw[:4]))
+        assert events.addr_text(events.AF_INET, raw) == want
+        return
+    a = ipaddress.IPv6Address(raw)
+    assert events.addr_text(socket.AF_INET6, raw) == str(a.ipv4_mapped or a)
