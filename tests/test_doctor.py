@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.kernel import build
+
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -92,11 +94,11 @@ def test_doctor_verdict_matches_this_machine() -> None:
     assert (p.returncode == 0) is expected
     # No GPU here: NVML must degrade, not fail the verdict.
     assert by_name["NVML"]["status"] in ("ok", "degraded")
-    # sk_data_ready and net_dev_queue as BTF tracepoints: loadable where BPF and the
-    # kernel's BTF are
+    # every hook with a BTF twin (the build's one table) and the holdback's departure hook:
+    # loadable as BTF tracepoints where BPF and the kernel's BTF are
     has_btf = Path("/sys/kernel/btf/vmlinux").exists()
-    for tp in ("sk_data_ready", "net_dev_queue"):
-        c = by_name[f"{tp} as BTF tracepoint"]
+    for tp in [*build.BTF_TWINS, "net:net_dev_queue"]:
+        c = by_name[f"{tp.split(':', 1)[1]} as BTF tracepoint"]
         assert (c["status"] == "ok") == (bpf_ok and has_btf and os.geteuid() == 0), c
 
 
