@@ -8,9 +8,12 @@ where the process's cgroup names a container (agent.identity.containers); in Kub
 ``k8s.node.name``, ``k8s.pod.uid`` (the cgroup's, or the API's) and, once the pod watch
 (agent.identity.k8s) knows the pod, its namespace, name, container name and workload. The JSONL
 line carries that dict as it is and the OTLP exporter adds it to the process's Resource, so
-the two outputs agree. A record is never held for the API: one whose pod is not known yet
-leaves with what the cgroup gives, and the process's later records get the rest once the
-watch has it.
+the two outputs agree. Records wait for the API only at the agent's start, until the first
+pod list is in (at most FIRST_LIST_HOLD_S): the agent attaches in a second or two, the list
+can take longer, and a rollout's first requests would otherwise leave without their pods'
+names. After that a record is never held: one whose pod is not known yet (started a moment
+ago) leaves with what the cgroup gives, and the process's later records get the rest once
+the watch has it.
 
 In Kubernetes means: ``KUBERNETES_SERVICE_HOST`` is set (in every pod) — the in-cluster
 configuration (service-account token, CA) reaches the API — or the hidden ``--k8s-api URL``
@@ -34,15 +37,18 @@ from parallax_contracts import span_attributes as sa
 log = logging.getLogger("parallax.agent")
 PID_CHECK_S = 1.0  # a cached pid's start time is checked (reuse) at most this often
 MAX_PIDS = 10000
+# At start, records wait for the first pod list at most this long, and at most this many
+# (beyond, the oldest leave with what is known)
+FIRST_LIST_HOLD_S = 5.0
+FIRST_LIST_HOLD_MAX = 20000
 _TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105  (a path)
 
 
 class ResourceStage:
     """Resource attributes per pid, cached (a pid's start time is checked at most every
     PID_CHECK_S; an answer missing the pod is looked at again when the pod cache
-    changed)."""
-
-    pending = False  # never holds a record
+    changed). With a pod watch, records are held from the start until its first list
+    (FIRST_LIST_HOLD_S at most)."""
 
     def __init__(
         self,
@@ -58,9 +64,41 @@ class ResourceStage:
         self._clock = clock
         # pid → (start time, container, attributes, complete, pod-cache generation, checked)
         self._by_pid: dict[int, tuple[int | None, Any, dict[str, Any], bool, int, float]] = {}
+        # records held for the first pod list (in order), until when
+        self._held: list[dict[str, Any]] = []
+        self._hold_until = clock() + FIRST_LIST_HOLD_S if watch is not None else 0.0
 
     # -- the stage ----------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        return bool(self._held)
+
     def process(self, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self._hold_until and self._waiting_for_list():
+            self._held += recs
+            if len(self._held) <= FIRST_LIST_HOLD_MAX:
+                return []
+            recs = self._held[:-FIRST_LIST_HOLD_MAX]
+            self._held = self._held[-FIRST_LIST_HOLD_MAX:]
+            return self._resolve(recs)
+        if self._held:
+            recs, self._held = self._held + recs, []
+        return self._resolve(recs)
+
+    def _waiting_for_list(self) -> bool:
+        """The first pod list is still under way, and not for too long yet."""
+        w = self.watch
+        if (
+            w is None
+            or w.synced.is_set()
+            or w.state in ("forbidden", "unavailable")
+            or self._clock() >= self._hold_until
+        ):
+            self._hold_until = 0.0  # (once over, never again)
+            return False
+        return True
+
+    def _resolve(self, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         seen: dict[int, dict[str, Any]] = {}  # a batch's pids: one look-up each
         for r in recs:
             pid = r["pid"]
@@ -71,7 +109,8 @@ class ResourceStage:
         return recs
 
     def flush(self) -> list[dict[str, Any]]:
-        return []
+        recs, self._held = self._held, []
+        return self._resolve(recs)
 
     def close(self) -> None:
         if self.watch is not None:

@@ -42,6 +42,7 @@ class Json:
 
     body: Any
     status: int = 200
+    delay_s: float = 0.0  # before answering (a slow API server)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class ApiReplay:
                         self._stream(answer)
 
             def _json(self, a: Json) -> None:
+                time.sleep(a.delay_s)
                 body = json.dumps(a.body).encode()
                 self.send_response(a.status)
                 self.send_header("Content-Type", "application/json")

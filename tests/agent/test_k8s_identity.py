@@ -66,12 +66,16 @@ def _one_request(port: int) -> str:
 
 
 def _run(
-    tmp_path: Path, cg: PodCgroup, extra: list[str], after: str | None = None
+    tmp_path: Path,
+    cg: PodCgroup,
+    extra: list[str],
+    after: str | None = None,
+    not_yet: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], Agent]:
     """One request to the server in the pod's cgroup through an agent with ``extra``: (the
     span's resource attributes over OTLP, the JSONL record, the stopped agent). ``after``:
-    a line of the agent's log to wait for first (the pod list read: nothing in the agent
-    waits for the API, so a request before it has the container id and pod uid only)."""
+    a line of the agent's log to wait for first; ``not_yet``: one that must not be there
+    yet when the request has been answered."""
     rx = OtlpReceiver()
     srv = cg.server(tmp_path / "t.jsonl")
     try:
@@ -81,6 +85,8 @@ def _run(
             if after is not None:
                 wait_log(agent, after)
             trace_id = _one_request(port)
+            if not_yet is not None:
+                assert not_yet not in agent.err.read_text()
             [rec] = agent.wait_for(lambda r: r["trace_id"] == trace_id)
         finally:
             assert agent.stop() == 0
@@ -131,6 +137,24 @@ def test_spans_carry_the_pod_they_were_served_by(tmp_path: Path, k8s_env: PodCgr
     assert api.of("list")[0]["fieldSelector"] == f"spec.nodeName={NODE}"
     assert api.of("watch")[0]["resourceVersion"] == "48230"
     assert "kubernetes: 5 pods on node node-e2e-1" in agent.err.read_text()
+
+
+def test_a_request_before_the_first_pod_list_waits_for_it(
+    tmp_path: Path, k8s_env: PodCgroup
+) -> None:
+    """The API answers the first list 2 s late: a request made as soon as the agent is
+    attached is held until the list is in (at most FIRST_LIST_HOLD_S), and leaves with its
+    pod's names, not the container id alone."""
+    cg = k8s_env
+    api = ApiReplay()
+    api.lists.append(Json(_pod_list(cg), delay_s=2.0))
+    try:
+        res, rec, _ = _run(tmp_path, cg, ["--k8s-api", api.url], not_yet="kubernetes: 5 pods")
+    finally:
+        api.close()
+    assert res[sa.RESOURCE_K8S_POD_NAME] == "chat-7c9d6b5f4-x2x9q", res
+    assert res[sa.RESOURCE_K8S_DEPLOYMENT_NAME] == "chat", res
+    _same_in_jsonl(res, rec)
 
 
 def test_without_rbac_spans_keep_the_container_and_pod_uid(

@@ -311,9 +311,51 @@ def _pods() -> dict[str, Pod]:
     return {p.name: p for p in (pod_from_object(o) for o in pod_list()["items"]) if p}
 
 
+def test_records_wait_for_the_first_list_then_never(api: ApiReplay) -> None:
+    """At start, records wait for the first pod list (here answered 1 s late) and leave
+    with their pods, in their order; once it is in, none waits, even for a pod the cache
+    does not know."""
+    api.lists.append(Json(pod_list(), delay_s=1.0))
+    # pid 4_194_001: a container no pod of the list has
+    refs = {4_194_000: ContainerRef(CHAT, None), 4_194_001: ContainerRef("0" * 64, None)}
+    with _watching(api) as w:
+        stage = ResourceStage(NODE, NODE, w.cache, w, container_of=refs.__getitem__)
+        recs = [{"pid": 4_194_000, "n": i} for i in range(3)]
+        assert stage.process(recs[:2]) == [] and stage.pending
+        assert stage.process(recs[2:]) == [] and not w.synced.is_set()
+        _until(lambda: bool(stage.process([])) or not stage.pending)
+        assert w.synced.is_set() and not stage.pending
+        assert [r["n"] for r in recs] == [0, 1, 2]
+        assert all(r["resource"][sa.RESOURCE_K8S_POD_NAME].startswith("chat-") for r in recs)
+        unknown = {"pid": 4_194_001}
+        assert stage.process([unknown]) == [unknown]  # not held: the list is in
+        assert sa.RESOURCE_K8S_POD_NAME not in unknown["resource"]
+
+
+def test_records_wait_for_the_first_list_at_most_its_bound() -> None:
+    """A list that does not come (a watch not started: its first list never in): records
+    wait FIRST_LIST_HOLD_S at most (a clock moved past it here), then leave with the
+    container id; at the agent's stop, whatever is held."""
+    clock = [100.0]
+    ref = ContainerRef(CHAT, None)
+    w = PodWatch(PodCache(), NODE, lambda: None)
+    stage = ResourceStage(
+        NODE, NODE, w.cache, w, container_of=lambda pid: ref, clock=lambda: clock[0]
+    )
+    held = [{"pid": 4_194_000}]
+    assert stage.process(held) == [] and stage.flush() == held  # stopping: given up
+    assert stage.process([{"pid": 4_194_000}]) == []
+    clock[0] += resource.FIRST_LIST_HOLD_S
+    [rec] = stage.process([])
+    assert rec["resource"][sa.RESOURCE_CONTAINER_ID] == CHAT
+    assert sa.RESOURCE_K8S_POD_NAME not in rec["resource"] and not stage.pending
+    assert stage.process([{"pid": 4_194_000}]) != []  # (and never again)
+
+
 def test_resource_attributes_complete_once_the_pod_is_known() -> None:
-    """A record is never held: before the watch knows the pod it leaves with the cgroup's
-    part, and the same process's later records get the pod once the cache has it."""
+    """Without a first list to wait for (none here), a record is never held: before the
+    watch knows the pod it leaves with the cgroup's part, and the same process's later
+    records get the pod once the cache has it."""
     clock = [100.0]
     cache = PodCache()
     ref = ContainerRef(CHAT, "3f0c6a57-1b9e-4d27-9a51-0c5e8e2d7b11")
