@@ -12,6 +12,11 @@ The replay is also a corpus: a compiled request path must give the same records 
 
     python -m bench.agent_replay [--server nginx|sse|h2c] [--requests 50000] [--seconds 6]
                                  [--rounds 5] [--cprofile PATH] [--save FILE | --load FILE]
+                                 [--close]
+
+``--close``: nginx's requests each on a new connection (``Connection: close``): a request is
+then four events (the read, the response, the close, the socket's end) and a connection's
+setup and end are in the figure.
 
 ``--server sse`` or ``h2c``: instead of nginx, bench.http2's LLM-shaped load — Hypercorn
 serving demo/llm_app.py's 8-token streams over HTTP/1.1 (SSE) or h2c for ``--seconds``: a
@@ -65,6 +70,7 @@ request = function()
   return wrk.format("GET", "/v1/chat?model=m")
 end
 """
+CLOSE_LUA = 'wrk.headers["Connection"] = "close"\n'
 
 
 class _Recorder:
@@ -93,30 +99,32 @@ class _Recorder:
         return self.raws
 
 
-def capture(tmp: Path, requests: int) -> list[bytes]:
-    """The ring events of about ``requests`` requests to a fresh nginx."""
+def capture(tmp: Path, requests: int, close: bool = False) -> list[bytes]:
+    """The ring events of about ``requests`` requests to a fresh nginx (``close``: each on a
+    new connection)."""
+    per_request = 4 if close else 2  # (read, response; and the close, the socket's end)
     port = free_port()
     nginx = start_nginx(tmp, port)
     try:
         _wait_port(port)
         rec = _Recorder(port, [nginx.pid, *_children(nginx.pid)])
         lua = tmp / "traceparent.lua"
-        lua.write_text(TRACEPARENT_LUA)
+        lua.write_text(TRACEPARENT_LUA + (CLOSE_LUA if close else ""))
         seconds = 1
-        while True:  # until about twice the wanted events (a request is two: read, write)
+        while True:  # until the wanted requests' events
             subprocess.run(
                 ["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "-s", str(lua),
                  f"http://127.0.0.1:{port}/"],
                 capture_output=True, timeout=seconds + 30, check=True,
             )  # fmt: skip
-            if len(rec.raws) >= 2 * requests:
+            if len(rec.raws) >= per_request * requests:
                 break
             seconds = min(30, seconds * 2)
         raws = rec.close()
     finally:
         nginx.terminate()
         nginx.wait(10)
-    return raws[: 2 * requests]
+    return raws[: per_request * requests]
 
 
 def capture_stream(kind: str, seconds: float) -> list[bytes]:
@@ -230,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         " HTTP/1.1 or h2c (Hypercorn)",
     )
     ap.add_argument("--seconds", type=float, default=6.0, help="sse, h2c: the load's length")
+    ap.add_argument("--close", action="store_true", help="nginx: a new connection per request")
     ap.add_argument("--check", action="store_true", help="compare with the Python heads' records")
     ap.add_argument("--save", type=Path, help="keep the captured events in this file")
     ap.add_argument("--load", type=Path, help="replay the events kept in this file")
@@ -249,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.server == "nginx":
         with tempfile.TemporaryDirectory() as d:
-            raws = capture(Path(d), a.requests)
-        what = "nginx under wrk (keep-alive, a traceparent each)"
+            raws = capture(Path(d), a.requests, a.close)
+        conn = "Connection: close" if a.close else "keep-alive"
+        what = f"nginx under wrk ({conn}, a traceparent each)"
     else:
         sse = a.server == "sse"
         raws = capture_stream("http1" if sse else "h2c", a.seconds)
