@@ -77,6 +77,7 @@ _STATE_FIELDS = [
     ("sock_common", "skc_daddr"),
     ("sock_common", "skc_v6_rcv_saddr"),
     ("sock_common", "skc_v6_daddr"),
+    ("sock_common", "skc_state"),  # (px_unfollowed_read: a connection still open)
 ]
 
 

@@ -221,17 +221,23 @@ static __always_inline void px_conn_stamp(struct px_conn *nc) {
 }
 
 // A read with data by a traced process on a socket with no entry: if it is a TCP connection
-// on a port a listener holds (an accepted one), the agent missed its start or lost its
-// entry — px_conns full (LRU: the least recently used goes), or a state change the kernel
-// skipped — and its requests go unrecorded: counted (C_UNFOLLOWED), so that the loss is
-// never silent. Only on this miss path (a traced process's other sockets: outbound, unix),
-// two loads. Where the socket's offsets are not known (no BTF), not counted, and the
-// metric not served.
+// still open both ways (ESTABLISHED, or CLOSE_WAIT: the peer's FIN after its data) on a port
+// a listener holds (an accepted one), the agent missed its start or lost its entry —
+// px_conns full (LRU: the least recently used goes), or a state change the kernel skipped —
+// and its requests go unrecorded: counted (C_UNFOLLOWED), so that the loss is never silent.
+// (After the server's own shutdown or close the entry is gone by design: nginx's lingering
+// close reads and drops what the client still sends.) Only on this miss path (a traced
+// process's other sockets: outbound, unix), three loads. Where the socket's offsets are not
+// known (no BTF), not counted, and the metric not served.
 static __always_inline void px_unfollowed_read(u64 sk) {
 #ifdef PX_STATE_BTF
     u16 proto = 0, num = 0;
+    u8 state = 0;
     if (bpf_probe_read_kernel(&proto, sizeof(proto), (void *)(sk + PX_OFF_SK_PROTOCOL)) ||
         proto != PX_IPPROTO_TCP)
+        return;
+    if (bpf_probe_read_kernel(&state, sizeof(state), (void *)(sk + PX_OFF_SKC_STATE)) ||
+        (state != 1 && state != 8))  // (TCP_ESTABLISHED, TCP_CLOSE_WAIT)
         return;
     if (bpf_probe_read_kernel(&num, sizeof(num), (void *)(sk + PX_OFF_SKC_NUM)) ||
         !px_port_ok(num))

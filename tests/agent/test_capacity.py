@@ -7,13 +7,15 @@ lost in silence. The same count is how a connection whose start the kernel skipp
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
+from demo.stack import free_port
 from parallax_contracts import agent_metrics as am
 from parallax_contracts import trace_context
-from tests.agent.helpers import PY, Agent, Proc, read_response
+from tests.agent.helpers import PY, Agent, Proc, read_response, wait_port
 from tests.agent.netloss import LOSS_COUNTERS
 
 pytestmark = pytest.mark.ebpf
@@ -65,3 +67,50 @@ def test_past_max_conns_a_dropped_connections_reads_are_counted(tmp_path: Path) 
     assert missing, detail  # (the maps did overflow: 200 connections in 64 entries)
     assert seen + unfollowed >= 2 * n, detail  # each request seen, or its read counted
     assert len(missing) <= unfollowed and len(got & {c.trace_id for c in ctxs}) >= seen, detail
+
+
+_LINGERING_NGINX = """
+worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  keepalive_timeout 0;
+  lingering_close always;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
+  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }}
+}}
+"""
+
+
+def test_reads_after_the_servers_own_shutdown_are_not_counted(tmp_path: Path) -> None:
+    """nginx's lingering close: after its response it shuts its side down and reads, then
+    drops, what the client still sends. The agent ends the connection at that shutdown, so
+    those reads find no entry — by design, not a connection missed: not counted."""
+    port = free_port()
+    (tmp_path / "nginx.conf").write_text(_LINGERING_NGINX.format(tmp=tmp_path, port=port))
+    ngx = Proc(["nginx", "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path)])
+    try:
+        wait_port(port)
+        agent = Agent(tmp_path, [port], ["--cpu-budget", "0"])
+        try:
+            ids = []
+            for _ in range(5):
+                ctx = trace_context.generate()
+                with socket.create_connection(("127.0.0.1", port), 5) as s:
+                    _ask(s, ctx)
+                    for _ in range(3):  # read by nginx after its shutdown(SHUT_WR)
+                        time.sleep(0.05)
+                        s.sendall(b"x" * 100)
+                    time.sleep(0.1)
+                ids.append(ctx.trace_id)
+            agent.wait_for(lambda r: r["trace_id"] in ids, count=len(ids))
+            unfollowed = agent.metrics()[UNFOLLOWED]
+        finally:
+            assert agent.stop() == 0
+    finally:
+        ngx.stop()
+    assert unfollowed == 0
