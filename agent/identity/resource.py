@@ -37,7 +37,8 @@ from parallax_contracts import span_attributes as sa
 log = logging.getLogger("parallax.agent")
 PID_CHECK_S = 1.0  # a cached pid's start time is checked (reuse) at most this often
 MAX_PIDS = 10000
-# At start, records wait for the first pod list at most this long, and at most this many
+# At start, records wait for the first pod list at most this long from the first of them
+# (the list starts before the compile, which can take longer), and at most this many
 # (beyond, the oldest leave with what is known)
 FIRST_LIST_HOLD_S = 5.0
 FIRST_LIST_HOLD_MAX = 20000
@@ -64,9 +65,10 @@ class ResourceStage:
         self._clock = clock
         # pid → (start time, container, attributes, complete, pod-cache generation, checked)
         self._by_pid: dict[int, tuple[int | None, Any, dict[str, Any], bool, int, float]] = {}
-        # records held for the first pod list (in order), until when
+        # records held for the first pod list (in order); until when (set at the first
+        # record; 0: holding is over, or there is no watch)
         self._held: list[dict[str, Any]] = []
-        self._hold_until = clock() + FIRST_LIST_HOLD_S if watch is not None else 0.0
+        self._hold_until: float | None = None if watch is not None else 0.0
 
     # -- the stage ----------------------------------------------------------------------
     @property
@@ -74,7 +76,9 @@ class ResourceStage:
         return bool(self._held)
 
     def process(self, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self._hold_until and self._waiting_for_list():
+        if self._hold_until is None and recs:
+            self._hold_until = self._clock() + FIRST_LIST_HOLD_S
+        if self._hold_until and self._waiting_for_list(self._hold_until):
             self._held += recs
             if len(self._held) <= FIRST_LIST_HOLD_MAX:
                 return []
@@ -85,14 +89,14 @@ class ResourceStage:
             recs, self._held = self._held + recs, []
         return self._resolve(recs)
 
-    def _waiting_for_list(self) -> bool:
+    def _waiting_for_list(self, until: float) -> bool:
         """The first pod list is still under way, and not for too long yet."""
         w = self.watch
         if (
             w is None
             or w.synced.is_set()
             or w.state in ("forbidden", "unavailable")
-            or self._clock() >= self._hold_until
+            or self._clock() >= until
         ):
             self._hold_until = 0.0  # (once over, never again)
             return False

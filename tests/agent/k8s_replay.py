@@ -43,6 +43,7 @@ class Json:
     body: Any
     status: int = 200
     delay_s: float = 0.0  # before answering (a slow API server)
+    gate: threading.Event | None = None  # ... or until the test sets this (at most 30 s)
 
 
 @dataclass
@@ -94,6 +95,8 @@ class ApiReplay:
 
             def _json(self, a: Json) -> None:
                 time.sleep(a.delay_s)
+                if a.gate is not None:
+                    a.gate.wait(30)
                 body = json.dumps(a.body).encode()
                 self.send_response(a.status)
                 self.send_header("Content-Type", "application/json")

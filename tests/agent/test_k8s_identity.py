@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +72,12 @@ def _run(
     cg: PodCgroup,
     extra: list[str],
     after: str | None = None,
-    not_yet: str | None = None,
+    answered: Callable[[Agent], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], Agent]:
     """One request to the server in the pod's cgroup through an agent with ``extra``: (the
     span's resource attributes over OTLP, the JSONL record, the stopped agent). ``after``:
-    a line of the agent's log to wait for first; ``not_yet``: one that must not be there
-    yet when the request has been answered."""
+    a line of the agent's log to wait for first; ``answered``: called once the request is
+    answered, before its record is waited for."""
     rx = OtlpReceiver()
     srv = cg.server(tmp_path / "t.jsonl")
     try:
@@ -85,8 +87,8 @@ def _run(
             if after is not None:
                 wait_log(agent, after)
             trace_id = _one_request(port)
-            if not_yet is not None:
-                assert not_yet not in agent.err.read_text()
+            if answered is not None:
+                answered(agent)
             [rec] = agent.wait_for(lambda r: r["trace_id"] == trace_id)
         finally:
             assert agent.stop() == 0
@@ -142,15 +144,23 @@ def test_spans_carry_the_pod_they_were_served_by(tmp_path: Path, k8s_env: PodCgr
 def test_a_request_before_the_first_pod_list_waits_for_it(
     tmp_path: Path, k8s_env: PodCgroup
 ) -> None:
-    """The API answers the first list 2 s late: a request made as soon as the agent is
-    attached is held until the list is in (at most FIRST_LIST_HOLD_S), and leaves with its
-    pod's names, not the container id alone."""
+    """The API answers the first list only once a request has been answered: its record is
+    held until the list is in (at most FIRST_LIST_HOLD_S from it), and leaves with its pod's
+    names, not the container id alone."""
     cg = k8s_env
     api = ApiReplay()
-    api.lists.append(Json(_pod_list(cg), delay_s=2.0))
+    gate = threading.Event()
+    api.lists.append(Json(_pod_list(cg), gate=gate))
+
+    def answered(agent: Agent) -> None:
+        time.sleep(0.5)  # (the record reaches the export stage meanwhile)
+        assert "kubernetes: 5 pods" not in agent.err.read_text()
+        gate.set()
+
     try:
-        res, rec, _ = _run(tmp_path, cg, ["--k8s-api", api.url], not_yet="kubernetes: 5 pods")
+        res, rec, _ = _run(tmp_path, cg, ["--k8s-api", api.url], answered=answered)
     finally:
+        gate.set()
         api.close()
     assert res[sa.RESOURCE_K8S_POD_NAME] == "chat-7c9d6b5f4-x2x9q", res
     assert res[sa.RESOURCE_K8S_DEPLOYMENT_NAME] == "chat", res
