@@ -239,7 +239,10 @@ export function mutated(): void {
 export function markRendered(traceId?: string): void {
   cfg.render = true; // from now on, wait for the paint before sending
   const rs: Rec[] = [];
-  for (const r of live) if ((traceId ? r.e.trace_id == traceId : r.e.chunk_ms) && !r.e.rendered_ms) rs.push(r);
+  // (these wait for it too: the first stream the app marks started before cfg.render, and
+  // its end could otherwise send it before the paint came)
+  for (const r of live)
+    if ((traceId ? r.e.trace_id == traceId : r.e.chunk_ms) && !r.e.rendered_ms) rs.push(r), (r.w = !isHidden());
   paint(rs);
 }
 

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.browser
 
 # Read a short stream, showing each chunk in #out; optionally call markRendered after showing.
 READ = """
-window.ask = (api, mark) => fetch(api + '/v1/chat?tokens=3&first_token_ms=50&token_gap_ms=20',
+window.ask = (api, mark, q) => fetch(
+    api + '/v1/chat?' + (q || 'tokens=3&first_token_ms=50&token_gap_ms=20'),
     {method: 'POST', body: 'q'}).then(r => {
   const rd = r.body.getReader(), dec = new TextDecoder(), out = document.getElementById('out');
   let text = '';
@@ -37,6 +38,10 @@ HIDE = (
     "() => { Object.defineProperty(document, 'visibilityState', {value: 'hidden',"
     " configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"
 )
+# Two frames of the page, from now: the probe's own paint callbacks, scheduled at an earlier
+# chunk, have run by then (a navigation right after the stream's end raced them, and the
+# entry left without rendered_ms: absent, as it should be when nothing was painted)
+PAINTED = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 SHOW = (
     "() => { Object.defineProperty(document, 'visibilityState', {value: 'visible',"
     " configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"
@@ -74,7 +79,7 @@ def test_render_only_while_visible(browser: Browser, llm: LlmServer, sink: Sink)
     page.evaluate("api => ask(api, false)", llm.url)
     page.evaluate(SHOW)
     page.evaluate("api => ask(api, false)", llm.url)
-    page.wait_for_timeout(100)  # the paint (two frames)
+    page.evaluate(PAINTED)
     page.evaluate(HIDE)  # visibilitychange → hidden sends the finished entries (flush 5 s)
     entries = sink.wait_entry_list(lambda e: e["kind"] == "fetch", 2, timeout_s=3)
     hidden, shown = sorted(entries, key=lambda e: e["start_ms"])
@@ -90,8 +95,23 @@ def test_mark_rendered(browser: Browser, llm: LlmServer, sink: Sink) -> None:
     page.evaluate("() => Parallax.init({endpoint: 'http://127.0.0.1:9/nowhere', site: 'x'})")
     text = page.evaluate("api => ask(api, true)", llm.url)
     assert len(text.split()) == 3
+    page.evaluate(PAINTED)
     page.goto("about:blank")
     e = sink.wait_entry(lambda e: e["kind"] == "fetch")
     assert e["first_chunk_ms"] <= e["rendered_ms"] < e["first_chunk_ms"] + 1000
     assert len(sink.entries()) == 1, "one wrapper, one entry"
     assert json.dumps(sink.invalid()) == "[]"
+
+
+def test_mark_rendered_waits_for_the_paint_of_a_stream_that_ends_at_once(
+    browser: Browser, llm: LlmServer, sink: Sink
+) -> None:
+    """The first stream an app marks began before the probe knew the app marks; one whose
+    end comes with its only chunk was sent before its paint (no rendered_ms). The entries
+    markRendered names wait for the paint."""
+    page = _open(browser, sink, "/m1.html", propagateTo=[llm.url])
+    page.evaluate("api => ask(api, true, 'tokens=1&first_token_ms=30&token_gap_ms=0')", llm.url)
+    page.evaluate(PAINTED)
+    page.evaluate("() => Parallax.flush()")
+    e = sink.wait_entry(lambda e: e["kind"] == "fetch")
+    assert e["first_chunk_ms"] <= e["rendered_ms"] < e["first_chunk_ms"] + 1000, e
