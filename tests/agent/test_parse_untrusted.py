@@ -13,12 +13,15 @@ from agent.protocols.http1 import Conn
 WINDOW = 16384  # the largest --head-window
 
 # header values a client may send where a number is expected: huge digit runs (past
-# Python's 4,300-digit int-string limit), signs, spaces, hex, non-ASCII digits, nothing
+# Python's 4,300-digit int-string limit), signs, spaces, hex, non-ASCII digits, nothing,
+# any bytes but a line's end (a value with CR or LF ends its line: the bytes after it are
+# another header, or past the head — Hypothesis once drew b"\r\n", and the head ended
+# before the Content-Length the oracle below expected)
 _numbers = st.one_of(
     st.integers(min_value=0, max_value=WINDOW).map(lambda n: b"9" * n),
     st.integers(min_value=0, max_value=10**40).map(lambda n: str(n).encode()),
     st.sampled_from([b"", b"-1", b"+5", b" 5 ", b"0x10", b"1e3", b"5, 5", "\u0665".encode()]),
-    st.binary(max_size=40),
+    st.binary(max_size=40).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b"")),
 )
 _names = st.sampled_from(
     [b"Content-Length", b"content-length", b"Transfer-Encoding", b"traceparent", b"Upgrade"]
