@@ -53,7 +53,7 @@ class RunConfig:
     metrics_addr: str = "127.0.0.1:9464"
     head_window: int = 4096
     stream_limit_s: float = 60.0
-    max_conns: int = 16384  # the kernel's connection maps (loader.Options.max_conns)
+    max_conns: int = loader.Options.max_conns  # the kernel's connection maps (entries)
     service_names: dict[int, str] = field(default_factory=dict)
     drain_ms: float = 50.0  # the ring holds ~40k events; fewer wake-ups per request
     disabled_tracepoints: list[str] = field(default_factory=list)
@@ -109,7 +109,6 @@ class Agent:
         self._pushed: dict[str, int] = {}  # counter values already given to Prometheus
         self._shed_reads = 0
         self._counts: dict[int, tuple[int, int]] = {}
-        self._max_conns = cfg.max_conns  # the kernel's px_conns size
         self._tls_unprobed: set[str] = set()  # comm labels of parallax_agent_tls_unprobed
 
     # -- start-up ---------------------------------------------------------------------
@@ -405,7 +404,7 @@ class Agent:
         for svc, n in list(self.records.n_requests.items()):
             push("req:" + svc, m.requests.labels(svc), n)
         m.lost.set(c["lost_events"])
-        for name, n in loader.map_fill(c, self._max_conns).items():
+        for name, n in loader.map_fill(c, self.cfg.max_conns).items():
             m.map_fill.labels(name).set(n)
         push("evicted", m.evicted, conns.n_evicted)
         h1, u = conns.stats, m.unrecorded

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.agent import NGINX_CONF
 from demo.stack import free_port
 from parallax_contracts import agent_metrics as am
 from parallax_contracts import trace_context
@@ -69,21 +70,9 @@ def test_past_max_conns_a_dropped_connections_reads_are_counted(tmp_path: Path) 
     assert len(missing) <= unfollowed and len(got & {c.trace_id for c in ctxs}) >= seen, detail
 
 
-_LINGERING_NGINX = """
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  keepalive_timeout 0;
-  lingering_close always;
-  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
-  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
-  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }}
-}}
-"""
+# bench-agent's nginx, with a lingering close always: after a response it shuts its side
+# down and reads, then drops, what the client still sends
+_LINGERING = "  keepalive_timeout 0;\n  lingering_close always;\n"
 
 
 def test_reads_after_the_servers_own_shutdown_are_not_counted(tmp_path: Path) -> None:
@@ -91,7 +80,8 @@ def test_reads_after_the_servers_own_shutdown_are_not_counted(tmp_path: Path) ->
     drops, what the client still sends. The agent ends the connection at that shutdown, so
     those reads find no entry — by design, not a connection missed: not counted."""
     port = free_port()
-    (tmp_path / "nginx.conf").write_text(_LINGERING_NGINX.format(tmp=tmp_path, port=port))
+    conf = NGINX_CONF.format(tmp=tmp_path, port=port, servers=_LINGERING)
+    (tmp_path / "nginx.conf").write_text(conf)
     ngx = Proc(["nginx", "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path)])
     try:
         wait_port(port)
