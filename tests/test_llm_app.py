@@ -196,7 +196,9 @@ def test_openai_stream_is_what_the_openai_sdk_reads(app: tuple[str, Path]) -> No
     assert rec["dialect"] == "openai" and rec["traceparent"] == TP
     # role, 6 contents, finish, usage, [DONE]; the role delta comes with the first token
     _check_paced(rec, 10)
-    assert 0 <= (rec["t_tokens_ns"][0] - rec["t_writes_ns"][0]) / 1e6 < 5, rec
+    # (with it: within half the token gap, not at the request's acceptance 80 ms earlier;
+    # 5 ms was passed once, 5.4, beside the other test worker)
+    assert 0 <= (rec["t_tokens_ns"][0] - rec["t_writes_ns"][0]) / 1e6 < 12, rec
 
 
 def test_anthropic_stream_is_what_the_anthropic_sdk_reads(app: tuple[str, Path]) -> None:
@@ -217,7 +219,7 @@ def test_anthropic_stream_is_what_the_anthropic_sdk_reads(app: tuple[str, Path])
     _check_paced(rec, 12)
     writes, first = _writes_ms(rec, "t_writes_ns"), _writes_ms(rec, "t_tokens_ns")[0]
     assert max(writes[:2]) < first - 50, rec  # sent as it accepted the request
-    assert 0 <= first - writes[2] < 5, rec  # the text block starts with the first token
+    assert 0 <= first - writes[2] < 12, rec  # the text block starts with the first token
 
 
 @pytest.mark.parametrize(
