@@ -1,4 +1,5 @@
-"""Exporters: JSON lines (a file or stdout) and OTLP/HTTP (OpenTelemetry SDK, protobuf).
+"""Exporters: JSON lines (a file or stdout) and OTLP/HTTP (protobuf: agent.export.otlp_wire's
+encoding, the OpenTelemetry SDK's transport).
 
 Spans are SERVER spans, children of the browser's span named by ``traceparent`` (a fresh
 trace where there is none), starting at t1 (the app's read of the request) and ending at
@@ -20,6 +21,7 @@ import orjson
 import requests
 
 from agent import records
+from agent.export import otlp_wire
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
 
@@ -51,6 +53,31 @@ class JsonlExporter:
             self._f.close()
 
 
+_SCOPE = otlp_wire.scope("parallax.agent")  # the instrumentation scope of every span
+
+
+def span_of(rec: dict[str, Any]) -> bytes:
+    """The record as an OTLP Span message: a SERVER span, the child of the span its
+    traceparent named. The sampled flag is the agent's: it exports only what it kept, at
+    the probability its trace state says (OpenTelemetry's ot=th:…; OTLP carries no trace
+    flags on a span); whether the browser sampled the trace is the beacon's own field."""
+    attrs = records.span_attributes(rec)
+    route = route_template(rec["path"])
+    attrs[sa.HTTP_ROUTE.name] = route
+    return otlp_wire.span(
+        rec["trace_id"],
+        rec["span_id"],
+        f"ot=th:{rec.get('sample_th') or '0'}",
+        rec["parent_span_id"],
+        f"{rec['method']} {route}",
+        rec["start_unix_ns"],
+        rec["end_unix_ns"],
+        attrs,
+        (rec.get("status") or 0) >= 500,
+    )
+
+
+# the instrumentation scope of every span
 # OTLP/HTTP's "try again later" (the SDK retries these too, within one export's timeout).
 RETRYABLE = frozenset({429, 502, 503, 504})
 
@@ -83,8 +110,8 @@ class _LastAnswer(requests.Session):
 
 
 class OtlpExporter:
-    """Spans in a bounded queue, sent in batches by one thread with the OTLP/HTTP exporter
-    of the OpenTelemetry SDK.
+    """Spans in a bounded queue, encoded as they come (agent.export.otlp_wire), sent in
+    batches by one thread through the OTLP/HTTP exporter of the OpenTelemetry SDK.
 
     A batch the collector cannot take for now — 429, 502, 503, 504, unreachable, timed out —
     is kept and sent again after a backoff (its Retry-After when it gave one, else 1 s
@@ -117,7 +144,7 @@ class OtlpExporter:
         self._sdk = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._answer)
         self.max_queue, self.batch, self.period_s = max_queue, batch, period_s
         self.max_backoff_s = max_backoff_s
-        self._queue: deque[Any] = deque()
+        self._queue: deque[tuple[bytes, bytes]] = deque()  # (resource, span), encoded
         self._cv = threading.Condition()
         self._closing = False
         self.delivered = 0  # spans the collector took
@@ -127,7 +154,7 @@ class OtlpExporter:
         self._outage: tuple[float, int] | None = None  # (since, dropped then)
         self._drops_said = False
         # (pid, service) → (the record's resource dict it was built from, Resource)
-        self._resources: dict[tuple[int, str], tuple[Any, Any]] = {}
+        self._resources: dict[tuple[int, str], tuple[Any, bytes]] = {}
         self._host = socket.gethostname()
         self._thread = threading.Thread(target=self._send_loop, name="otlp-send", daemon=True)
         self._thread.start()
@@ -138,9 +165,11 @@ class OtlpExporter:
         collector, or left when the agent stopped during an outage."""
         return self.dropped + self.refused + self.abandoned
 
-    def _resource(self, pid: int, service: str, comm: str, extra: dict[str, Any] | None) -> Any:
-        """The process's Resource; ``extra``: the record's ``resource`` (agent.identity.resource:
-        host, container, pod), one dict per process state, so a new one means a rebuild."""
+    def _resource(self, pid: int, service: str, comm: str, extra: dict[str, Any] | None) -> bytes:
+        """The process's Resource, encoded; ``extra``: the record's ``resource``
+        (agent.identity.resource: host, container, pod), one dict per process state, so a
+        new one means a rebuild. The SDK's ``Resource.create`` adds its own attributes and
+        those of ``OTEL_RESOURCE_ATTRIBUTES``."""
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
 
         key = (pid, service)
@@ -157,41 +186,14 @@ class OtlpExporter:
                     sa.RESOURCE_PROCESS_EXECUTABLE_NAME: comm,
                 }
             )
-            hit = self._resources[key] = (extra, r)
+            hit = self._resources[key] = (extra, otlp_wire.resource(r.attributes))
         return hit[1]
 
     def export(self, rec: dict[str, Any]) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan  # noqa: PLC0415
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: PLC0415
-        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState  # noqa: PLC0415
-        from opentelemetry.trace.status import Status, StatusCode  # noqa: PLC0415
-
-        # The sampled flag is set: the agent exports only what it kept, so this span was
-        # sampled — by the agent, at the probability its tracestate states (OpenTelemetry's
-        # ot=th:…); whether the browser sampled the trace is the beacon's own field.
-        flags = TraceFlags(rec["trace_flags"] | TraceFlags.SAMPLED)
-        state = TraceState([("ot", f"th:{rec.get('sample_th') or '0'}")])
-        ctx = SpanContext(int(rec["trace_id"], 16), int(rec["span_id"], 16), False, flags, state)
-        parent = (
-            SpanContext(int(rec["trace_id"], 16), int(rec["parent_span_id"], 16), True, flags)
-            if rec["parent_span_id"]
-            else None
-        )
-        attrs = records.span_attributes(rec)
-        route = route_template(rec["path"])
-        attrs[sa.HTTP_ROUTE.name] = route
-        status = rec.get("status") or 0
-        span = ReadableSpan(
-            name=f"{rec['method']} {route}",
-            context=ctx,
-            parent=parent,
-            resource=self._resource(rec["pid"], rec["service"], rec["comm"], rec.get("resource")),
-            attributes=attrs,
-            kind=SpanKind.SERVER,
-            start_time=rec["start_unix_ns"],
-            end_time=rec["end_unix_ns"],
-            status=Status(StatusCode.ERROR) if status >= 500 else Status(StatusCode.UNSET),
-            instrumentation_scope=InstrumentationScope("parallax.agent"),
+        """The record as an OTLP span, encoded now (agent.export.otlp_wire), queued."""
+        encoded = (
+            self._resource(rec["pid"], rec["service"], rec["comm"], rec.get("resource")),
+            span_of(rec),
         )
         with self._cv:
             if self._closing:
@@ -207,7 +209,7 @@ class OtlpExporter:
                         "parallax_agent_otlp_failed_spans_total",
                         self.max_queue,
                     )
-            self._queue.append(span)
+            self._queue.append(encoded)
             if len(self._queue) >= self.batch:
                 self._cv.notify()
 
@@ -216,7 +218,7 @@ class OtlpExporter:
             self.export(rec)
 
     # -- the sender thread ----------------------------------------------------------------
-    def _next_batch(self) -> list[Any]:
+    def _next_batch(self) -> list[tuple[bytes, bytes]]:
         with self._cv:
             if len(self._queue) < self.batch and not self._closing:
                 self._cv.wait(self.period_s)  # a full batch, or what came in a period
@@ -224,7 +226,7 @@ class OtlpExporter:
             return [self._queue.popleft() for _ in range(n)]
 
     def _send_loop(self) -> None:
-        pending: list[Any] = []
+        pending: list[tuple[bytes, bytes]] = []
         failures = 0
         while True:
             if not pending:
@@ -251,13 +253,14 @@ class OtlpExporter:
                     )
                     return
 
-    def _send(self, spans: list[Any], failures: int) -> float | None:
+    def _send(self, spans: list[tuple[bytes, bytes]], failures: int) -> float | None:
         """Deliver ``spans``: None when done with them (taken, or refused for good and
         counted), else the seconds to wait before trying them again."""
-        from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: PLC0415
-
         self._answer.forget()
-        if self._sdk.export(spans) == SpanExportResult.SUCCESS:
+        body = otlp_wire.request(spans, _SCOPE)
+        # the SDK's transport (OTEL_EXPORTER_OTLP_* headers, TLS, compression, its retries
+        # within the timeout); its encoder is what otlp_wire replaces
+        if self._sdk._client.export(body).success:
             self.delivered += len(spans)
             self._drops_said = False
             if self._outage is not None:
@@ -270,7 +273,7 @@ class OtlpExporter:
                 self._outage = None
             return None
         status = self._answer.status
-        never_sent = status is None and self._answer.error is None  # the SDK could not encode
+        never_sent = status is None and self._answer.error is None  # (no answer, no error)
         if never_sent or (status is not None and status not in RETRYABLE):
             self.refused += len(spans)
             log.warning(
