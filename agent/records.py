@@ -69,7 +69,7 @@ def _th_hex(th32: int) -> str:
 # The record's fields in their order (the JSONL output keeps it), every one absent (None)
 # until set. A record is this dict copied, then its measured fields set: ~0.7 µs against
 # ~1.9 for a 46-key dict display, which hashes and inserts every key again per request
-# (docs/benchmarks.md, "The record built from a copy").
+# (docs/benchmarks.md, "Spans to OTLP, and the record built from a copy").
 _FIELDS = (
     "trace_id", "span_id", "parent_span_id", "trace_flags", "method", "path", "version",
     "status", "pid", "comm", "service", "local_addr", "local_port", "peer_addr", "peer_port",

@@ -12,8 +12,11 @@ a request path in C would leave.
 ``--close``: every request on a new connection (``Connection: close``), where the per-second
 work sees a connection accepted in every second.
 
+``--otlp``: the records exported as OTLP spans (as the DaemonSet runs it) to a sink in this
+process that takes every request with a 200, instead of JSON lines to /dev/null.
+
     python -m bench.agent_threads [--rate 2000] [--seconds 10] [--cprofile PATH] [--floor]
-        [--close]
+        [--close] [--otlp]
 
 Root, wrk and nginx (make setup). Prints only; docs/benchmarks.md holds a run's figures.
 """
@@ -21,12 +24,14 @@ Root, wrk and nginx (make setup). Prints only; docs/benchmarks.md holds a run's 
 from __future__ import annotations
 
 import argparse
+import http.server
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +50,28 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+class _Sink(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that takes every request (an empty ExportTraceServiceResponse)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _otlp_sink() -> str:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
 def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
     lua = tmp / "paced.lua"
     lua.write_text(
@@ -54,9 +81,10 @@ def measure(tmp: Path, port: int, a: argparse.Namespace) -> None:
     err = tmp / "agent.err"
     prof = ["-m", "cProfile", "-o", str(Path(a.cprofile).resolve())] if a.cprofile else []
     run = ["-c", FLOOR, "run"] if a.floor else ["-m", "agent.cli", "run"]
+    out = ["--otlp", _otlp_sink()] if a.otlp else ["--jsonl", os.devnull]
     argv = [
-        sys.executable, *prof, *run, "--port", str(port),
-        "--jsonl", os.devnull, "--cpu-budget", "0", "--metrics-addr", f"127.0.0.1:{free_port()}",
+        sys.executable, *prof, *run, "--port", str(port), *out,
+        "--cpu-budget", "0", "--metrics-addr", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
     with open(err, "w") as e:
         agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=e)
@@ -92,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cprofile", metavar="PATH", help="run the agent under cProfile")
     ap.add_argument("--floor", action="store_true", help="ring records counted, not handled")
     ap.add_argument("--close", action="store_true", help="a new connection per request")
+    ap.add_argument("--otlp", action="store_true", help="export OTLP spans (to a sink here)")
     a = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("wrk") or not shutil.which("nginx"):
         print("bench.agent_threads: needs root, wrk and nginx (make setup)", file=sys.stderr)
