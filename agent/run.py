@@ -29,7 +29,7 @@ from agent import metrics
 from agent.budget import default_cores
 from agent.connections import MAX_CONNS, Connections
 from agent.diagnostics import where
-from agent.export import genai
+from agent.export import genai, otlp_wire
 from agent.export.outputs import Exporter, ExportThread, Processor, RecordQueue
 from agent.gpu.side import GpuConfig, GpuSide
 from agent.gpu.stage import GpuStage
@@ -290,7 +290,8 @@ class Agent:
             )
             + f"; {gpu}; "
             + (self.procs.tls_probes.describe() if self.procs.tls_probes else "TLS: off")
-            + f"; {http1_head.PARSER}",
+            + f"; {http1_head.PARSER}"
+            + (f"; {otlp_wire.ENCODER}" if cfg.otlp else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -4,6 +4,7 @@ Each is a C file beside the Python it speeds up, and that Python stays the refer
 differential test holds it to:
 
 - ``agent/protocols/_http1_fast.c``: HTTP/1.x head parsing (``http1_head``);
+- ``agent/export/_otlp_wire_fast.c``: a span's OTLP attributes (``otlp_wire``);
 - ``collector/ingest/_otlp_fast.c``: the OTLP/protobuf span decoder;
 - ``collector/store/_native_fast.c``: the Native insert encoder;
 - ``collector/pairing/_derive_fast.c``: the one-hop pair derivation.
@@ -31,12 +32,14 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent  # where the agent and collector packages are
 HTTP1_SOURCE = ROOT / "agent" / "protocols" / "_http1_fast.c"
+OTLP_WIRE_SOURCE = ROOT / "agent" / "export" / "_otlp_wire_fast.c"
 OTLP_SOURCE = ROOT / "collector" / "ingest" / "_otlp_fast.c"
 NATIVE_SOURCE = ROOT / "collector" / "store" / "_native_fast.c"
 DERIVE_SOURCE = ROOT / "collector" / "pairing" / "_derive_fast.c"
 # Each compiled module and what runs without it.
 WITHOUT = {
     HTTP1_SOURCE: "the agent parses HTTP/1 heads in pure Python",
+    OTLP_WIRE_SOURCE: "the agent encodes OTLP spans in pure Python",
     OTLP_SOURCE: "OTLP is parsed in pure Python",
     NATIVE_SOURCE: "inserts are encoded by clickhouse-connect",
     DERIVE_SOURCE: "pairs are derived in pure Python",

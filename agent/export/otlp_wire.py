@@ -15,8 +15,11 @@ Field numbers: opentelemetry/proto/{trace,common,resource}/v1/*.proto.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+from parallax_contracts import compiled
 
 _SMALL = [bytes((i,)) for i in range(128)]
 _U64 = struct.Struct("<Q").pack
@@ -97,10 +100,11 @@ def key_value(key: str, v: Any) -> bytes:
     return (_KEYS.get(key) or _key(key)) + _field(b"\x12", any_value(v))
 
 
-def attributes(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
-    """``attrs`` as the repeated KeyValue field ``tag`` of a message. The common values (an
-    int, a short string) are written inline: a span has ~25 attributes, and a call per
-    varint and per field was most of its encoding."""
+def _attributes_py(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
+    """``attrs`` as the repeated KeyValue field ``tag`` of a message (the reference of
+    _otlp_wire_fast.c). The common values (an int, a short string) are written inline: a
+    span has ~25 attributes, and a call per varint and per field was most of its
+    encoding."""
     small = _SMALL
     keys = _KEYS
     out = []
@@ -119,6 +123,28 @@ def attributes(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
         out.append(tag + small[n] + kv if n < 0x80 else _field(tag, kv))
     return b"".join(out)
 
+
+def _load_compiled() -> tuple[Callable[[bytes, Mapping[str, Any]], bytes], str]:
+    """The compiled attribute loop (agent/export/_otlp_wire_fast.c; a dict's, the rest
+    goes to the reference) or the reference, and which runs (the agent's start-up log)."""
+    fast, why_not = compiled.load(
+        "agent.export._otlp_wire_fast", compiled.OTLP_WIRE_SOURCE, "PARALLAX_OTLP_WIRE_FAST"
+    )
+    if fast is None:
+        return _attributes_py, f"OTLP spans: Python (compiled: {why_not})"
+    fast.configure(any_value)
+    loop = fast.attributes
+
+    def compiled_attributes(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
+        if type(attrs) is dict:
+            out: bytes = loop(tag[0], attrs)
+            return out
+        return _attributes_py(tag, attrs)
+
+    return compiled_attributes, f"OTLP spans: compiled ({Path(fast.__file__ or '?').name})"
+
+
+attributes, ENCODER = _load_compiled()
 
 _SPAN_KIND_SERVER = b"\x30\x02"  # kind 6: SPAN_KIND_SERVER
 _STATUS_UNSET = b"\x7a\x00"  # status 15: an empty Status (code UNSET)

@@ -3,11 +3,16 @@ OpenTelemetry SDK's encoder makes of the same span: a ``ReadableSpan`` built as 
 built it before (the reference here), encoded by ``encode_spans``. Both requests are parsed
 with the generated protobuf classes and compared whole — ids, trace state, flags, status,
 every attribute in order and its value's type. The SDK is only the oracle: nothing of it
-runs in the agent's encoding."""
+runs in the agent's encoding. Each test runs with the attribute loop in Python (the
+reference) and compiled (agent/export/_otlp_wire_fast.c; skipped without a C toolchain, a
+failed build fails)."""
 
 from __future__ import annotations
 
+import enum
 import random
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -30,9 +35,36 @@ from agent.export.spans import _SCOPE, span_of
 from agent.kernel.clock import MonoClock
 from agent.kernel.events import Hold
 from agent.protocols.exchange import Exchange
+from parallax_contracts import compiled, trace_context
 from parallax_contracts import span_attributes as sa
-from parallax_contracts import trace_context
 from parallax_contracts.routes import route_template
+
+Loop = Callable[[bytes, Mapping[str, Any]], bytes]
+
+
+@pytest.fixture(scope="module", params=["python", "compiled"])
+def loop(request: pytest.FixtureRequest) -> Loop:
+    if request.param == "python":
+        return otlp_wire._attributes_py
+    missing = compiled.toolchain_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    loaded = "agent.export._otlp_wire_fast" in sys.modules
+    ok, msg = compiled.build(compiled.OTLP_WIRE_SOURCE)
+    assert ok, msg
+    if loaded and msg.startswith("built"):
+        # a shared object cannot be loaded again in one process
+        pytest.fail(f"{msg} after the old build was imported: run the tests again")
+    fn, said = otlp_wire._load_compiled()
+    assert "compiled" in said and "Python" not in said, said
+    return fn
+
+
+@pytest.fixture
+def encoder(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> Loop:
+    """The span encoder with this attribute loop."""
+    monkeypatch.setattr(otlp_wire, "attributes", loop)
+    return loop
 
 
 def _sdk_span(rec: dict[str, Any], resource: Resource) -> ReadableSpan:
@@ -136,7 +168,7 @@ def _resource(rec: dict[str, Any], extra: dict[str, Any]) -> Resource:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_batch_equals_the_sdks_request(seed: int) -> None:
+def test_a_batch_equals_the_sdks_request(seed: int, encoder: Loop) -> None:
     recs = _records(300, seed)
     extra = {"k8s.pod.name": "chat-7d9f", "k8s.namespace.name": "prod"} if seed % 2 else {}
     resources: dict[tuple[int, str], Resource] = {}
@@ -163,7 +195,7 @@ def test_a_batch_equals_the_sdks_request(seed: int) -> None:
     assert ours_bytes == sdk.SerializeToString()
 
 
-def test_each_span_flags_status_and_ids() -> None:
+def test_each_span_flags_status_and_ids(encoder: Loop) -> None:
     """The fields the collector reads first, spelled out (a wrong constant in both the
     encoder and the oracle would pass the comparison above)."""
     rec = _records(1, 9)[0]
@@ -199,17 +231,43 @@ _VALUES = st.recursive(
 
 
 @given(st.dictionaries(st.text(max_size=140), _VALUES, max_size=30))
-def test_drawn_attributes_encode_as_the_sdks(attrs: dict[str, Any]) -> None:
+def test_drawn_attributes_encode_as_the_sdks(loop: Loop, attrs: dict[str, Any]) -> None:
     """Every value type an attribute can take (nested arrays and maps, negative and 64-bit
     ints, non-ASCII and long strings whose lengths take two varint bytes)."""
-    ours = otlp_wire.attributes(b"\x0a", attrs)
+    ours = loop(b"\x0a", attrs)
     theirs = b"".join(
         b"\x0a" + otlp_wire.varint(len(kv)) + kv
         for kv in (k.SerializeToString() for k in _encode_attributes(attrs))
     )
     assert ours == theirs
-    parsed = otlp_wire.attributes(b"\x0a", attrs)
-    assert [KeyValue.FromString(kv).key for kv in _split(parsed)] == list(attrs)
+    assert [KeyValue.FromString(kv).key for kv in _split(ours)] == list(attrs)
+
+
+class _Code(enum.IntEnum):
+    OK = 0
+
+
+class _Name(str):
+    pass
+
+
+def test_the_compiled_loop_hands_rare_values_to_the_reference(loop: Loop) -> None:
+    """Subclasses, bytes, maps, None and ints beyond int64 (which the SDK cannot encode:
+    records never carry them) go through the Python reference's any_value, inside lists
+    too; the two loops agree on them, and on a long list that needs a 2-byte length."""
+    attrs: dict[str, Any] = {
+        "enum": _Code.OK,
+        "sub": _Name("x"),
+        "raw": b"\x00\xff",
+        "map": {"k": None, "n": [1, "a"]},
+        "none": None,
+        "big": 2**64 + 5,
+        "small": -(2**63) - 1,
+        "mixed": [b"x", {"k": 1.5}, _Code.OK, None, 2**70],
+        "long": list(range(-50, 2000)),
+        "": "an empty name",
+    }
+    assert loop(b"\x4a", attrs) == otlp_wire._attributes_py(b"\x4a", attrs)
 
 
 def _split(buf: bytes) -> list[bytes]:

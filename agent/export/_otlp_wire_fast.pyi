@@ -1,0 +1,7 @@
+# Type stub for the compiled OTLP attribute loop (_otlp_wire_fast.c; built by
+# parallax_contracts/compiled.py).
+from collections.abc import Callable
+from typing import Any
+
+def configure(any_value: Callable[[Any], bytes]) -> None: ...
+def attributes(tag: int, attrs: dict[str, Any]) -> bytes: ...
