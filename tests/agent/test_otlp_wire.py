@@ -10,7 +10,9 @@ failed build fails)."""
 from __future__ import annotations
 
 import enum
+import os
 import random
+import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -42,10 +44,8 @@ from parallax_contracts.routes import route_template
 Loop = Callable[[bytes, Mapping[str, Any]], bytes]
 
 
-@pytest.fixture(scope="module", params=["python", "compiled"])
-def loop(request: pytest.FixtureRequest) -> Loop:
-    if request.param == "python":
-        return otlp_wire._attributes_py
+@pytest.fixture(scope="module")
+def compiled_loop() -> Loop:
     missing = compiled.toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
@@ -57,6 +57,14 @@ def loop(request: pytest.FixtureRequest) -> Loop:
         pytest.fail(f"{msg} after the old build was imported: run the tests again")
     fn, said = otlp_wire._load_compiled()
     assert "compiled" in said and "Python" not in said, said
+    return fn
+
+
+@pytest.fixture(scope="module", params=["python", "compiled"])
+def loop(request: pytest.FixtureRequest) -> Loop:
+    if request.param == "python":
+        return otlp_wire._attributes_py
+    fn: Loop = request.getfixturevalue("compiled_loop")
     return fn
 
 
@@ -286,3 +294,20 @@ def _split(buf: bytes) -> list[bytes]:
         out.append(buf[i : i + n])
         i += n
     return out
+
+
+def test_the_agent_uses_it_unless_turned_off(compiled_loop: Loop) -> None:
+    """Once built, the module's loop is the compiled one; PARALLAX_OTLP_WIRE_FAST=0 gives
+    the reference, and says so (the agent's attach line carries otlp_wire.ENCODER)."""
+
+    def encoder(env: dict[str, str]) -> str:
+        code = "from agent.export import otlp_wire as w; print(w.ENCODER)"
+        return subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+            text=True, check=True,
+        ).stdout  # fmt: skip
+
+    on = encoder({})
+    assert on.startswith("OTLP spans: compiled"), on
+    off = encoder({"PARALLAX_OTLP_WIRE_FAST": "0"})
+    assert "Python" in off and "turned off (PARALLAX_OTLP_WIRE_FAST=0)" in off, off
