@@ -282,21 +282,36 @@ _BOOL_ATTRS = (
 )
 
 
+# The same, as the compiled OTLP encoder reads them (agent/export/_otlp_wire_fast.c):
+# (field, attribute name, is an array) for the values — absent where None or an empty
+# array —, (field, name) for the flags — present only where true.
+SPAN_VALUES: tuple[tuple[str, str, bool], ...] = tuple(
+    (key, attr.name, attr.type in ("int[]", "string[]")) for key, attr in _ATTR_MAP
+)
+SPAN_FLAGS: tuple[tuple[str, str], ...] = tuple((key, attr.name) for key, attr in _BOOL_ATTRS)
+
+
 def span_attributes(rec: dict[str, Any]) -> dict[str, Any]:
-    """The record's span attributes (contract names; absent values left out)."""
+    """The record's span attributes (contract names; absent values left out): its values,
+    its flags, then its RPC names."""
     out: dict[str, Any] = {}
-    for key, attr in _ATTR_MAP:
+    for key, name, is_array in SPAN_VALUES:
         v = rec.get(key)
-        if v is None or (attr.type in ("int[]", "string[]") and not v):
+        if v is None or (is_array and not v):
             continue
-        out[attr.name] = v
-    for key, attr in _BOOL_ATTRS:
+        out[name] = v
+    for key, name in SPAN_FLAGS:
         if rec.get(key):
-            out[attr.name] = True
+            out[name] = True
+    out.update(rpc_attributes(rec))
+    return out
+
+
+def rpc_attributes(rec: dict[str, Any]) -> dict[str, str]:
+    """OpenTelemetry's RPC conventions for a gRPC call: the service and method from
+    "/<service>/<method>"."""
     if rec.get("rpc_system") == "grpc":
-        # OpenTelemetry's RPC conventions: the service and method from "/<service>/<method>"
         service, _, method = rec["path"].lstrip("/").partition("/")
         if service and method:
-            out[sa.RPC_SERVICE.name] = service
-            out[sa.RPC_METHOD.name] = method
-    return out
+            return {sa.RPC_SERVICE.name: service, sa.RPC_METHOD.name: method}
+    return {}

@@ -180,18 +180,60 @@ static int any_value(Buf *b, PyObject *v) {
     return fallback(b, v);
 }
 
+/* One KeyValue field ``tag``: key (absent when empty: proto3), then value. */
+static int key_value(Buf *b, unsigned char tag, PyObject *key, PyObject *value) {
+    Py_ssize_t klen;
+    const char *k;
+    if (!PyUnicode_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "an attribute name that is not a str");
+        return -1;
+    }
+    k = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (k == NULL || put_byte(b, tag) < 0)
+        return -1;
+    Py_ssize_t kv = begin_len(b);
+    if (kv < 0)
+        return -1;
+    if (klen && (put_byte(b, 0x0a) < 0 || put_varint(b, (uint64_t)klen) < 0 || put(b, k, klen) < 0))
+        return -1;
+    if (put_byte(b, 0x12) < 0) /* KeyValue.value 2 */
+        return -1;
+    Py_ssize_t av = begin_len(b);
+    Py_INCREF(value); /* a fallback may run Python code that changes the container */
+    int rc = (av < 0 || any_value(b, value) < 0 || end_len(b, av) < 0) ? -1 : 0;
+    Py_DECREF(value);
+    if (rc < 0)
+        return -1;
+    return end_len(b, kv);
+}
+
+static int one_byte_tag(PyObject *o, unsigned char *tag) {
+    long t = PyLong_Check(o) ? PyLong_AsLong(o) : -1;
+    if (t < 0 || t > 0x7F) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a one-byte tag");
+        return -1;
+    }
+    *tag = (unsigned char)t;
+    return 0;
+}
+
+static PyObject *done(Buf *b) {
+    PyObject *out = PyBytes_FromStringAndSize((const char *)b->p, b->len);
+    PyMem_Free(b->p);
+    return out;
+}
+
 /* attributes(tag, attrs): the dict's items as the repeated KeyValue field ``tag``. */
 static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2 || !PyLong_Check(args[0]) || !PyDict_CheckExact(args[1])) {
+    unsigned char tag;
+    if (nargs != 2 || !PyDict_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "attributes(tag: int, attrs: dict)");
         return NULL;
     }
-    long tag = PyLong_AsLong(args[0]);
-    if (tag < 0 || tag > 0x7F) {
-        PyErr_SetString(PyExc_ValueError, "a one-byte tag");
+    if (one_byte_tag(args[0], &tag) < 0)
         return NULL;
-    }
     if (any_value_py == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "configure() first");
         return NULL;
@@ -199,38 +241,80 @@ static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t na
     Buf b = {NULL, 0, 0};
     PyObject *key, *value;
     Py_ssize_t pos = 0;
-    while (PyDict_Next(args[1], &pos, &key, &value)) {
-        Py_ssize_t klen;
-        const char *k;
-        if (!PyUnicode_Check(key)) {
-            PyErr_SetString(PyExc_TypeError, "an attribute name that is not a str");
+    while (PyDict_Next(args[1], &pos, &key, &value))
+        if (key_value(&b, tag, key, value) < 0) {
+            PyMem_Free(b.p);
+            return NULL;
+        }
+    return done(&b);
+}
+
+/* record_attributes(tag, rec, values, flags): a record's span attributes, as
+ * agent.records.span_attributes picks them, without the dict between. ``values``: (field,
+ * name, is_array) — the field's value, unless None or an empty array; ``flags``: (field,
+ * name) — True where the field is true, else nothing. */
+static PyObject *record_attributes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    unsigned char tag;
+    if (nargs != 4 || !PyDict_Check(args[1]) || !PyTuple_CheckExact(args[2]) ||
+        !PyTuple_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_attributes(tag: int, rec: dict, values: tuple, flags: tuple)");
+        return NULL;
+    }
+    if (one_byte_tag(args[0], &tag) < 0)
+        return NULL;
+    if (any_value_py == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return NULL;
+    }
+    PyObject *rec = args[1];
+    Buf b = {NULL, 0, 0};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[2]); i++) {
+        PyObject *e = PyTuple_GET_ITEM(args[2], i);
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 3) {
+            PyErr_SetString(PyExc_TypeError, "values: (field, name, is_array) tuples");
             goto fail;
         }
-        k = PyUnicode_AsUTF8AndSize(key, &klen);
-        if (k == NULL)
-            goto fail;
-        Py_INCREF(value); /* a fallback may run Python code that changes the dict */
-        int rc = put_byte(&b, (unsigned char)tag);
-        Py_ssize_t kv = rc < 0 ? -1 : begin_len(&b);
-        if (kv < 0)
-            rc = -1;
-        if (rc == 0 && klen) /* KeyValue.key 1 (proto3: an empty string is absent) */
-            rc = (put_byte(&b, 0x0a) < 0 || put_varint(&b, (uint64_t)klen) < 0 ||
-                  put(&b, k, klen) < 0)
-                     ? -1
-                     : 0;
-        Py_ssize_t av = -1;
-        if (rc == 0 && put_byte(&b, 0x12) == 0) /* KeyValue.value 2 */
-            av = begin_len(&b);
-        if (av < 0 || any_value(&b, value) < 0 || end_len(&b, av) < 0 || end_len(&b, kv) < 0)
-            rc = -1;
-        Py_DECREF(value);
-        if (rc < 0)
+        PyObject *v = PyDict_GetItemWithError(rec, PyTuple_GET_ITEM(e, 0));
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (v == Py_None)
+            continue;
+        if (PyTuple_GET_ITEM(e, 2) == Py_True) {
+            int truth = PyObject_IsTrue(v);
+            if (truth < 0)
+                goto fail;
+            if (!truth)
+                continue;
+        }
+        if (key_value(&b, tag, PyTuple_GET_ITEM(e, 1), v) < 0)
             goto fail;
     }
-    PyObject *out = PyBytes_FromStringAndSize((const char *)b.p, b.len);
-    PyMem_Free(b.p);
-    return out;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[3]); i++) {
+        PyObject *e = PyTuple_GET_ITEM(args[3], i);
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) {
+            PyErr_SetString(PyExc_TypeError, "flags: (field, name) tuples");
+            goto fail;
+        }
+        PyObject *v = PyDict_GetItemWithError(rec, PyTuple_GET_ITEM(e, 0));
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        Py_INCREF(v);
+        int truth = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (truth < 0)
+            goto fail;
+        if (truth && key_value(&b, tag, PyTuple_GET_ITEM(e, 1), Py_True) < 0)
+            goto fail;
+    }
+    return done(&b);
 fail:
     PyMem_Free(b.p);
     return NULL;
@@ -250,6 +334,8 @@ static PyObject *configure(PyObject *self, PyObject *fn) {
 static PyMethodDef methods[] = {
     {"attributes", (PyCFunction)(void (*)(void))attributes, METH_FASTCALL,
      "attributes(tag, attrs) -> bytes: the repeated KeyValue field tag of attrs"},
+    {"record_attributes", (PyCFunction)(void (*)(void))record_attributes, METH_FASTCALL,
+     "record_attributes(tag, rec, values, flags) -> bytes: a record's span attributes"},
     {"configure", configure, METH_O, "configure(any_value): the Python encoder of rare values"},
     {NULL, NULL, 0, NULL},
 };

@@ -5,3 +5,9 @@ from typing import Any
 
 def configure(any_value: Callable[[Any], bytes]) -> None: ...
 def attributes(tag: int, attrs: dict[str, Any]) -> bytes: ...
+def record_attributes(
+    tag: int,
+    rec: dict[str, Any],
+    values: tuple[tuple[str, str, bool], ...],
+    flags: tuple[tuple[str, str], ...],
+) -> bytes: ...

@@ -124,14 +124,23 @@ def _attributes_py(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
     return b"".join(out)
 
 
-def _load_compiled() -> tuple[Callable[[bytes, Mapping[str, Any]], bytes], str]:
-    """The compiled attribute loop (agent/export/_otlp_wire_fast.c; a dict's, the rest
+# A record's span attributes straight from its dict (agent.records' SPAN_VALUES and
+# SPAN_FLAGS), compiled only: in Python, agent.records.span_attributes and `attributes`.
+RecordAttributes = Callable[
+    [int, dict[str, Any], tuple[tuple[str, str, bool], ...], tuple[tuple[str, str], ...]], bytes
+]
+
+
+def _load_compiled() -> tuple[
+    Callable[[bytes, Mapping[str, Any]], bytes], RecordAttributes | None, str
+]:
+    """The compiled attribute loops (agent/export/_otlp_wire_fast.c; a dict's, the rest
     goes to the reference) or the reference, and which runs (the agent's start-up log)."""
     fast, why_not = compiled.load(
         "agent.export._otlp_wire_fast", compiled.OTLP_WIRE_SOURCE, "PARALLAX_OTLP_WIRE_FAST"
     )
     if fast is None:
-        return _attributes_py, f"OTLP spans: Python (compiled: {why_not})"
+        return _attributes_py, None, f"OTLP spans: Python (compiled: {why_not})"
     fast.configure(any_value)
     loop = fast.attributes
 
@@ -141,10 +150,11 @@ def _load_compiled() -> tuple[Callable[[bytes, Mapping[str, Any]], bytes], str]:
             return out
         return _attributes_py(tag, attrs)
 
-    return compiled_attributes, f"OTLP spans: compiled ({Path(fast.__file__ or '?').name})"
+    name = Path(fast.__file__ or "?").name
+    return compiled_attributes, fast.record_attributes, f"OTLP spans: compiled ({name})"
 
 
-attributes, ENCODER = _load_compiled()
+attributes, record_attributes, ENCODER = _load_compiled()
 
 _SPAN_KIND_SERVER = b"\x30\x02"  # kind 6: SPAN_KIND_SERVER
 _STATUS_UNSET = b"\x7a\x00"  # status 15: an empty Status (code UNSET)
@@ -163,10 +173,11 @@ def span(
     name: str,
     start_ns: int,
     end_ns: int,
-    attrs: Mapping[str, Any],
+    attrs: bytes,
     error: bool,
 ) -> bytes:
-    """A SERVER span (its ids as hex text), children of a remote parent where there is one."""
+    """A SERVER span (its ids as hex text), children of a remote parent where there is one;
+    ``attrs``: its attributes, encoded (``attributes(b"\\x4a", …)``: field 9)."""
     ts = trace_state.encode()
     nm = name.encode()
     return b"".join(
@@ -181,7 +192,7 @@ def span(
             _SPAN_KIND_SERVER,
             b"\x39" + _U64(start_ns) if start_ns else b"",  # start_time_unix_nano 7
             b"\x41" + _U64(end_ns) if end_ns else b"",  # end_time_unix_nano 8
-            attributes(b"\x4a", attrs),  # attributes 9
+            attrs,
             _STATUS_ERROR if error else _STATUS_UNSET,
             _FLAGS_REMOTE_PARENT if parent_span_id else _FLAGS_LOCAL_ROOT,
         ]

@@ -61,9 +61,17 @@ def span_of(rec: dict[str, Any]) -> bytes:
     traceparent named. The sampled flag is the agent's: it exports only what it kept, at
     the probability its trace state says (OpenTelemetry's ot=th:…; OTLP carries no trace
     flags on a span); whether the browser sampled the trace is the beacon's own field."""
-    attrs = records.span_attributes(rec)
     route = route_template(rec["path"])
-    attrs[sa.HTTP_ROUTE.name] = route
+    fields = otlp_wire.record_attributes
+    if fields is not None:  # compiled: from the record's dict, no dict of attributes
+        extra = records.rpc_attributes(rec)
+        extra[sa.HTTP_ROUTE.name] = route
+        attrs = fields(0x4A, rec, records.SPAN_VALUES, records.SPAN_FLAGS)
+        attrs += otlp_wire.attributes(b"\x4a", extra)
+    else:
+        picked = records.span_attributes(rec)
+        picked[sa.HTTP_ROUTE.name] = route
+        attrs = otlp_wire.attributes(b"\x4a", picked)  # attributes 9
     return otlp_wire.span(
         rec["trace_id"],
         rec["span_id"],
@@ -77,7 +85,6 @@ def span_of(rec: dict[str, Any]) -> bytes:
     )
 
 
-# the instrumentation scope of every span
 # OTLP/HTTP's "try again later" (the SDK retries these too, within one export's timeout).
 RETRYABLE = frozenset({429, 502, 503, 504})
 

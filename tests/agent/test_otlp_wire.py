@@ -42,10 +42,11 @@ from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
 
 Loop = Callable[[bytes, Mapping[str, Any]], bytes]
+Loops = tuple[Loop, "otlp_wire.RecordAttributes | None"]
 
 
 @pytest.fixture(scope="module")
-def compiled_loop() -> Loop:
+def compiled_loops() -> Loops:
     missing = compiled.toolchain_missing()
     if missing is not None:
         pytest.skip(missing)
@@ -55,24 +56,31 @@ def compiled_loop() -> Loop:
     if loaded and msg.startswith("built"):
         # a shared object cannot be loaded again in one process
         pytest.fail(f"{msg} after the old build was imported: run the tests again")
-    fn, said = otlp_wire._load_compiled()
-    assert "compiled" in said and "Python" not in said, said
-    return fn
+    fn, fields, said = otlp_wire._load_compiled()
+    assert "compiled" in said and "Python" not in said and fields is not None, said
+    return fn, fields
 
 
 @pytest.fixture(scope="module", params=["python", "compiled"])
-def loop(request: pytest.FixtureRequest) -> Loop:
+def loops(request: pytest.FixtureRequest) -> Loops:
+    """The attribute loops: the Python reference's, or the compiled ones."""
     if request.param == "python":
-        return otlp_wire._attributes_py
-    fn: Loop = request.getfixturevalue("compiled_loop")
-    return fn
+        return otlp_wire._attributes_py, None
+    compiled_ones: Loops = request.getfixturevalue("compiled_loops")
+    return compiled_ones
+
+
+@pytest.fixture(scope="module")
+def loop(loops: Loops) -> Loop:
+    return loops[0]
 
 
 @pytest.fixture
-def encoder(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> Loop:
-    """The span encoder with this attribute loop."""
-    monkeypatch.setattr(otlp_wire, "attributes", loop)
-    return loop
+def encoder(loops: Loops, monkeypatch: pytest.MonkeyPatch) -> Loops:
+    """The span encoder with these loops (compiled: the record's fields read in C)."""
+    monkeypatch.setattr(otlp_wire, "attributes", loops[0])
+    monkeypatch.setattr(otlp_wire, "record_attributes", loops[1])
+    return loops
 
 
 def _sdk_span(rec: dict[str, Any], resource: Resource) -> ReadableSpan:
@@ -176,7 +184,7 @@ def _resource(rec: dict[str, Any], extra: dict[str, Any]) -> Resource:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_batch_equals_the_sdks_request(seed: int, encoder: Loop) -> None:
+def test_a_batch_equals_the_sdks_request(seed: int, encoder: Loops) -> None:
     recs = _records(300, seed)
     extra = {"k8s.pod.name": "chat-7d9f", "k8s.namespace.name": "prod"} if seed % 2 else {}
     resources: dict[tuple[int, str], Resource] = {}
@@ -203,7 +211,7 @@ def test_a_batch_equals_the_sdks_request(seed: int, encoder: Loop) -> None:
     assert ours_bytes == sdk.SerializeToString()
 
 
-def test_each_span_flags_status_and_ids(encoder: Loop) -> None:
+def test_each_span_flags_status_and_ids(encoder: Loops) -> None:
     """The fields the collector reads first, spelled out (a wrong constant in both the
     encoder and the oracle would pass the comparison above)."""
     rec = _records(1, 9)[0]
@@ -296,7 +304,7 @@ def _split(buf: bytes) -> list[bytes]:
     return out
 
 
-def test_the_agent_uses_it_unless_turned_off(compiled_loop: Loop) -> None:
+def test_the_agent_uses_it_unless_turned_off(compiled_loops: Loops) -> None:
     """Once built, the module's loop is the compiled one; PARALLAX_OTLP_WIRE_FAST=0 gives
     the reference, and says so (the agent's attach line carries otlp_wire.ENCODER)."""
 
