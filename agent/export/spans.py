@@ -56,12 +56,24 @@ class JsonlExporter:
 _SCOPE = otlp_wire.scope("parallax.agent")  # the instrumentation scope of every span
 
 
+_ROUTES: dict[str, str] = {}  # path → route: most requests repeat a path seen before
+
+
+def _route(path: str) -> str:
+    r = _ROUTES.get(path)
+    if r is None:
+        if len(_ROUTES) >= 4096:  # (paths with ids in them: bounded, cleared now and then)
+            _ROUTES.clear()
+        r = _ROUTES[path] = route_template(path)
+    return r
+
+
 def span_of(rec: dict[str, Any]) -> bytes:
     """The record as an OTLP Span message: a SERVER span, the child of the span its
     traceparent named. The sampled flag is the agent's: it exports only what it kept, at
     the probability its trace state says (OpenTelemetry's ot=th:…; OTLP carries no trace
     flags on a span); whether the browser sampled the trace is the beacon's own field."""
-    route = route_template(rec["path"])
+    route = _route(rec["path"])
     fields = otlp_wire.record_attributes
     if fields is not None:  # compiled: from the record's dict, no dict of attributes
         extra = records.rpc_attributes(rec)
