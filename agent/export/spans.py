@@ -150,6 +150,7 @@ class OtlpExporter:
         batch: int = 512,
         period_s: float = 0.5,
         max_backoff_s: float = 30.0,
+        max_bytes: int = 512 << 10,
         timeout_s: float = 5.0,
     ) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
@@ -163,6 +164,7 @@ class OtlpExporter:
         self._sdk = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, session=self._answer)
         self.max_queue, self.batch, self.period_s = max_queue, batch, period_s
         self.max_backoff_s = max_backoff_s
+        self.max_bytes = max_bytes  # of spans per request (the resources come on top)
         self._queue: deque[tuple[bytes, bytes]] = deque()  # (resource, span), encoded
         self._cv = threading.Condition()
         self._closing = False
@@ -241,8 +243,16 @@ class OtlpExporter:
         with self._cv:
             if len(self._queue) < self.batch and not self._closing:
                 self._cv.wait(self.period_s)  # a full batch, or what came in a period
-            n = min(self.batch, len(self._queue))
-            return [self._queue.popleft() for _ in range(n)]
+            q, out, size = self._queue, [], 0
+            # at most `batch` spans and about `max_bytes` (never none): a collector refuses
+            # a larger body for good (413; this collector's default limit is 1 MiB), and
+            # 512 spans of long LLM answers, their token times in them, are megabytes
+            while q and len(out) < self.batch:
+                size += len(q[0][1])
+                if out and size > self.max_bytes:
+                    break
+                out.append(q.popleft())
+            return out
 
     def _send_loop(self) -> None:
         pending: list[tuple[bytes, bytes]] = []

@@ -15,15 +15,19 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from agent.export.spans import OtlpExporter
+from collector.config import Settings
 from demo.stack import free_port
 from parallax_contracts import trace_context
 
 
 class Receiver:
     """An OTLP/HTTP endpoint on 127.0.0.1 answering ``answers`` in order (status,
-    Retry-After or None), then 200; it keeps each body with the status it got."""
+    Retry-After or None), then 200; it keeps each body with the status it got. A body over
+    ``body_limit`` gets a 413, as the collector answers it."""
 
-    def __init__(self, answers: list[tuple[int, str | None]], port: int = 0) -> None:
+    def __init__(
+        self, answers: list[tuple[int, str | None]], port: int = 0, body_limit: int = 0
+    ) -> None:
         self.answers = list(answers)
         self.posts: list[tuple[float, int, bytes]] = []
         me = self
@@ -33,7 +37,10 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                status, retry_after = me.answers.pop(0) if me.answers else (200, None)
+                if body_limit and len(body) > body_limit:
+                    status, retry_after = 413, None
+                else:
+                    status, retry_after = me.answers.pop(0) if me.answers else (200, None)
                 me.posts.append((time.monotonic(), status, body))
                 self.send_response(status)
                 if retry_after is not None:
@@ -141,6 +148,28 @@ def test_the_queue_is_bounded_and_keeps_the_newest() -> None:
         wait_until(lambda: exp.delivered == 51, timeout_s=20)
         want = {f"{i + 1:016x}" for i in [0, *range(150, 200)]}
         assert set(rx.taken()) == want and len(rx.taken()) == 51
+    finally:
+        exp.close()
+        rx.close()
+
+
+def test_long_answers_after_an_outage_fit_the_collectors_body_limit() -> None:
+    """After an outage the queue holds long LLM answers' spans, each with its 1,024 token
+    times (~7 KB): 512 of them in one request would be ~3.6 MB, which the collector refuses
+    for good (413 over its 1 MiB default). Each request stays under the exporter's
+    ``max_bytes``, and every span is delivered."""
+    limit = Settings().max_otlp_bytes
+    rx = Receiver([(503, "1")], body_limit=limit)
+    exp = OtlpExporter(rx.url)  # the agent's defaults
+    try:
+        exp.export_batch([record(0)])
+        wait_until(lambda: len(rx.posts) == 1, timeout_s=5)  # the outage's first refusal
+        long = [i * 9_973 for i in range(1024)]
+        exp.export_batch([{**record(i), "llm_token_offsets_us": long} for i in range(1, 600)])
+        wait_until(lambda: exp.delivered + exp.failed == 600, timeout_s=20)
+        sizes = [len(body) for _, status, body in rx.posts if status == 200]
+        assert exp.failed == 0 and len(set(rx.taken())) == 600, [s for _, s, _ in rx.posts]
+        assert len(sizes) >= 7 and max(sizes) <= limit // 2 + 4096, sizes
     finally:
         exp.close()
         rx.close()
