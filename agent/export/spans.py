@@ -243,7 +243,8 @@ class OtlpExporter:
         with self._cv:
             if len(self._queue) < self.batch and not self._closing:
                 self._cv.wait(self.period_s)  # a full batch, or what came in a period
-            q, out, size = self._queue, [], 0
+            q, size = self._queue, 0
+            out: list[tuple[bytes, bytes]] = []
             # at most `batch` spans and about `max_bytes` (never none): a collector refuses
             # a larger body for good (413; this collector's default limit is 1 MiB), and
             # 512 spans of long LLM answers, their token times in them, are megabytes
