@@ -21,6 +21,7 @@ import orjson
 import requests
 
 from agent import records
+from agent.diagnostics import where
 from agent.export import otlp_wire
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
@@ -170,7 +171,8 @@ class OtlpExporter:
         self._closing = False
         self.delivered = 0  # spans the collector took
         self.dropped = 0  # oldest spans dropped at the full queue
-        self.refused = 0  # spans in batches refused for good
+        self.refused = 0  # spans in batches refused for good, or records not encodable
+        self._unencodable: set[str] = set()  # exception types already logged
         self.abandoned = 0  # spans still undelivered when close() gave up
         self._outage: tuple[float, int] | None = None  # (since, dropped then)
         self._drops_said = False
@@ -236,7 +238,21 @@ class OtlpExporter:
 
     def export_batch(self, recs: list[dict[str, Any]]) -> None:
         for rec in recs:
-            self.export(rec)
+            try:
+                self.export(rec)
+            except (ValueError, TypeError, KeyError) as e:
+                # one record the encoder cannot take (a bug, or a field of a type nothing
+                # here anticipated) must not take the rest of the batch with it: counted
+                # as refused, said once per type, never its values (they may quote a path)
+                self.refused += 1
+                if type(e).__name__ not in self._unencodable:
+                    self._unencodable.add(type(e).__name__)
+                    log.warning(
+                        "otlp: a record could not be encoded (%s at %s): counted in"
+                        " parallax_agent_otlp_failed_spans_total (said once per type)",
+                        type(e).__name__,
+                        where(e),
+                    )
 
     # -- the sender thread ----------------------------------------------------------------
     def _next_batch(self) -> list[tuple[bytes, bytes]]:
