@@ -211,17 +211,27 @@ def scope(name: str) -> bytes:
 
 def request(spans: Iterable[tuple[bytes, bytes]], scope_msg: bytes) -> bytes:
     """ExportTraceServiceRequest of ``(resource, span)`` pairs: one ResourceSpans per
-    resource, in the order each first appears, with one ScopeSpans of ``scope_msg``."""
+    resource, in the order each first appears, with one ScopeSpans of ``scope_msg``. Each
+    span is framed by reference (its tag and length beside it in the list, no copy of it
+    until the one join)."""
     groups: dict[bytes, list[bytes]] = {}
+    small = _SMALL
     for res, sp in spans:
         g = groups.get(res)
         if g is None:
-            g = groups[res] = [_field(b"\x0a", scope_msg)]  # ScopeSpans.scope 1
-        g.append(b"\x12" + varint(len(sp)) + sp)  # ScopeSpans.spans 2
+            g = groups[res] = []
+        n = len(sp)
+        if n < 0x80:
+            g += (b"\x12", small[n], sp)  # ScopeSpans.spans 2
+        elif n < 0x4000:
+            g += (b"\x12", bytes(((n & 0x7F) | 0x80, n >> 7)), sp)
+        else:
+            g += (b"\x12", varint(n), sp)
+    scope_field = _field(b"\x0a", scope_msg)  # ScopeSpans.scope 1
     return b"".join(
         [
             # resource_spans 1: ResourceSpans{resource 1, scope_spans 2}
-            _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", b"".join(g)))
+            _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", scope_field + b"".join(g)))
             for res, g in groups.items()
         ]
     )
