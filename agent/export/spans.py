@@ -171,7 +171,8 @@ class OtlpExporter:
         self._closing = False
         self.delivered = 0  # spans the collector took
         self.dropped = 0  # oldest spans dropped at the full queue
-        self.refused = 0  # spans in batches refused for good, or records not encodable
+        self.refused = 0  # spans in batches refused for good
+        self.unencodable = 0  # records the encoder could not take (the export thread's count)
         self._unencodable: set[str] = set()  # exception types already logged
         self.abandoned = 0  # spans still undelivered when close() gave up
         self._outage: tuple[float, int] | None = None  # (since, dropped then)
@@ -185,8 +186,9 @@ class OtlpExporter:
     @property
     def failed(self) -> int:
         """Spans accepted but not delivered: dropped at the full queue, refused by the
-        collector, or left when the agent stopped during an outage."""
-        return self.dropped + self.refused + self.abandoned
+        collector, left when the agent stopped during an outage, or records that could not
+        be encoded."""
+        return self.dropped + self.refused + self.abandoned + self.unencodable
 
     def _resource(self, pid: int, service: str, comm: str, extra: dict[str, Any] | None) -> bytes:
         """The process's Resource, encoded; ``extra``: the record's ``resource``
@@ -213,18 +215,37 @@ class OtlpExporter:
         return hit[1]
 
     def export(self, rec: dict[str, Any]) -> None:
-        """The record as an OTLP span, encoded now (agent.export.otlp_wire), queued."""
-        encoded = (
-            self._resource(rec["pid"], rec["service"], rec["comm"], rec.get("resource")),
-            span_of(rec),
-        )
+        """One record (export_batch)."""
+        self.export_batch([rec])
+
+    def export_batch(self, recs: list[dict[str, Any]]) -> None:
+        """The records as OTLP spans, encoded now (agent.export.otlp_wire), queued under
+        one lock; at the full queue the oldest spans go."""
+        encoded = []
+        for rec in recs:
+            try:
+                encoded.append(
+                    (
+                        self._resource(
+                            rec["pid"], rec["service"], rec["comm"], rec.get("resource")
+                        ),
+                        span_of(rec),
+                    )
+                )
+            except (ValueError, TypeError, KeyError) as e:
+                self._unencodable_record(e)
+        if not encoded:
+            return
         with self._cv:
             if self._closing:
-                self.abandoned += 1
+                self.abandoned += len(encoded)
                 return
-            if len(self._queue) >= self.max_queue:
-                self._queue.popleft()
-                self.dropped += 1
+            q = self._queue
+            q.extend(encoded)
+            if len(q) > self.max_queue:
+                for _ in range(len(q) - self.max_queue):
+                    q.popleft()
+                    self.dropped += 1
                 if not self._drops_said:  # once until spans are delivered again
                     self._drops_said = True
                     log.warning(
@@ -232,27 +253,22 @@ class OtlpExporter:
                         "parallax_agent_otlp_failed_spans_total",
                         self.max_queue,
                     )
-            self._queue.append(encoded)
-            if len(self._queue) >= self.batch:
+            if len(q) >= self.batch:
                 self._cv.notify()
 
-    def export_batch(self, recs: list[dict[str, Any]]) -> None:
-        for rec in recs:
-            try:
-                self.export(rec)
-            except (ValueError, TypeError, KeyError) as e:
-                # one record the encoder cannot take (a bug, or a field of a type nothing
-                # here anticipated) must not take the rest of the batch with it: counted
-                # as refused, said once per type, never its values (they may quote a path)
-                self.refused += 1
-                if type(e).__name__ not in self._unencodable:
-                    self._unencodable.add(type(e).__name__)
-                    log.warning(
-                        "otlp: a record could not be encoded (%s at %s): counted in"
-                        " parallax_agent_otlp_failed_spans_total (said once per type)",
-                        type(e).__name__,
-                        where(e),
-                    )
+    def _unencodable_record(self, e: Exception) -> None:
+        """A record the encoder cannot take (a bug, or a field of a type nothing here
+        anticipated) must not take the rest of its batch with it: counted as refused, said
+        once per type, never its values (they may quote a path)."""
+        self.unencodable += 1
+        if type(e).__name__ not in self._unencodable:
+            self._unencodable.add(type(e).__name__)
+            log.warning(
+                "otlp: a record could not be encoded (%s at %s): counted in"
+                " parallax_agent_otlp_failed_spans_total (said once per type)",
+                type(e).__name__,
+                where(e),
+            )
 
     # -- the sender thread ----------------------------------------------------------------
     def _next_batch(self) -> list[tuple[bytes, bytes]]:

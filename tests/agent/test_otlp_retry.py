@@ -247,7 +247,7 @@ def _sdk_span(rec: dict[str, Any]) -> Any:
 
 def test_a_record_that_cannot_be_encoded_costs_only_itself(caplog: Any) -> None:
     """A record whose trace id is not hex (nothing here makes one: a bug's shape) is
-    counted as refused, once in the log without its values, and its batch's other records
+    counted as failed, once in the log without its values, and its batch's other records
     are delivered."""
     rx = Receiver([])
     exp = OtlpExporter(rx.url, batch=10)
@@ -255,7 +255,7 @@ def test_a_record_that_cannot_be_encoded_costs_only_itself(caplog: Any) -> None:
         bad = {**record(5), "trace_id": "not-hex/secret-path"}
         exp.export_batch([record(i) for i in range(5)] + [bad] + [record(i) for i in range(6, 10)])
         wait_until(lambda: exp.delivered == 9, timeout_s=10)
-        assert exp.refused == 1 and exp.failed == 1 and len(rx.taken()) == 9
+        assert exp.unencodable == 1 and exp.failed == 1 and len(rx.taken()) == 9
         said = [r.getMessage() for r in caplog.records if "could not be encoded" in r.getMessage()]
         assert len(said) == 1 and "secret" not in said[0], said
     finally:
