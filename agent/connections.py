@@ -199,7 +199,10 @@ class Connections:
             out = p.on_event(typ, raw, t, sample_th)
             if out:
                 self.emit(st, out)
-            if st.held:
+            held = st.held
+            if held and (len(held) > 1 or held[0].tcp_end is not None):
+                # (one record waiting for its share of retransmits, still open: the common
+                # case between a response and the next request, nothing to release)
                 self._release(st)
             if typ == _EV_READ:
                 if p.gave_up_unparsed and not st.unparsed_counted:
