@@ -249,6 +249,15 @@ static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t na
     return done(&b);
 }
 
+/* The record's value of the field an entry of ``values`` or ``flags`` names: 1 (``*v``
+ * borrowed), 0 where the record has no such field, -1 on an error. */
+static int field_of(PyObject *rec, PyObject *entry, PyObject **v) {
+    *v = PyDict_GetItemWithError(rec, PyTuple_GET_ITEM(entry, 0));
+    if (*v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return 1;
+}
+
 /* record_attributes(tag, rec, values, flags): a record's span attributes, as
  * agent.records.span_attributes picks them, without the dict between. ``values``: (field,
  * name, is_array) — the field's value, unless None or an empty array; ``flags``: (field,
@@ -276,13 +285,11 @@ static PyObject *record_attributes(PyObject *self, PyObject *const *args, Py_ssi
             PyErr_SetString(PyExc_TypeError, "values: (field, name, is_array) tuples");
             goto fail;
         }
-        PyObject *v = PyDict_GetItemWithError(rec, PyTuple_GET_ITEM(e, 0));
-        if (v == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
-            continue;
-        }
-        if (v == Py_None)
+        PyObject *v;
+        int found = field_of(rec, e, &v);
+        if (found < 0)
+            goto fail;
+        if (!found || v == Py_None)
             continue;
         if (PyTuple_GET_ITEM(e, 2) == Py_True) {
             int truth = PyObject_IsTrue(v);
@@ -300,12 +307,12 @@ static PyObject *record_attributes(PyObject *self, PyObject *const *args, Py_ssi
             PyErr_SetString(PyExc_TypeError, "flags: (field, name) tuples");
             goto fail;
         }
-        PyObject *v = PyDict_GetItemWithError(rec, PyTuple_GET_ITEM(e, 0));
-        if (v == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
+        PyObject *v;
+        int found = field_of(rec, e, &v);
+        if (found < 0)
+            goto fail;
+        if (!found)
             continue;
-        }
         Py_INCREF(v);
         int truth = PyObject_IsTrue(v);
         Py_DECREF(v);
