@@ -207,7 +207,12 @@ static int key_value(Buf *b, unsigned char tag, PyObject *key, PyObject *value) 
     return end_len(b, kv);
 }
 
+/* The call's field tag (one byte), once configure() has been called. */
 static int one_byte_tag(PyObject *o, unsigned char *tag) {
+    if (any_value_py == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return -1;
+    }
     long t = PyLong_Check(o) ? PyLong_AsLong(o) : -1;
     if (t < 0 || t > 0x7F) {
         if (!PyErr_Occurred())
@@ -234,10 +239,6 @@ static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     if (one_byte_tag(args[0], &tag) < 0)
         return NULL;
-    if (any_value_py == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() first");
-        return NULL;
-    }
     Buf b = {NULL, 0, 0};
     PyObject *key, *value;
     Py_ssize_t pos = 0;
@@ -249,9 +250,15 @@ static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t na
     return done(&b);
 }
 
-/* The record's value of the field an entry of ``values`` or ``flags`` names: 1 (``*v``
- * borrowed), 0 where the record has no such field, -1 on an error. */
-static int field_of(PyObject *rec, PyObject *entry, PyObject **v) {
+/* The record's value of the field an entry of ``values`` or ``flags`` names (a tuple of
+ * ``size``, the field first): 1 (``*v`` borrowed), 0 where the record has no such field,
+ * -1 on an error. */
+static int field_of(PyObject *rec, PyObject *entry, Py_ssize_t size, PyObject **v) {
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != size) {
+        PyErr_SetString(PyExc_TypeError, size == 3 ? "values: (field, name, is_array) tuples"
+                                                   : "flags: (field, name) tuples");
+        return -1;
+    }
     *v = PyDict_GetItemWithError(rec, PyTuple_GET_ITEM(entry, 0));
     if (*v == NULL)
         return PyErr_Occurred() ? -1 : 0;
@@ -273,20 +280,11 @@ static PyObject *record_attributes(PyObject *self, PyObject *const *args, Py_ssi
     }
     if (one_byte_tag(args[0], &tag) < 0)
         return NULL;
-    if (any_value_py == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() first");
-        return NULL;
-    }
     PyObject *rec = args[1];
     Buf b = {NULL, 0, 0};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[2]); i++) {
-        PyObject *e = PyTuple_GET_ITEM(args[2], i);
-        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 3) {
-            PyErr_SetString(PyExc_TypeError, "values: (field, name, is_array) tuples");
-            goto fail;
-        }
-        PyObject *v;
-        int found = field_of(rec, e, &v);
+        PyObject *e = PyTuple_GET_ITEM(args[2], i), *v;
+        int found = field_of(rec, e, 3, &v);
         if (found < 0)
             goto fail;
         if (!found || v == Py_None)
@@ -302,13 +300,8 @@ static PyObject *record_attributes(PyObject *self, PyObject *const *args, Py_ssi
             goto fail;
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[3]); i++) {
-        PyObject *e = PyTuple_GET_ITEM(args[3], i);
-        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 2) {
-            PyErr_SetString(PyExc_TypeError, "flags: (field, name) tuples");
-            goto fail;
-        }
-        PyObject *v;
-        int found = field_of(rec, e, &v);
+        PyObject *e = PyTuple_GET_ITEM(args[3], i), *v;
+        int found = field_of(rec, e, 2, &v);
         if (found < 0)
             goto fail;
         if (!found)

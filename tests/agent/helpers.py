@@ -523,3 +523,29 @@ class ServerSet:
         for p in self.procs.values():
             p.stop()
         self.rx.close()
+
+
+def fresh_value(module: str, name: str, env: dict[str, str]) -> str:
+    """``module.name`` as a fresh Python process with ``env`` added has it: what a compiled
+    fast path's loader chose there (each loader runs once, at import)."""
+    code = f"import {module} as m; print(m.{name})"
+    return subprocess.run(
+        [PY, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def build_compiled(source: Path, module: str) -> None:
+    """Build a compiled fast path (parallax_contracts.compiled) for its tests: skipped
+    without a C toolchain (the agent then runs the reference), failed where the build fails
+    or where an older build of it was imported already (a shared object cannot be loaded
+    again in one process: the tests would run the old one)."""
+    from parallax_contracts import compiled
+
+    missing = compiled.toolchain_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    loaded = module in sys.modules
+    ok, msg = compiled.build(source)
+    assert ok, msg
+    if loaded and msg.startswith("built"):
+        pytest.fail(f"{msg} after the old build was imported: run the tests again")

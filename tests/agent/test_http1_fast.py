@@ -12,9 +12,6 @@ agent then runs the reference); a toolchain whose build fails is a failure."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -24,22 +21,14 @@ from hypothesis import strategies as st
 
 from agent.protocols import http1_head
 from parallax_contracts import compiled, trace_context
+from tests.agent.helpers import build_compiled, fresh_value
 
 Parse = Callable[[bytes], Any]
 
 
 @pytest.fixture(scope="module")
 def fast() -> tuple[Parse, Parse]:
-    missing = compiled.toolchain_missing()
-    if missing is not None:
-        pytest.skip(missing)
-    loaded = "agent.protocols._http1_fast" in sys.modules
-    ok, msg = compiled.build(compiled.HTTP1_SOURCE)
-    assert ok, msg
-    if loaded and msg.startswith("built"):
-        # a shared object cannot be loaded again in one process: the tests would run the
-        # build that was imported before this one (a .c changed since make setup)
-        pytest.fail(f"{msg} after the old build was imported: run the tests again")
+    build_compiled(compiled.HTTP1_SOURCE, "agent.protocols._http1_fast")
     req, resp, said = http1_head._load_compiled()
     assert "compiled" in said and "Python" not in said, said
     return req, resp
@@ -203,16 +192,9 @@ def test_the_agent_uses_it_unless_turned_off(fast: tuple[Parse, Parse]) -> None:
     """The module-level parsers are the compiled ones once built; PARALLAX_HTTP1_FAST=0 gives
     the references, and says so (the agent's attach line carries http1_head.PARSER)."""
 
-    def parser(env: dict[str, str]) -> str:
-        code = "from agent.protocols import http1_head as h; print(h.PARSER)"
-        return subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-            text=True, check=True,
-        ).stdout  # fmt: skip
-
-    on = parser({})
+    on = fresh_value("agent.protocols.http1_head", "PARSER", {})
     assert on.startswith("HTTP/1 heads: compiled"), on
-    off = parser({"PARALLAX_HTTP1_FAST": "0"})
+    off = fresh_value("agent.protocols.http1_head", "PARSER", {"PARALLAX_HTTP1_FAST": "0"})
     assert "Python" in off and "turned off (PARALLAX_HTTP1_FAST=0)" in off, off
 
 

@@ -10,10 +10,7 @@ failed build fails)."""
 from __future__ import annotations
 
 import enum
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +37,7 @@ from agent.protocols.exchange import Exchange
 from parallax_contracts import compiled, trace_context
 from parallax_contracts import span_attributes as sa
 from parallax_contracts.routes import route_template
+from tests.agent.helpers import build_compiled, fresh_value
 
 Loop = Callable[[bytes, Mapping[str, Any]], bytes]
 Loops = tuple[Loop, "otlp_wire.RecordAttributes | None"]
@@ -47,15 +45,7 @@ Loops = tuple[Loop, "otlp_wire.RecordAttributes | None"]
 
 @pytest.fixture(scope="module")
 def compiled_loops() -> Loops:
-    missing = compiled.toolchain_missing()
-    if missing is not None:
-        pytest.skip(missing)
-    loaded = "agent.export._otlp_wire_fast" in sys.modules
-    ok, msg = compiled.build(compiled.OTLP_WIRE_SOURCE)
-    assert ok, msg
-    if loaded and msg.startswith("built"):
-        # a shared object cannot be loaded again in one process
-        pytest.fail(f"{msg} after the old build was imported: run the tests again")
+    build_compiled(compiled.OTLP_WIRE_SOURCE, "agent.export._otlp_wire_fast")
     fn, fields, said = otlp_wire._load_compiled()
     assert "compiled" in said and "Python" not in said and fields is not None, said
     return fn, fields
@@ -308,14 +298,7 @@ def test_the_agent_uses_it_unless_turned_off(compiled_loops: Loops) -> None:
     """Once built, the module's loop is the compiled one; PARALLAX_OTLP_WIRE_FAST=0 gives
     the reference, and says so (the agent's attach line carries otlp_wire.ENCODER)."""
 
-    def encoder(env: dict[str, str]) -> str:
-        code = "from agent.export import otlp_wire as w; print(w.ENCODER)"
-        return subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-            text=True, check=True,
-        ).stdout  # fmt: skip
-
-    on = encoder({})
+    on = fresh_value("agent.export.otlp_wire", "ENCODER", {})
     assert on.startswith("OTLP spans: compiled"), on
-    off = encoder({"PARALLAX_OTLP_WIRE_FAST": "0"})
+    off = fresh_value("agent.export.otlp_wire", "ENCODER", {"PARALLAX_OTLP_WIRE_FAST": "0"})
     assert "Python" in off and "turned off (PARALLAX_OTLP_WIRE_FAST=0)" in off, off
