@@ -6,6 +6,16 @@
 #define PX_PEEK (PX_RESP_WINDOW < 256 ? PX_RESP_WINDOW : 256)
 #define PX_AF_INET 2
 #define PX_IPPROTO_TCP 6
+// TCP states (the kernel's include/net/tcp_states.h): tcp.h's state changes, state.h's
+// unfollowed-connection check
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_RECV 3
+#define TCP_FIN_WAIT1 4
+#define TCP_FIN_WAIT2 5
+#define TCP_CLOSE 7
+#define TCP_CLOSE_WAIT 8
+#define TCP_LAST_ACK 9
+#define TCP_LISTEN 10
 #define EV_READ 1
 #define EV_RESP 2
 #define EV_WAGG 3

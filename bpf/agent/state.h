@@ -237,7 +237,7 @@ static __always_inline void px_unfollowed_read(u64 sk) {
         proto != PX_IPPROTO_TCP)
         return;
     if (bpf_probe_read_kernel(&state, sizeof(state), (void *)(sk + PX_OFF_SKC_STATE)) ||
-        (state != 1 && state != 8))  // (TCP_ESTABLISHED, TCP_CLOSE_WAIT)
+        (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT))
         return;
     if (bpf_probe_read_kernel(&num, sizeof(num), (void *)(sk + PX_OFF_SKC_NUM)) ||
         !px_port_ok(num))

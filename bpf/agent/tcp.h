@@ -60,17 +60,7 @@ static __always_inline void px_rtx_add(u32 *wait_us, u32 *timed, u32 last_us, u3
     *timed += 1;
 }
 
-#define TCP_FIN_WAIT2 5
-
 // ---- softirq side: keyed by socket address ----------------------------------------
-
-#define TCP_ESTABLISHED 1
-#define TCP_SYN_RECV 3
-#define TCP_FIN_WAIT1 4
-#define TCP_CLOSE 7
-#define TCP_CLOSE_WAIT 8
-#define TCP_LAST_ACK 9
-#define TCP_LISTEN 10
 
 // Threads of traced processes that are exiting (sched_process_exit runs before the exit
 // closes the files): a reset sent from such a thread is the server's, not the peer's.
