@@ -15,7 +15,7 @@ Field numbers: opentelemetry/proto/{trace,common,resource}/v1/*.proto.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ def _any_value_rare(v: Any) -> bytes:
     if isinstance(v, Mapping):
         kvs = [_field(b"\x0a", key_value(str(k), x)) for k, x in v.items()]
         return _field(b"\x32", b"".join(kvs))
-    if isinstance(v, Iterable):
+    if isinstance(v, Sequence):  # (as the SDK: a set or a generator is no attribute value)
         return _field(b"\x2a", b"".join([_field(b"\x0a", any_value(x)) for x in v]))
     raise TypeError(f"an attribute value of type {type(v).__name__}")
 
@@ -102,26 +102,8 @@ def key_value(key: str, v: Any) -> bytes:
 
 def _attributes_py(tag: bytes, attrs: Mapping[str, Any]) -> bytes:
     """``attrs`` as the repeated KeyValue field ``tag`` of a message (the reference of
-    _otlp_wire_fast.c). The common values (an int, a short string) are written inline: a
-    span has ~25 attributes, and a call per varint and per field was most of its
-    encoding."""
-    small = _SMALL
-    keys = _KEYS
-    out = []
-    for key, v in attrs.items():
-        k = keys.get(key) or _key(key)
-        t = type(v)
-        if t is int and 0 <= v < 0x80:
-            av = b"\x18" + small[v]
-        elif t is str and len(v) < 0x80 and v.isascii():
-            av = b"\x0a" + small[len(v)] + v.encode()
-        else:
-            av = any_value(v)
-        n = len(av)
-        kv = k + b"\x12" + small[n] + av if n < 0x80 else k + _field(b"\x12", av)
-        n = len(kv)
-        out.append(tag + small[n] + kv if n < 0x80 else _field(tag, kv))
-    return b"".join(out)
+    _otlp_wire_fast.c)."""
+    return b"".join([_field(tag, key_value(k, v)) for k, v in attrs.items()])
 
 
 # A record's span attributes straight from its dict (agent.records' SPAN_VALUES and

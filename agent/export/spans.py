@@ -258,8 +258,8 @@ class OtlpExporter:
 
     def _unencodable_record(self, e: Exception) -> None:
         """A record the encoder cannot take (a bug, or a field of a type nothing here
-        anticipated) must not take the rest of its batch with it: counted as refused, said
-        once per type, never its values (they may quote a path)."""
+        anticipated) must not take the rest of its batch with it: counted (in ``failed``),
+        said once per type, never its values (they may quote a path)."""
         self.unencodable += 1
         if type(e).__name__ not in self._unencodable:
             self._unencodable.add(type(e).__name__)
