@@ -23,6 +23,7 @@ counted as lost. Only ``:method``, ``:path``, ``:status``, ``traceparent``, ``co
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ END_STREAM, END_HEADERS, PADDED, PRIORITY = 0x1, 0x4, 0x8, 0x20
 SETTINGS_HEADER_TABLE_SIZE = 1
 MAX_BLOCK = 1 << 20  # a header block larger than this is not buffered: desync
 MAX_STREAMS = 1024  # streams in flight per connection before new ones are not followed
+_NEEDED = frozenset((HEADERS, CONTINUATION, PUSH_PROMISE, RST_STREAM, SETTINGS))  # payload read
 
 # EV_H2 (bpf/agent/proto/http2.h): READ's layout, its ``skipped`` field carrying the
 # direction, then the kernel's frame walk
@@ -112,9 +114,13 @@ class _Capture:
         return None
 
 
-def _header(h: bytes) -> tuple[int, int, int, int]:
-    """A frame header's (length, type, flags, stream id)."""
-    return int.from_bytes(h[0:3], "big"), h[3], h[4], int.from_bytes(h[5:9], "big") & 0x7FFFFFFF
+_FRAME_HDR = struct.Struct(">BHBBI")  # length's high byte and low 16 bits, type, flags, sid
+
+
+def _header(h: bytes, at: int = 0) -> tuple[int, int, int, int]:
+    """The (length, type, flags, stream id) of the frame header at ``h[at:at + 9]``."""
+    hi, lo, typ, flags, sid = _FRAME_HDR.unpack_from(h, at)
+    return hi << 16 | lo, typ, flags, sid & 0x7FFFFFFF
 
 
 class Desync(Exception):  # noqa: N818  (control flow inside the framer, never raised out)
@@ -294,6 +300,10 @@ class H2Conn:
                         self._frame(d, frame, bytes(d.payload), d.t_frame, rx)
                         d.payload.clear()
                     continue
+                if not d.hdr and pos + 9 <= len(cv.head) and pos + 9 <= n:
+                    # the common case first: a whole frame header in the copy's head
+                    pos = self._frame_start(d, _header(cv.head, pos), t, n, cv, pos + 9, rx)
+                    continue
                 need = 9 - len(d.hdr)
                 hb = cv.get(pos, pos + min(need, n - pos))
                 if hb is None:
@@ -337,13 +347,14 @@ class H2Conn:
         ln, typ, flags, sid = frame
         if d.block and typ != CONTINUATION:
             raise Desync("continuation_expected")
-        if typ == DATA:
-            self._data(sid, ln, flags, t, rx)
-            d.skip = ln
-            return pos
-        if typ not in (HEADERS, CONTINUATION, PUSH_PROMISE, RST_STREAM, SETTINGS):
-            d.skip = ln  # PING, PRIORITY, WINDOW_UPDATE, GOAWAY, unknown: nothing needed
-            return pos
+        if typ not in _NEEDED:
+            if typ == DATA:
+                self._data(sid, ln, flags, t, rx)
+            # (PING, PRIORITY, WINDOW_UPDATE, GOAWAY, unknown: nothing needed.) The payload
+            # is passed over: what this event holds of it now, the rest in the next events.
+            take = min(ln, n - pos)
+            d.skip = ln - take
+            return pos + take
         if ln > MAX_BLOCK:
             raise Desync("frame_too_large")
         end = pos + ln

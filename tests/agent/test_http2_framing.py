@@ -10,6 +10,8 @@ import h2.connection
 import h2.events
 import pytest
 from hpack import Encoder
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from agent.protocols.exchange import Exchange
 from agent.protocols.http2 import PREFACE, H2Conn, H2Stats
@@ -232,3 +234,98 @@ def test_the_server_encoder_may_grow_its_table_when_the_client_allows_it() -> No
     frame = len(block).to_bytes(3, "big") + b"\x01\x05\0\0\0\x01" + block
     [ex] = conn.on_write(3, len(frame), frame)
     assert ex.status == 200 and not conn.dead
+
+
+@st.composite
+def _answers(draw: st.DrawFn) -> tuple[bytes, bytes, bytes, int]:
+    """A few concurrent streams answered by a real h2 server, their frames interleaved:
+    heads, DATA of drawn sizes (empty, small, and longer than a capture window), PINGs,
+    ends by END_STREAM or by gRPC trailers. Returns the client's bytes (preface, requests),
+    the server's preamble (its SETTINGS and ACK), its answers, and the number of streams."""
+    p = Pair()
+    reqs = p.c2s()
+    sids = [p.request(f"/s/{i}") for i in range(draw(st.integers(1, 4)))]
+    reqs += p.c2s()
+    preamble = p.s2c()
+    for sid in sids:
+        p.server.send_headers(sid, [(":status", "200")])
+    open_ = list(sids)
+    while open_:
+        sid = draw(st.sampled_from(open_))
+        op = draw(st.sampled_from(["end", "trailers", "ping", "data", "data", "data"]))
+        if op == "data":
+            size = draw(st.sampled_from([0, 1, 7, 40, 300, 2000]))
+            if size <= p.server.local_flow_control_window(sid):
+                p.server.send_data(sid, b"t" * size)
+        elif op == "ping":
+            p.server.ping(b"12345678")
+        elif op == "end":
+            p.server.send_data(sid, b"", end_stream=True)
+            open_.remove(sid)
+        else:
+            p.server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+            open_.remove(sid)
+    return reqs, preamble, p.server.data_to_send(), len(sids)
+
+
+def _frames(w: bytes) -> list[tuple[int, int, int, int]]:
+    """The frames of ``w`` by a walk of their headers alone: (offset, length, type, stream
+    id)."""
+    out, pos = [], 0
+    while pos < len(w):
+        ln = int.from_bytes(w[pos : pos + 3], "big")
+        out.append((pos, ln, w[pos + 3], int.from_bytes(w[pos + 5 : pos + 9], "big")))
+        pos += 9 + ln
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    answers=_answers(),
+    cuts=st.lists(st.integers(1, 1 << 14), max_size=12),
+    window=st.sampled_from([9, 16, 64, 256, 1 << 20]),
+)
+def test_any_cut_into_writes_gives_the_frames_times_or_a_counted_desync(
+    answers: tuple[bytes, bytes, bytes, int], cuts: list[int], window: int
+) -> None:
+    """The server's answers cut into writes anywhere, each captured up to ``window`` bytes
+    with the frame headers beyond it given as the kernel's walk gives them: each stream's
+    head time and chunk times are those of the write its frame header began in, its byte
+    counts its frames'. A frame header cut by the window's edge, or a header block beyond
+    it, may desync the connection (counted), never give other figures; a whole capture
+    never desyncs."""
+    reqs, preamble, w, n_streams = answers
+    frames = _frames(w)
+    bounds = sorted({c % len(w) for c in cuts} - {0} | {len(w)})
+    stats = H2Stats()
+    conn = H2Conn(stats)
+    conn.on_read(1000, len(reqs), reqs)
+    conn.on_write(2000, len(preamble), preamble)
+    out: list[Exchange] = []
+    t_of: dict[int, int] = {}  # a frame's offset → the time of the write it began in
+    start = 0
+    for i, end in enumerate(bounds):
+        t = 1_000_000 * (i + 1)
+        starts = [f[0] for f in frames if start <= f[0] < end]
+        t_of.update(dict.fromkeys(starts, t))
+        # (the walk reads a header past the copy only where the write holds all 9 bytes)
+        past = {o - start: w[o : o + 9] for o in starts if o - start + 9 > window and o + 9 <= end}
+        ev = w[start:end]
+        out += conn.on_write(t, len(ev), ev[:window], past)
+        start = end
+    event(f"desync: {conn.dead}" if conn.dead else "framed")
+    if conn.dead is not None:
+        assert window < 1 << 20 and sum(stats.desync.values()) == 1, stats
+        return
+    assert sorted(ex.path for ex in out) == sorted(f"/s/{i}" for i in range(n_streams))
+    for ex in out:
+        sid = 1 + 2 * int(ex.path.rsplit("/", 1)[1])  # the client's streams: 1, 3, 5, ...
+        mine = [f for f in frames if f[3] == sid]
+        data = [f for f in mine if f[2] == 0]
+        heads = [f for f in mine if f[2] == 1]
+        assert ex.t2 == t_of[heads[0][0]] and ex.status == 200 and ex.ended, ex
+        assert ex.chunk_offs_us == [(t_of[f[0]] - ex.t1) // 1000 for f in data if f[1]]
+        assert ex.chunks == sum(1 for f in data if f[1])
+        assert ex.body_out == sum(f[1] for f in data)
+        assert ex.bytes_out == sum(9 + f[1] for f in mine)
+        assert ex.grpc_status == (0 if len(heads) == 2 else None)
