@@ -140,8 +140,7 @@ class Connections:
 
     @property
     def waiting(self) -> bool:
-        """Responses or records wait for the sweep (the main loop keeps draining at full
-        rate)."""
+        """Responses or records wait for a sweep (the main loop's, at each drain)."""
         return bool(self._open_cl) or bool(self._holding)
 
     def _new_parser(self, proto: Entry) -> ConnParser:

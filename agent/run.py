@@ -6,9 +6,9 @@ records (agent.connections), the export queue and thread (agent.export.outputs,
 agent.export.spans), and shedding (agent.shedding). This module starts them, runs the main
 loop and stops them.
 
-Threads: the main loop drains the ring buffer on a short timer (records are submitted
-without wakeup), cuts events into exchanges and queues records; an exporter thread writes
-them out; /metrics answers on its own thread.
+Threads: the main loop drains the ring buffer on a timer that follows the event rate
+(records are submitted without wakeup), cuts events into exchanges and queues records; an
+exporter thread writes them out; /metrics answers on its own thread.
 """
 
 from __future__ import annotations
@@ -42,6 +42,29 @@ from agent.protocols import http1_head
 from agent.shedding import Shedding
 
 log = logging.getLogger("parallax.agent")
+
+# The main loop's drains (Agent._main_loop): each comes when about DRAIN_EVENTS events are
+# due, at most IDLE_DRAINS drain periods apart (the idle agent's wait), at least one apart,
+# and one apart whenever the ring is more than BUSY_FILL full.
+DRAIN_EVENTS = 1024
+IDLE_DRAINS = 5
+BUSY_FILL = 1 / 16
+
+
+def next_drain(n: int, dt: float, fill: float | None, period: float) -> float:
+    """Seconds to the next drain, after one that took ``n`` events that came in ``dt``
+    seconds, the ring ``fill`` full before it; ``period``: the shortest wait (drain_ms).
+
+    A wake-up has a fixed cost, and a drain of a few events pays it per event: at 150
+    streams/s the agent cost 108-123 µs a stream draining every 50 ms, 64-68 with this
+    (docs/benchmarks.md, "Drains that follow the event rate"). The 8 MiB ring holds ~40k
+    events: a burst after the longest wait has the room it has after an idle one."""
+    slow = IDLE_DRAINS * period
+    if fill is not None and fill > BUSY_FILL:
+        return period
+    if n <= 0:
+        return slow
+    return min(slow, max(period, dt * DRAIN_EVENTS / n))
 
 
 @dataclass
@@ -338,20 +361,18 @@ class Agent:
         conns, shedding, export = self.conns, self.shedding, self.export
         last_slow = 0.0
         period = self.cfg.drain_ms / 1000
-        idle = 0
         reader = self.ring.reader
         aggs = self.bpf["px_aggs"]
+        last = time.monotonic()
         while not self.stop.is_set():
             before = conns.n_events
             fill = reader.backlog() if reader is not None else None
             self.ring.drain()
             shedding.step(fill)
             export.wake()
-            # Idle (no event in the last 5 drains, no response waiting for the sweep):
-            # drain five times less often — fewer wake-ups; the 8 MiB ring holds far more
-            # than that of a burst.
-            idle = idle + 1 if conns.n_events == before and not conns.waiting else 0
             now = time.monotonic()
+            wait = next_drain(conns.n_events - before, now - last, fill, period)
+            last = now
             if now - last_slow >= 1.0:
                 last_slow = now
                 counters = loader.counters(
@@ -364,7 +385,7 @@ class Agent:
                 self.maybe_time_write_starts(counters)
                 self.clock.maybe_remeasure()
             conns.sweep(aggs)
-            self.stop.wait(period if idle < 5 else 5 * period)
+            self.stop.wait(wait)
 
     def maybe_time_write_starts(self, counters: dict[str, int]) -> None:
         """A traced server writes on a blocking socket (counted in the kernel): such a write
