@@ -18,6 +18,11 @@ every program of the agent), the agent's user-space CPU (total, and marginal: th
 agent's subtracted), the server's CPU untraced → traced, and the records / requests.
 
     python -m bench.http2 [--seconds 5] [--repeats 3] [--rate 200] [--no-write]
+                          [--cases http1,h2c,grpc] [--drain-ms MS]
+
+``--cases``: some of the three only; ``--drain-ms``: the agent's shortest drain period (its
+hidden flag). Hypercorn ends an h2 connection after 1,000 streams: keep ``--seconds`` ×
+``--rate`` under that for h2c.
 """
 
 from __future__ import annotations
@@ -135,9 +140,11 @@ def load(case: Case, seconds: float, rate: float) -> dict[str, float]:
     return res
 
 
-def traced_run(case: Case, tmp: Path, seconds: float, rate: float, idle: float) -> None:
+def traced_run(
+    case: Case, tmp: Path, seconds: float, rate: float, idle: float, flags: tuple[str, ...]
+) -> None:
     tmp.mkdir()
-    agent = AgentProc(case.port, tmp, ("--cpu-budget", "0"))
+    agent = AgentProc(case.port, tmp, flags)
     try:
         time.sleep(1.5)  # the first rescan has found the server
         # (0.3 s after the load: the agent drains its ring on a timer — its CPU for these)
@@ -165,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rate", type=float, default=200, help="requests/s per case")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--cases", default="http1,h2c,grpc", help="the cases to run, by client kind")
+    ap.add_argument("--drain-ms", type=float, help="the agent's shortest drain period")
     a = ap.parse_args(argv)
+    flags: tuple[str, ...] = ("--cpu-budget", "0")
+    if a.drain_ms is not None:
+        flags += ("--drain-ms", str(a.drain_ms))
     if os.geteuid() != 0:
         print("bench.http2: needs root (make setup)", file=sys.stderr)
         return 1
@@ -204,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             Case("Hypercorn h2c", "h2c", hport, procs[0].pid),
             Case("grpcio server stream", "grpc", gport, procs[1].pid),
         ]
+        cases = [c for c in cases if c.kind in a.cases.split(",")]
         for c in cases:  # warm-up
             load(c, 1, a.rate)
-        agent = AgentProc(hport, tmp, ("--cpu-budget", "0"))
+        agent = AgentProc(hport, tmp, flags)
         try:
             time.sleep(1.5)
             cpu0, t0 = _cpu_ns(agent.p.pid), time.monotonic()
@@ -217,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(a.repeats):
             for c in cases:
                 c.untraced.append(load(c, a.seconds, a.rate))
-                traced_run(c, tmp / f"{c.kind}-{i}", a.seconds, a.rate, idle)
+                traced_run(c, tmp / f"{c.kind}-{i}", a.seconds, a.rate, idle, flags)
                 u, t = c.untraced[-1], c.runs[-1]
                 print(
                     f"round {i + 1} {c.name}: BPF {t['bpf_ns_per_req']:.0f} ns/req, agent"
@@ -242,7 +255,10 @@ def summary(cases: list[Case], a: argparse.Namespace, idle: float, took: float) 
         "",
         f"Machine: {report.machine()}. Commit {report.git_rev()}. Command:"
         f" `python -m bench.http2 --seconds {a.seconds:g} --repeats {a.repeats}"
-        f" --rate {a.rate:g}` ({took:.0f} s).",
+        f" --rate {a.rate:g}"
+        + (f" --cases {a.cases}" if a.cases != "http1,h2c,grpc" else "")
+        + (f" --drain-ms {a.drain_ms:g}" if a.drain_ms is not None else "")
+        + f"` ({took:.0f} s).",
         "",
         f"Each request a stream of {TOKENS} tokens with no wait: Hypercorn serving"
         " demo/llm_app.py's `/v1/stream` over HTTP/1.1 (10 keep-alive connections) and over"
