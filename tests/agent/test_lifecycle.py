@@ -219,7 +219,14 @@ def test_aggregate_longer_than_its_offset_range_keeps_exact_offsets(tmp_path: Pa
         want = [(t - app["t_read_ns"]) // 1000 for t in app["t_writes_ns"][1:]]
         got = r["chunk_offsets_us"]
         assert len(got) == 10
-        assert all(abs(g - w) < 1000 for g, w in zip(got, want, strict=True)), (got, want)
+        # Each chunk after the first, from the first: exact across the aggregates' flushes.
+        # The first from the request's read: the app stamps its read after the syscall
+        # returned, so a preempted app stamps late (a fresh clone's run: 2.35 ms, every
+        # offset by the same).
+        assert all(
+            abs((g - got[0]) - (w - want[0])) < 1000 for g, w in zip(got, want, strict=True)
+        ), (got, want)
+        assert -1000 < got[0] - want[0] < 25_000, (got, want)
         assert r["duration_us"] >= 900_000
     finally:
         agent.stop()
