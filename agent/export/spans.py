@@ -133,6 +133,12 @@ class OtlpExporter:
     """Spans in a bounded queue, encoded as they come (agent.export.otlp_wire), sent in
     batches by one thread through the OTLP/HTTP exporter of the OpenTelemetry SDK.
 
+    A batch is ``batch`` spans (at most ``max_bytes`` of them) or what came in ``period_s``.
+    A POST costs the sender ~1 ms of CPU whatever its size (the SDK's client and
+    ``requests``): 512 spans every 0.5 s cost it 22-23 µs a request at 200 requests/s and
+    ~4.8 at 1,900; 1,024 every second, 13-15 and ~3.7 (docs/benchmarks.md, "Drains that
+    follow the event rate"). The SDK's own BatchSpanProcessor waits 5 s.
+
     A batch the collector cannot take for now — 429, 502, 503, 504, unreachable, timed out —
     is kept and sent again after a backoff (its Retry-After when it gave one, else 1 s
     doubling to ``max_backoff_s``, ±20 %), so a collector restart or a short outage loses
@@ -148,8 +154,8 @@ class OtlpExporter:
         self,
         base_url: str,
         max_queue: int = 8192,
-        batch: int = 512,
-        period_s: float = 0.5,
+        batch: int = 1024,
+        period_s: float = 1.0,
         max_backoff_s: float = 30.0,
         max_bytes: int = 512 << 10,
         timeout_s: float = 5.0,
