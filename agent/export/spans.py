@@ -201,11 +201,12 @@ class OtlpExporter:
         (agent.identity.resource: host, container, pod), one dict per process state, so a
         new one means a rebuild. The SDK's ``Resource.create`` adds its own attributes and
         those of ``OTEL_RESOURCE_ATTRIBUTES``."""
-        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-
         key = (pid, service)
         hit = self._resources.get(key)
         if hit is None or hit[0] is not extra:
+            # (imported here, on a miss: an import statement costs every record that runs it)
+            from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+
             if len(self._resources) > 4096:
                 self._resources.clear()
             r = Resource.create(
