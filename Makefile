@@ -59,10 +59,12 @@ bench: bench-agent bench-llm bench-collector bench-sla bench-accuracy bench-gpu 
 # bench.tls, bench.http2: the same per-request costs over TLS, and over HTTP/2 and gRPC,
 # beside plaintext HTTP/1 (~5 min, ~3 min); bench.tp_btf: the BTF tracepoints against the
 # classic ones (~2 min); bench.agent_threads --otlp: the agent as the DaemonSet runs it,
-# exporting OTLP spans (bench.agent exports JSON lines), its CPU per request by thread
+# exporting OTLP spans (bench.agent exports JSON lines), its CPU per request by thread, at
+# bench-agent's rate and at 200 requests/s (where a drain's fixed costs show)
 bench-agent: setup
 	$(PY) -m bench.agent
 	$(PY) -m bench.agent_threads --otlp
+	$(PY) -m bench.agent_threads --otlp --rate 200
 	$(PY) -m bench.tls
 	$(PY) -m bench.http2
 	$(PY) -m bench.agent_lifecycle
