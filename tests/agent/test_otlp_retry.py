@@ -155,8 +155,8 @@ def test_the_queue_is_bounded_and_keeps_the_newest() -> None:
 
 def test_long_answers_after_an_outage_fit_the_collectors_body_limit() -> None:
     """After an outage the queue holds long LLM answers' spans, each with its 1,024 token
-    times (~7 KB): a batch of them in one request would be megabytes, which the collector refuses
-    for good (413 over its 1 MiB default). Each request stays under the exporter's
+    times (~7 KB): a batch of them in one request would be megabytes, which the collector
+    refuses for good (413 over its 1 MiB default). Each request stays under the exporter's
     ``max_bytes``, and every span is delivered."""
     limit = Settings().max_otlp_bytes
     rx = Receiver([(503, "1")], body_limit=limit)
